@@ -1,0 +1,81 @@
+-- Extent allocator, one per (shard, segment). Free extents live in two sorted sets:
+--   P:free:<seg>:by_off   member = offset, score = offset   (neighbour lookup for coalescing)
+--   P:free:<seg>:by_size  member = offset, score = length   (best fit)
+-- Byte accounting is kept in three places that fsck can recompute:
+--   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
+
+local function free_keys(P, seg)
+  local base = P .. ':free:' .. seg
+  return base .. ':by_off', base .. ':by_size'
+end
+
+local function account(P, seg, delta)
+  redis.call('HINCRBY', P .. ':seg:' .. seg, 'used', delta)
+  redis.call('ZINCRBY', P .. ':segs', -delta, seg)
+  redis.call('HINCRBY', P, 'used_bytes', delta)
+end
+
+local function add_free(by_off, by_size, off, len)
+  local m = S(off)
+  redis.call('ZADD', by_off, off, m)
+  redis.call('ZADD', by_size, len, m)
+end
+
+-- Best fit: the smallest free extent that holds `size`; returns the offset or nil.
+local function alloc_extent(P, seg, size)
+  local by_off, by_size = free_keys(P, seg)
+  local hit = redis.call('ZRANGEBYSCORE', by_size, size, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #hit == 0 then return nil end
+  local off, len = tonumber(hit[1]), tonumber(hit[2])
+  redis.call('ZREM', by_off, hit[1])
+  redis.call('ZREM', by_size, hit[1])
+  if len > size then add_free(by_off, by_size, off + size, len - size) end
+  account(P, seg, size)
+  return off
+end
+
+-- Return an extent to the free lists, merging it with free neighbours on both sides.
+local function free_extent(P, seg, off, size)
+  local by_off, by_size = free_keys(P, seg)
+  account(P, seg, -size)
+  local stop = off + size
+  local prev = redis.call('ZREVRANGEBYSCORE', by_off, '(' .. S(off), '-inf', 'LIMIT', 0, 1)[1]
+  if prev then
+    local plen = tonumber(redis.call('ZSCORE', by_size, prev))
+    if tonumber(prev) + plen == off then
+      redis.call('ZREM', by_off, prev)
+      redis.call('ZREM', by_size, prev)
+      off = tonumber(prev)
+    end
+  end
+  local nxt = redis.call('ZRANGEBYSCORE', by_off, S(stop), S(stop), 'LIMIT', 0, 1)[1]
+  if nxt then
+    stop = stop + tonumber(redis.call('ZSCORE', by_size, nxt))
+    redis.call('ZREM', by_off, nxt)
+    redis.call('ZREM', by_size, nxt)
+  end
+  add_free(by_off, by_size, off, stop - off)
+end
+
+-- The mount id of a mounted segment, or nil.
+local function mount_of(P, seg)
+  return redis.call('HGET', P .. ':seg:' .. seg, 'mount')
+end
+
+-- Extents of preempted puts stay allocated until their release deadline (the old writer may
+-- still be writing into them). P:held: member "<mount> <offset> <size> <segment>", score = due ms.
+local function hold_extent(P, seg, mount, off, size, due)
+  redis.call('ZADD', P .. ':held', due, mount .. ' ' .. S(off) .. ' ' .. S(size) .. ' ' .. seg)
+end
+
+-- Free up to `limit` held extents whose deadline has passed (extents of unmounted segments
+-- are simply dropped: their bytes left the books at unmount).
+local function release_held(P, now, limit)
+  local due = redis.call('ZRANGEBYSCORE', P .. ':held', '-inf', now, 'LIMIT', 0, limit)
+  for _, entry in ipairs(due) do
+    local mount, off, size, seg = string.match(entry, '^(%d+) (%d+) (%d+) (.*)$')
+    if mount_of(P, seg) == mount then free_extent(P, seg, tonumber(off), tonumber(size)) end
+    redis.call('ZREM', P .. ':held', entry)
+  end
+  return #due
+end

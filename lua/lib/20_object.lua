@@ -1,0 +1,95 @@
+-- Objects. An object is the hash P:obj:<tenant>:<key> with fields
+--   size, status ("processing" | "complete"), writer, put_started, lease_until,
+--   soft_pin_until (0 = none), hard_pin (0 | 1), group (only when grouped),
+--   soft_pin_action / soft_pin_ttl (only until the first put_end commits them),
+--   rep:<segment> = "<offset> <mount id>"  (one per replica; size = the object's size)
+-- A replica is live while its segment is mounted with the same mount id.
+-- Indexes: P:processing (zset, member "<tenant>:<key>", score = put_started).
+-- Groups: P:grp:<tenant>:<group> hash (lease_until, members), P:grpm:<tenant>:<group> set of keys.
+
+local function obj_key(P, tenant, key) return P .. ':obj:' .. tenant .. ':' .. key end
+local function obj_id(tenant, key) return tenant .. ':' .. key end
+local function grp_key(P, tenant, group) return P .. ':grp:' .. tenant .. ':' .. group end
+local function grp_members_key(P, tenant, group) return P .. ':grpm:' .. tenant .. ':' .. group end
+
+-- HGETALL as a table, nil when the object does not exist.
+local function load_object(okey)
+  local flat = redis.call('HGETALL', okey)
+  if #flat == 0 then return nil end
+  local o = {}
+  for i = 1, #flat, 2 do o[flat[i]] = flat[i + 1] end
+  return o
+end
+
+-- Replicas as a list of {seg=, off=, mount=, live=}, in segment-name order (stable replies).
+local function replicas_of(P, o)
+  local list = {}
+  for field, value in pairs(o) do
+    local seg = string.match(field, '^rep:(.*)$')
+    if seg then
+      local off, mount = string.match(value, '^(%d+) (%d+)$')
+      list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount_of(P, seg) == mount }
+    end
+  end
+  table.sort(list, function(a, b) return a.seg < b.seg end)
+  return list
+end
+
+-- Live replicas; dead ones (segment unmounted) are dropped from the hash on the way.
+local function live_replicas(P, okey, o)
+  local live = {}
+  for _, r in ipairs(replicas_of(P, o)) do
+    if r.live then live[#live + 1] = r else redis.call('HDEL', okey, 'rep:' .. r.seg) end
+  end
+  return live
+end
+
+-- A grouped object shares the lease of its group.
+local function lease_until(P, tenant, o)
+  local own = tonumber(o.lease_until) or 0
+  if o.group then
+    local g = tonumber(redis.call('HGET', grp_key(P, tenant, o.group), 'lease_until')) or 0
+    if g > own then return g end
+  end
+  return own
+end
+
+local function extend_lease(P, tenant, okey, o, until_ms)
+  local target = o.group and grp_key(P, tenant, o.group) or okey
+  local cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
+  if until_ms > cur then redis.call('HSET', target, 'lease_until', S(until_ms)) end
+end
+
+local function join_group(P, tenant, key, group)
+  if redis.call('SADD', grp_members_key(P, tenant, group), key) == 1 then
+    redis.call('HINCRBY', grp_key(P, tenant, group), 'members', 1)
+  end
+end
+
+local function leave_group(P, tenant, key, group)
+  if redis.call('SREM', grp_members_key(P, tenant, group), key) == 1 then
+    local gkey = grp_key(P, tenant, group)
+    if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then
+      -- the group record outlives its last member only if it carries more than a lease
+      if redis.call('HLEN', gkey) <= 2 then redis.call('DEL', gkey) end
+    end
+  end
+end
+
+-- Delete an object. Live replicas are freed at once, or held until `hold_until` when given
+-- (a preempted put whose writer may still be writing).
+local function delete_object(P, tenant, key, okey, o, hold_until)
+  for _, r in ipairs(replicas_of(P, o)) do
+    if r.live then
+      if hold_until then
+        hold_extent(P, r.seg, r.mount, r.off, tonumber(o.size), hold_until)
+      else
+        free_extent(P, r.seg, r.off, tonumber(o.size))
+      end
+    end
+  end
+  if o.group then leave_group(P, tenant, key, o.group) end
+  if o.status ~= 'complete' then redis.call('ZREM', P .. ':processing', obj_id(tenant, key)) end
+  redis.call('DEL', okey)
+  redis.call('HINCRBY', P, 'objects', -1)
+end

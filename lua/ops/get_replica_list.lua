@@ -1,0 +1,50 @@
+-- get_replica_list / exist_key: reads. Only complete objects with a live replica are readable;
+-- a successful read leases the object (or its group) until now + default_kv_lease_ttl.
+-- KEYS: P.  ARGV: tenant, key...
+-- get_replica_list reply, per key: {lease_ttl_ms, size, segment, offset, segment, offset, ...}
+--   or an error code.   exist_key reply, per key: 1 or 0.
+
+-- Returns the live replicas, or nil and an error code; leases the object on success.
+local function read_one(P, tenant, key, now, lease_ttl)
+  local okey = obj_key(P, tenant, key)
+  local o = load_object(okey)
+  if not o then return nil, E.OBJECT_NOT_FOUND end
+  if o.status ~= 'complete' then return nil, E.REPLICA_IS_NOT_READY end
+  local live = live_replicas(P, okey, o)
+  if #live == 0 then -- every replica was on unmounted segments: the object is gone
+    delete_object(P, tenant, key, okey, o, nil)
+    return nil, E.OBJECT_NOT_FOUND
+  end
+  local until_ms = now + lease_ttl
+  extend_lease(P, tenant, okey, o, until_ms)
+  return live, math.max(until_ms, lease_until(P, tenant, o)) - now, tonumber(o.size)
+end
+
+local function batch_read(keys, args, shape)
+  local P, tenant = keys[1], args[1]
+  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+  local cfg = config(P, { 'default_kv_lease_ttl' })
+  if not cfg then return not_initialised() end
+  local now = now_ms(P)
+  local reply = {}
+  for i = 2, #args do
+    local live, ttl_or_code, size = read_one(P, tenant, args[i], now, cfg.default_kv_lease_ttl)
+    reply[#reply + 1] = shape(live, ttl_or_code, size)
+  end
+  return reply
+end
+
+local function replica_reply(live, ttl_or_code, size)
+  if not live then return ttl_or_code end
+  local r = { ttl_or_code, size }
+  for _, rep in ipairs(live) do
+    r[#r + 1] = rep.seg
+    r[#r + 1] = rep.off
+  end
+  return r
+end
+
+local function exist_reply(live) return live and 1 or 0 end
+
+redis.register_function('mc_get_replica_list', function(keys, args) return batch_read(keys, args, replica_reply) end)
+redis.register_function('mc_exist_key', function(keys, args) return batch_read(keys, args, exist_reply) end)

@@ -1,0 +1,26 @@
+-- Read-only functions: no lease is granted, nothing is written.
+
+-- describe. KEYS: P. ARGV: tenant, key.
+-- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}}.
+local function describe(keys, args)
+  local P, tenant, key = keys[1], args[1], args[2]
+  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+  local okey = obj_key(P, tenant, key)
+  local o = load_object(okey)
+  if not o then return E.OBJECT_NOT_FOUND end
+  local live = {}
+  for _, r in ipairs(replicas_of(P, o)) do
+    if r.live then live[#live + 1] = r.seg end
+  end
+  return { redis.call('HGETALL', okey), lease_until(P, tenant, o), live }
+end
+
+-- now. KEYS: P. Reply: the store clock in ms.
+local function now(keys) return now_ms(keys[1]) end
+
+-- version. KEYS: none. Reply: the library version (a hash of its source).
+local function version() return LIBRARY_VERSION end
+
+redis.register_function { function_name = 'mc_describe', callback = describe, flags = { 'no-writes' } }
+redis.register_function { function_name = 'mc_now', callback = now, flags = { 'no-writes' } }
+redis.register_function { function_name = 'mc_version', callback = version, flags = { 'no-writes' } }

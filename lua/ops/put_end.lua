@@ -1,0 +1,54 @@
+-- put_end / put_revoke: the writer finishes or abandons its puts.
+-- KEYS: P.  ARGV: client_id, tenant, key...   Reply: one code per key (0 = OK).
+
+local function check_writer(o, client)
+  if not o then return E.OBJECT_NOT_FOUND end
+  if o.writer ~= client then return E.ILLEGAL_CLIENT end
+  return E.OK
+end
+
+-- The soft pin is committed once, when the object first becomes readable.
+local function commit_soft_pin(o, now)
+  if o.soft_pin_action == 'enable' then
+    local ttl = tonumber(o.soft_pin_ttl)
+    return ttl > 0 and S(now + ttl) or '0'
+  elseif o.soft_pin_action == 'disable' then
+    return '0'
+  end
+  return o.soft_pin_until -- preserve
+end
+
+local function end_one(P, tenant, client, key, now)
+  local okey = obj_key(P, tenant, key)
+  local o = load_object(okey)
+  local code = check_writer(o, client)
+  if code ~= E.OK or o.status == 'complete' then return code end -- a retried put_end is OK
+  local lease = math.max(tonumber(o.lease_until), now)
+  redis.call('HSET', okey, 'status', 'complete', 'lease_until', S(lease),
+    'soft_pin_until', commit_soft_pin(o, now))
+  redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
+  redis.call('ZREM', P .. ':processing', obj_id(tenant, key))
+  return E.OK
+end
+
+local function revoke_one(P, tenant, client, key)
+  local okey = obj_key(P, tenant, key)
+  local o = load_object(okey)
+  local code = check_writer(o, client)
+  if code ~= E.OK then return code end
+  if o.status == 'complete' then return E.INVALID_WRITE end
+  delete_object(P, tenant, key, okey, o, nil)
+  return E.OK
+end
+
+local function batch_writer_op(keys, args, one)
+  local P, client, tenant = keys[1], args[1], args[2]
+  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+  local now = now_ms(P)
+  local reply = {}
+  for i = 3, #args do reply[#reply + 1] = one(P, tenant, client, args[i], now) end
+  return reply
+end
+
+redis.register_function('mc_put_end', function(keys, args) return batch_writer_op(keys, args, end_one) end)
+redis.register_function('mc_put_revoke', function(keys, args) return batch_writer_op(keys, args, revoke_one) end)

@@ -1,0 +1,112 @@
+-- put_start: allocate replicas for new objects.
+-- KEYS: P.  ARGV: client_id, tenant, replica_num, soft_pin_action (enable|preserve|disable),
+--   soft_pin_ttl_ms ("" = default), hard_pin (0|1), group ("" = none), n_preferred,
+--   preferred segment x n_preferred, then key, size pairs.
+-- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code.
+
+-- Pick up to `want` distinct segments with room for `size`, preferred ones first.
+local function allocate(P, size, want, preferred, by_free)
+  local got, used = {}, {}
+  local function try(seg)
+    if #got >= want or used[seg] then return end
+    local mount = mount_of(P, seg)
+    if not mount then return end
+    local off = alloc_extent(P, seg, size)
+    if off then
+      used[seg] = true
+      got[#got + 1] = { seg = seg, off = off, mount = mount }
+    end
+  end
+  for _, seg in ipairs(preferred) do try(seg) end
+  for _, seg in ipairs(by_free) do try(seg) end
+  return got
+end
+
+local function put_one(P, a, key, size, now, cfg, by_free)
+  if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
+  local okey = obj_key(P, a.tenant, key)
+  local old = load_object(okey)
+  if old then
+    local started = tonumber(old.put_started)
+    if old.status == 'complete' or now - started < cfg.put_start_discard_timeout then
+      return E.OBJECT_ALREADY_EXISTS
+    end
+    -- an abandoned put: preempt it, keeping its space until the release timeout
+    delete_object(P, a.tenant, key, okey, old, started + cfg.put_start_release_timeout)
+  end
+  local got = allocate(P, size, a.replica_num, a.preferred, by_free)
+  if #got == 0 then return E.NO_AVAILABLE_HANDLE end
+  local fields = { 'size', S(size), 'status', 'processing', 'writer', a.client,
+    'put_started', S(now), 'lease_until', '0', 'soft_pin_until', '0', 'hard_pin', a.hard_pin,
+    'soft_pin_action', a.pin_action }
+  if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
+  if a.group then fields[#fields + 1] = 'group'; fields[#fields + 1] = a.group end
+  local reply = {}
+  for _, r in ipairs(got) do
+    fields[#fields + 1] = 'rep:' .. r.seg
+    fields[#fields + 1] = S(r.off) .. ' ' .. r.mount
+    reply[#reply + 1] = r.seg
+    reply[#reply + 1] = r.off
+  end
+  redis.call('HSET', okey, unpack(fields))
+  redis.call('ZADD', P .. ':processing', now, obj_id(a.tenant, key))
+  redis.call('HINCRBY', P, 'objects', 1)
+  if a.group then join_group(P, a.tenant, key, a.group) end
+  return reply
+end
+
+local function parse_put_args(args, cfg)
+  local a = { client = args[1], tenant = args[2], pin_action = args[4], hard_pin = args[6] }
+  if not valid_name(a.client, 256) then return nil, 'client_id must be 1-256 bytes' end
+  if not valid_tenant(a.tenant) then return nil, 'tenant_id must match [A-Za-z0-9_.-]{1,64}' end
+  a.replica_num = int_arg(args[3], 1, 64)
+  if not a.replica_num then return nil, 'replica_num must be an integer in [1, 64]' end
+  if a.hard_pin ~= '0' and a.hard_pin ~= '1' then return nil, 'hard_pin must be 0 or 1' end
+  if args[7] ~= '' then
+    if not valid_name(args[7], 256) then return nil, 'group_id must be 1-256 bytes' end
+    a.group = args[7]
+  end
+  if args[5] ~= '' then
+    a.pin_ttl = int_arg(args[5], 0, MAX_INT)
+    if not a.pin_ttl then return nil, 'soft_pin_ttl_ms must be an integer >= 0' end
+  end
+  if a.pin_action == 'enable' then
+    a.pin_ttl = a.pin_ttl or cfg.default_kv_soft_pin_ttl
+    if a.pin_ttl > cfg.max_kv_soft_pin_ttl then
+      return nil, 'soft_pin_ttl_ms above max_kv_soft_pin_ttl (' .. S(cfg.max_kv_soft_pin_ttl) .. ')'
+    end
+  elseif a.pin_action == 'preserve' or a.pin_action == 'disable' then
+    if a.pin_ttl then return nil, 'soft_pin_ttl_ms is only valid with soft_pin_action enable' end
+  else
+    return nil, 'soft_pin_action must be enable, preserve or disable'
+  end
+  local npref = int_arg(args[8], 0, 1024)
+  if not npref then return nil, 'n_preferred must be an integer in [0, 1024]' end
+  a.preferred = {}
+  for i = 1, npref do a.preferred[i] = args[8 + i] end
+  a.first_pair = 9 + npref
+  if #args < a.first_pair or (#args - a.first_pair + 1) % 2 ~= 0 then
+    return nil, 'expected key, size pairs after the preferred segments'
+  end
+  return a
+end
+
+local function put_start(keys, args)
+  local P = keys[1]
+  local cfg = config(P, { 'put_start_discard_timeout', 'put_start_release_timeout',
+    'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length' })
+  if not cfg then return not_initialised() end
+  local a, err = parse_put_args(args, cfg)
+  if not a then return fail(E.INVALID_PARAMS, err) end
+  local now = now_ms(P)
+  release_held(P, now, 16)
+  local by_free = redis.call('ZREVRANGE', P .. ':segs', 0, -1)
+  local reply = {}
+  for i = a.first_pair, #args, 2 do
+    local size = int_arg(args[i + 1], 1, MAX_INT)
+    reply[#reply + 1] = put_one(P, a, args[i], size, now, cfg, by_free)
+  end
+  return reply
+end
+
+redis.register_function('mc_put_start', put_start)

@@ -1,0 +1,25 @@
+-- remove: delete objects. Leased objects are kept unless force=1; objects whose put is still
+-- in progress are never removed here (put_revoke or the discard timeout handles them).
+-- KEYS: P.  ARGV: tenant, force (0|1), key...   Reply: one code per key (0 = removed).
+
+local function remove_one(P, tenant, key, force, now)
+  local okey = obj_key(P, tenant, key)
+  local o = load_object(okey)
+  if not o then return E.OBJECT_NOT_FOUND end
+  if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
+  if not force and lease_until(P, tenant, o) > now then return E.OBJECT_HAS_LEASE end
+  delete_object(P, tenant, key, okey, o, nil)
+  return E.OK
+end
+
+local function remove(keys, args)
+  local P, tenant, force = keys[1], args[1], args[2]
+  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+  if force ~= '0' and force ~= '1' then return fail(E.INVALID_PARAMS, 'force must be 0 or 1') end
+  local now = now_ms(P)
+  local reply = {}
+  for i = 3, #args do reply[#reply + 1] = remove_one(P, tenant, args[i], force == '1', now) end
+  return reply
+end
+
+redis.register_function('mc_remove', remove)

@@ -1,0 +1,45 @@
+"""Error codes (Mooncake's numbers) and the exception single calls raise."""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    OK = 0
+    INTERNAL_ERROR = -1
+    SEGMENT_NOT_FOUND = -101
+    SEGMENT_ALREADY_EXISTS = -102
+    CLIENT_NOT_FOUND = -103
+    NO_AVAILABLE_HANDLE = -200
+    INVALID_KEY = -400
+    INVALID_PARAMS = -600
+    ILLEGAL_CLIENT = -601
+    INVALID_WRITE = -700
+    INVALID_READ = -701
+    INVALID_REPLICA = -702
+    REPLICA_IS_NOT_READY = -703
+    OBJECT_NOT_FOUND = -704
+    OBJECT_ALREADY_EXISTS = -705
+    OBJECT_HAS_LEASE = -706
+    LEASE_EXPIRED = -707
+
+
+class MasterError(Exception):
+    """A failed master call; `.code` is an ErrorCode."""
+
+    def __init__(self, code: ErrorCode, message: str = ""):
+        self.code = ErrorCode(code)
+        self.message = message
+        super().__init__(f"{self.code.name} ({int(self.code)}): {message}" if message else self.code.name)
+
+
+def parse_error_reply(text: str) -> MasterError | None:
+    """Turn a function's error reply "<NAME> <code> <detail>" into a MasterError (None if foreign)."""
+    parts = text.split(" ", 2)
+    if len(parts) >= 2 and parts[0] in ErrorCode.__members__:
+        try:
+            code = ErrorCode(int(parts[1]))
+        except ValueError:
+            return None
+        return MasterError(code, parts[2] if len(parts) > 2 else "")
+    return None

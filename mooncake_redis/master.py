@@ -1,0 +1,440 @@
+"""Master: the typed client. Every state change is one FCALL of the `mooncake` library
+(batches: one FCALL per shard, pipelined); Python keeps no state of its own."""
+from __future__ import annotations
+
+import re
+import threading
+from collections import defaultdict
+from typing import Any, Callable, Iterable, Sequence
+
+import redis
+
+from .config import NAME_RE, MasterConfig, ReplicateConfig, SoftPinAction
+from .errors import ErrorCode, MasterError, parse_error_reply
+from .functions import ensure_loaded
+from .keys import segment_slice, shard_key, shard_of
+from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus, ShardUsage, Usage
+
+BATCH_CHUNK = 512      # keys per FCALL: keeps every script short
+SCAN_COUNT = 1000      # keys per SCAN step in remove_by_regex / remove_all / unmount sweeps
+
+_memory_servers: dict[str, Any] = {}
+_memory_lock = threading.Lock()
+
+Result = Any  # a value, or an ErrorCode
+
+
+def _redis_from_url(url: str) -> redis.Redis:
+    if url.startswith("memory://"):
+        import fakeredis
+
+        name = url[len("memory://"):] or "default"
+        with _memory_lock:
+            server = _memory_servers.setdefault(name, fakeredis.FakeServer())
+        return fakeredis.FakeRedis(server=server)
+    return redis.Redis.from_url(url)
+
+
+def _as_key(key: Any) -> bytes:
+    if isinstance(key, str):
+        return key.encode()
+    if isinstance(key, (bytes, bytearray)):
+        return bytes(key)
+    raise MasterError(ErrorCode.INVALID_PARAMS, f"key must be str or bytes, not {type(key).__name__}")
+
+
+def _check_tenant(tenant_id: Any) -> str:
+    if not isinstance(tenant_id, str) or not NAME_RE.match(tenant_id):
+        raise MasterError(ErrorCode.INVALID_PARAMS, "tenant_id must match [A-Za-z0-9_.-]{1,64}")
+    return tenant_id
+
+
+def _check_name(value: Any, what: str, max_len: int = 256) -> str:
+    if not isinstance(value, str) or not 1 <= len(value.encode()) <= max_len:
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a non-empty string of at most {max_len} bytes")
+    return value
+
+
+def _check_int(value: Any, what: str, lo: int, hi: int = 2**53 - 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+def _raise_for(exc: redis.ResponseError) -> None:
+    err = parse_error_reply(str(exc))
+    if err is not None:
+        raise err
+    raise exc
+
+
+def _code(value: Any) -> ErrorCode | None:
+    """A per-key reply that is an integer is an error code (0 = OK)."""
+    return ErrorCode(value) if isinstance(value, int) else None
+
+
+class Master:
+    def __init__(self, client: redis.Redis, config: MasterConfig):
+        self.redis = client
+        self.config = config
+        self.ns = config.namespace
+        self.shards = config.shards
+        self._shard_keys = [shard_key(self.ns, i) for i in range(self.shards)]
+
+    # ---- connection -------------------------------------------------------------------
+    @classmethod
+    def connect(cls, url: str = "memory://", config: MasterConfig | None = None) -> "Master":
+        """Connect, load the functions if needed, and make sure the store has a configuration:
+        an explicit `config` is written to every shard; with none, the stored one is used
+        (or the defaults, on a new store)."""
+        client = _redis_from_url(url)
+        namespace = config.namespace if config else MasterConfig.namespace
+        stored = client.hgetall(f"{shard_key(namespace, 0)}:config")
+        if config is None:
+            config = MasterConfig.from_redis(namespace, stored) if stored else MasterConfig()
+        elif stored and int(stored[b"shards"]) != config.shards:
+            raise MasterError(ErrorCode.INVALID_PARAMS,
+                              f"store {namespace!r} has {int(stored[b'shards'])} shards, config says {config.shards}")
+        ensure_loaded(client)
+        master = cls(client, config)
+        if not stored or config != MasterConfig.from_redis(namespace, stored):
+            master._write_config()
+        return master
+
+    def _write_config(self) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for p in self._shard_keys:
+            pipe.hset(f"{p}:config", mapping=self.config.to_redis())
+        pipe.execute()
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # ---- low-level calls -------------------------------------------------------------
+    def _fcall(self, fn: str, shard: int, *args: Any) -> Any:
+        try:
+            return self.redis.execute_command("FCALL", fn, 1, self._shard_keys[shard], *args)
+        except redis.ResponseError as exc:
+            if "Function not found" in str(exc):  # e.g. a restarted server without persistence
+                ensure_loaded(self.redis, force=True)
+                return self._fcall(fn, shard, *args)
+            _raise_for(exc)
+
+    def _each_shard(self, fn: str, *args: Any) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=False)
+        for p in self._shard_keys:
+            pipe.execute_command("FCALL", fn, 1, p, *args)
+        try:
+            return pipe.execute()
+        except redis.ResponseError as exc:
+            _raise_for(exc)
+
+    def _shard(self, key: bytes) -> int:
+        return shard_of(key, self.shards)
+
+    def _batch(self, fn: str, head: Sequence[Any], items: Sequence[Sequence[Any]],
+               keys: Sequence[bytes]) -> list[Any]:
+        """Run `fn` over items (each one key's ARGV tail) grouped by shard; replies in input order."""
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for i, key in enumerate(keys):
+            by_shard[self._shard(key)].append(i)
+        calls = []
+        for shard, idx in by_shard.items():
+            for start in range(0, len(idx), BATCH_CHUNK):
+                chunk = idx[start:start + BATCH_CHUNK]
+                argv = [a for i in chunk for a in items[i]]
+                calls.append((shard, chunk, argv))
+        if len(calls) == 1:
+            replies = [self._fcall(fn, calls[0][0], *head, *calls[0][2])]
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for shard, _, argv in calls:
+                pipe.execute_command("FCALL", fn, 1, self._shard_keys[shard], *head, *argv)
+            try:
+                replies = pipe.execute()
+            except redis.ResponseError as exc:
+                _raise_for(exc)
+        out: list[Any] = [None] * len(keys)
+        for (_, chunk, _), reply in zip(calls, replies):
+            for i, value in zip(chunk, reply):
+                out[i] = value
+        return out
+
+    # ---- segments and clients --------------------------------------------------------
+    def mount_segment(self, name: str, size: int, client_id: str, base: int = 0) -> None:
+        _check_name(name, "segment name", 1024)
+        _check_name(client_id, "client_id")
+        _check_int(size, "size", self.shards)
+        _check_int(base, "base", 0)
+        _check_int(base + size, "base + size", 1)
+        pipe = self.redis.pipeline(transaction=False)
+        for shard, p in enumerate(self._shard_keys):
+            lo, length = segment_slice(base, size, shard, self.shards)
+            pipe.execute_command("FCALL", "mc_mount_segment", 1, p, name, client_id, lo, length)
+        try:
+            pipe.execute()
+        except redis.ResponseError as exc:
+            _raise_for(exc)
+
+    def unmount_segment(self, name: str, client_id: str,
+                        progress: Callable[[int], None] | None = None) -> int:
+        """Unmount on every shard (replicas hide at once), then sweep the dead replicas out of
+        the object hashes in bounded steps. Returns how many objects were left with no replica
+        and deleted."""
+        _check_name(name, "segment name", 1024)
+        _check_name(client_id, "client_id")
+        pipe = self.redis.pipeline(transaction=False)
+        for p in self._shard_keys:
+            pipe.execute_command("FCALL", "mc_unmount_segment", 1, p, name, client_id)
+        results = pipe.execute(raise_on_error=False)
+        errors = [parse_error_reply(str(r)) for r in results if isinstance(r, Exception)]
+        if len(errors) == len(results):
+            raise errors[0] or MasterError(ErrorCode.INTERNAL_ERROR, str(results[0]))
+        return self._sweep_all(progress)
+
+    def _sweep_all(self, progress: Callable[[int], None] | None) -> int:
+        deleted = scanned = 0
+        for shard in range(self.shards):
+            for tenant, keys in self._scan_objects(shard, "*"):
+                deleted += self._fcall("mc_sweep_replicas", shard, tenant, *keys)
+                scanned += len(keys)
+                if progress:
+                    progress(scanned)
+        return deleted
+
+    def ping(self, client_id: str) -> str:
+        """Record liveness; returns "OK", or "NEED_REMOUNT" when some shard does not know the
+        client (never mounted, or expired by the client-TTL cleanup)."""
+        _check_name(client_id, "client_id")
+        known = self._each_shard("mc_ping", client_id)
+        return "OK" if all(known) else "NEED_REMOUNT"
+
+    # ---- puts ------------------------------------------------------------------------
+    def _put_head(self, client_id: str, tenant_id: str, config: ReplicateConfig | None) -> list[Any]:
+        _check_name(client_id, "client_id")
+        _check_tenant(tenant_id)
+        c = config or ReplicateConfig()
+        if not isinstance(c, ReplicateConfig):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "config must be a ReplicateConfig")
+        _check_int(c.replica_num, "replica_num", 1, 64)
+        try:
+            action = SoftPinAction(c.soft_pin_action)
+        except ValueError:
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"unknown soft_pin_action {c.soft_pin_action!r}") from None
+        ttl = "" if c.soft_pin_ttl_ms is None else _check_int(c.soft_pin_ttl_ms, "soft_pin_ttl_ms", 0)
+        group = "" if c.group_id is None else _check_name(c.group_id, "group_id")
+        prefs = [_check_name(s, "preferred segment", 1024) for s in c.preferred_segments]
+        return [client_id, tenant_id, c.replica_num, action.value, ttl, int(bool(c.with_hard_pin)),
+                group, len(prefs), *prefs]
+
+    def _group_shard_ok(self, key: bytes, config: ReplicateConfig | None) -> bool:
+        if config is None or config.group_id is None or self.shards == 1:
+            return True
+        return self._shard(key) == self._shard(config.group_id.encode())
+
+    def put_start(self, client_id: str, key: Any, size: int, config: ReplicateConfig | None = None,
+                  tenant_id: str = "default") -> list[Replica]:
+        result = self.batch_put_start(client_id, [key], [size], config, tenant_id)[0]
+        if isinstance(result, ErrorCode):
+            raise MasterError(result, f"put_start {key!r}")
+        return result
+
+    def batch_put_start(self, client_id: str, keys: Sequence[Any], sizes: Sequence[int],
+                        config: ReplicateConfig | None = None, tenant_id: str = "default") -> list[Result]:
+        if len(keys) != len(sizes):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "keys and sizes differ in length")
+        head = self._put_head(client_id, tenant_id, config)
+        bkeys = [_as_key(k) for k in keys]
+        out: list[Result] = [None] * len(bkeys)
+        todo = []
+        for i, (key, size) in enumerate(zip(bkeys, sizes)):
+            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size < 2**53:
+                out[i] = ErrorCode.INVALID_PARAMS
+            elif not self._group_shard_ok(key, config):
+                out[i] = ErrorCode.INVALID_PARAMS  # group members must share the group's shard
+            else:
+                todo.append(i)
+        replies = self._batch("mc_put_start", head, [(bkeys[i], sizes[i]) for i in todo], [bkeys[i] for i in todo])
+        for i, reply in zip(todo, replies):
+            code = _code(reply)
+            out[i] = code if code is not None else [
+                Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), sizes[i], ReplicaStatus.PROCESSING)
+                for j in range(0, len(reply), 2)]
+        return out
+
+    def _writer_op(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str) -> list[ErrorCode]:
+        _check_name(client_id, "client_id")
+        _check_tenant(tenant_id)
+        bkeys = [_as_key(k) for k in keys]
+        return [ErrorCode(r) for r in self._batch(fn, [client_id, tenant_id], [(k,) for k in bkeys], bkeys)]
+
+    def put_end(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
+        self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id)[0], "put_end", key)
+
+    def put_revoke(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
+        self._single(self._writer_op("mc_put_revoke", client_id, [key], tenant_id)[0], "put_revoke", key)
+
+    def batch_put_end(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default") -> list[ErrorCode]:
+        return self._writer_op("mc_put_end", client_id, keys, tenant_id)
+
+    def batch_put_revoke(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default") -> list[ErrorCode]:
+        return self._writer_op("mc_put_revoke", client_id, keys, tenant_id)
+
+    @staticmethod
+    def _single(code: ErrorCode, op: str, key: Any) -> None:
+        if code != ErrorCode.OK:
+            raise MasterError(code, f"{op} {key!r}")
+
+    # ---- reads -----------------------------------------------------------------------
+    def _read(self, fn: str, keys: Sequence[Any], tenant_id: str) -> list[Any]:
+        _check_tenant(tenant_id)
+        bkeys = [_as_key(k) for k in keys]
+        if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip
+            return self._fcall(fn, 0, tenant_id, *bkeys)
+        return self._batch(fn, [tenant_id], [(k,) for k in bkeys], bkeys)
+
+    @staticmethod
+    def _replica_list(reply: Any) -> Result:
+        code = _code(reply)
+        if code is not None:
+            return code
+        size = int(reply[1])
+        return ReplicaListResult(
+            [Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), size, ReplicaStatus.COMPLETE)
+             for j in range(2, len(reply), 2)], int(reply[0]))
+
+    def get_replica_list(self, key: Any, tenant_id: str = "default") -> ReplicaListResult:
+        result = self._replica_list(self._read("mc_get_replica_list", [key], tenant_id)[0])
+        if isinstance(result, ErrorCode):
+            raise MasterError(result, f"get_replica_list {key!r}")
+        return result
+
+    def batch_get_replica_list(self, keys: Sequence[Any], tenant_id: str = "default") -> list[Result]:
+        return [self._replica_list(r) for r in self._read("mc_get_replica_list", keys, tenant_id)]
+
+    def exist_key(self, key: Any, tenant_id: str = "default") -> bool:
+        return self._read("mc_exist_key", [key], tenant_id)[0] == 1
+
+    def batch_exist_key(self, keys: Sequence[Any], tenant_id: str = "default") -> list[bool]:
+        return [r == 1 for r in self._read("mc_exist_key", keys, tenant_id)]
+
+    # ---- removal ---------------------------------------------------------------------
+    def _remove(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> list[ErrorCode]:
+        head = [tenant_id, int(bool(force))]
+        return [ErrorCode(r) for r in self._batch("mc_remove", head, [(k,) for k in keys], keys)]
+
+    def remove(self, key: Any, force: bool = False, tenant_id: str = "default") -> None:
+        _check_tenant(tenant_id)
+        self._single(self._remove([_as_key(key)], force, tenant_id)[0], "remove", key)
+
+    def _scan_objects(self, shard: int, tenant_glob: str) -> Iterable[tuple[str, list[bytes]]]:
+        """SCAN one shard's object keys in steps; yields (tenant, [user key]) batches."""
+        prefix = f"{self._shard_keys[shard]}:obj:".encode()
+        for batch in self._scan(prefix + tenant_glob.encode() + b":*"):
+            by_tenant: dict[str, list[bytes]] = defaultdict(list)
+            for rkey in batch:
+                tenant, _, key = rkey[len(prefix):].partition(b":")
+                by_tenant[tenant.decode()].append(key)
+            yield from by_tenant.items()
+
+    def _scan(self, match: bytes) -> Iterable[list[bytes]]:
+        cursor = 0
+        while True:
+            cursor, batch = self.redis.scan(cursor, match=match, count=SCAN_COUNT)
+            if batch:
+                yield batch
+            if int(cursor) == 0:
+                return
+
+    def _remove_matching(self, keep: Callable[[bytes], bool], force: bool, tenant_id: str) -> int:
+        _check_tenant(tenant_id)
+        removed = 0
+        for shard in range(self.shards):
+            for _, keys in self._scan_objects(shard, tenant_id):
+                chosen = [k for k in keys if keep(k)]
+                if chosen:
+                    removed += sum(1 for c in self._remove(chosen, force, tenant_id) if c == ErrorCode.OK)
+        return removed
+
+    def remove_by_regex(self, pattern: str | bytes, force: bool = False, tenant_id: str = "default") -> int:
+        """Remove the objects whose key matches `pattern` (re.search); skips leased (unless
+        force) and in-progress objects. Returns how many were removed."""
+        try:
+            rx = re.compile(pattern)
+        except (re.error, TypeError) as exc:
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"bad regex: {exc}") from None
+        if isinstance(pattern, str):
+            return self._remove_matching(lambda k: rx.search(k.decode("utf-8", "surrogateescape")) is not None,
+                                         force, tenant_id)
+        return self._remove_matching(lambda k: rx.search(k) is not None, force, tenant_id)
+
+    def remove_all(self, force: bool = False, tenant_id: str = "default") -> int:
+        return self._remove_matching(lambda k: True, force, tenant_id)
+
+    # ---- inspection ------------------------------------------------------------------
+    def describe(self, key: Any, tenant_id: str = "default") -> ObjectInfo:
+        """The object as stored; an inspection, not a read: no lease is granted."""
+        _check_tenant(tenant_id)
+        bkey = _as_key(key)
+        reply = self._fcall("mc_describe", self._shard(bkey), tenant_id, bkey)
+        if isinstance(reply, int):
+            raise MasterError(ErrorCode(reply), f"describe {key!r}")
+        flat, lease, live = reply
+        f = {flat[i].decode(errors="replace"): flat[i + 1].decode(errors="replace") for i in range(0, len(flat), 2)}
+        size = int(f["size"])
+        status = ReplicaStatus(f["status"])
+        live_set = {s.decode(errors="replace") for s in live}
+        replicas = [Replica(name[4:], int(value.split()[0]), size, status)
+                    for name, value in sorted(f.items()) if name.startswith("rep:") and name[4:] in live_set]
+        pin = int(f.get("soft_pin_until", 0))
+        return ObjectInfo(key=bkey, tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
+                          put_started_ms=int(f["put_started"]), lease_until_ms=int(lease),
+                          soft_pin_until_ms=pin or None, hard_pinned=f.get("hard_pin") == "1",
+                          group_id=f.get("group"), replicas=replicas, fields=f)
+
+    def usage(self) -> Usage:
+        pipe = self.redis.pipeline(transaction=False)
+        for p in self._shard_keys:
+            pipe.hmget(p, "used_bytes", "capacity_bytes", "objects")
+        per = [ShardUsage(i, *(int(v or 0) for v in row)) for i, row in enumerate(pipe.execute())]
+        return Usage(sum(s.used_bytes for s in per), sum(s.capacity_bytes for s in per),
+                     sum(s.objects for s in per), per)
+
+    def segments(self) -> list[dict[str, Any]]:
+        """Mounted segments with per-shard slices summed: name, client, size, used."""
+        merged: dict[str, dict[str, Any]] = {}
+        for p in self._shard_keys:
+            for name in self.redis.zrange(f"{p}:segs", 0, -1):
+                row = self.redis.hgetall(f"{p}:seg:".encode() + name)
+                if not row:
+                    continue
+                seg = merged.setdefault(name.decode(errors="replace"),
+                                        {"name": name.decode(errors="replace"), "client": row[b"client"].decode(),
+                                         "size": 0, "used": 0})
+                seg["size"] += int(row[b"size"])
+                seg["used"] += int(row[b"used"])
+        return list(merged.values())
+
+    # ---- the store clock (test hook) -------------------------------------------------
+    def now_ms(self) -> int:
+        return int(self._fcall("mc_now", 0))
+
+    def freeze_clock(self, now_ms: int) -> None:
+        """Make every shard's functions read `now_ms` instead of the server's TIME."""
+        _check_int(now_ms, "now_ms", 0)
+        pipe = self.redis.pipeline(transaction=False)
+        for p in self._shard_keys:
+            pipe.set(f"{p}:clock", now_ms)
+        pipe.execute()
+
+    def advance_clock(self, delta_ms: int) -> int:
+        _check_int(delta_ms, "delta_ms", 0)
+        if self.redis.get(f"{self._shard_keys[0]}:clock") is None:
+            raise MasterError(ErrorCode.INVALID_PARAMS, "the clock is not frozen")
+        pipe = self.redis.pipeline(transaction=False)
+        for p in self._shard_keys:
+            pipe.incrby(f"{p}:clock", delta_ms)
+        return int(pipe.execute()[0])
+
+    def unfreeze_clock(self) -> None:
+        self.redis.delete(*[f"{p}:clock" for p in self._shard_keys])

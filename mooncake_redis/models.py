@@ -1,0 +1,56 @@
+"""Plain result types returned by Master."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class ReplicaStatus(str, Enum):
+    PROCESSING = "processing"  # allocated, put not yet ended
+    COMPLETE = "complete"      # readable
+
+
+@dataclass(frozen=True)
+class Replica:
+    segment: str
+    offset: int   # absolute address: the segment's base plus the offset inside it
+    size: int
+    status: ReplicaStatus
+
+
+@dataclass(frozen=True)
+class ReplicaListResult:
+    replicas: list[Replica]
+    lease_ttl_ms: int
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: bytes
+    tenant_id: str
+    size: int
+    status: ReplicaStatus
+    writer: str
+    put_started_ms: int
+    lease_until_ms: int
+    soft_pin_until_ms: int | None
+    hard_pinned: bool
+    group_id: str | None
+    replicas: list[Replica]
+    fields: dict[str, str] = field(repr=False, default_factory=dict)  # the raw hash
+
+
+@dataclass(frozen=True)
+class ShardUsage:
+    shard: int
+    used_bytes: int
+    capacity_bytes: int
+    objects: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    used_bytes: int
+    capacity_bytes: int
+    objects: int
+    shards: list[ShardUsage]
