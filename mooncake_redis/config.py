@@ -48,6 +48,7 @@ class MasterConfig:
     max_retained_groups: int = 65_536
     max_group_retention: int = 24 * 3600 * 1000
     max_key_length: int = 4096
+    evict_on_put: bool = True  # a put_start that finds no space evicts candidates of its shard first
 
     def __post_init__(self) -> None:
         if not NAME_RE.match(str(self.namespace)):

@@ -13,7 +13,8 @@ from .config import NAME_RE, MasterConfig, ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError, parse_error_reply
 from .functions import ensure_loaded
 from .keys import segment_slice, shard_key, shard_of
-from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus, ShardUsage, Usage
+from .models import (EvictionReport, EvictionStep, ObjectInfo, Replica, ReplicaListResult, ReplicaStatus,
+                     ShardUsage, Usage)
 
 BATCH_CHUNK = 512      # keys per FCALL: keeps every script short
 SCAN_COUNT = 1000      # keys per SCAN step in remove_by_regex / remove_all / unmount sweeps
@@ -414,6 +415,26 @@ class Master:
                 seg["size"] += int(row[b"size"])
                 seg["used"] += int(row[b"used"])
         return list(merged.values())
+
+    # ---- eviction --------------------------------------------------------------------
+    def evict_step(self, shard: int, max_units: int = 64) -> EvictionStep:
+        state, units, objects, nbytes, used, target = self._fcall("mc_evict", shard, max_units)
+        return EvictionStep(shard, state.decode(), int(units), int(objects), int(nbytes), int(used), int(target))
+
+    def run_eviction(self, max_units_per_step: int = 64) -> EvictionReport:
+        """Evict now, in bounded steps, until every shard is at its target (or has nothing
+        evictable left)."""
+        units = objects = nbytes = steps = 0
+        final = []
+        for shard in range(self.shards):
+            while True:
+                step = self.evict_step(shard, max_units_per_step)
+                steps += 1
+                units, objects, nbytes = units + step.units, objects + step.objects, nbytes + step.bytes
+                if step.state != "more":
+                    final.append(step)
+                    break
+        return EvictionReport(units, objects, nbytes, steps, final)
 
     # ---- the store clock (test hook) -------------------------------------------------
     def now_ms(self) -> int:

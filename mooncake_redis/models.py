@@ -54,3 +54,24 @@ class Usage:
     capacity_bytes: int
     objects: int
     shards: list[ShardUsage]
+
+
+@dataclass(frozen=True)
+class EvictionStep:
+    """One mc_evict call on one shard."""
+    shard: int
+    state: str          # idle | target | more | blocked
+    units: int
+    objects: int
+    bytes: int
+    used_bytes: int
+    target_bytes: int
+
+
+@dataclass(frozen=True)
+class EvictionReport:
+    evicted_units: int
+    evicted_objects: int
+    evicted_bytes: int
+    steps: int
+    final: list[EvictionStep]  # the last step of each shard

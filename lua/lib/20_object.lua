@@ -5,7 +5,7 @@
 --   rep:<segment> = "<offset> <mount id>"  (one per replica; size = the object's size)
 -- A replica is live while its segment is mounted with the same mount id.
 -- Indexes: P:processing (zset, member "<tenant>:<key>", score = put_started).
--- Groups: P:grp:<tenant>:<group> hash (lease_until, members), P:grpm:<tenant>:<group> set of keys.
+-- Groups: P:grp:<tenant>:<group> hash, P:grpm:<tenant>:<group> set of member keys (30_units.lua).
 
 local function obj_key(P, tenant, key) return P .. ':obj:' .. tenant .. ':' .. key end
 local function obj_id(tenant, key) return tenant .. ':' .. key end
@@ -52,44 +52,4 @@ local function lease_until(P, tenant, o)
     if g > own then return g end
   end
   return own
-end
-
-local function extend_lease(P, tenant, okey, o, until_ms)
-  local target = o.group and grp_key(P, tenant, o.group) or okey
-  local cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
-  if until_ms > cur then redis.call('HSET', target, 'lease_until', S(until_ms)) end
-end
-
-local function join_group(P, tenant, key, group)
-  if redis.call('SADD', grp_members_key(P, tenant, group), key) == 1 then
-    redis.call('HINCRBY', grp_key(P, tenant, group), 'members', 1)
-  end
-end
-
-local function leave_group(P, tenant, key, group)
-  if redis.call('SREM', grp_members_key(P, tenant, group), key) == 1 then
-    local gkey = grp_key(P, tenant, group)
-    if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then
-      -- the group record outlives its last member only if it carries more than a lease
-      if redis.call('HLEN', gkey) <= 2 then redis.call('DEL', gkey) end
-    end
-  end
-end
-
--- Delete an object. Live replicas are freed at once, or held until `hold_until` when given
--- (a preempted put whose writer may still be writing).
-local function delete_object(P, tenant, key, okey, o, hold_until)
-  for _, r in ipairs(replicas_of(P, o)) do
-    if r.live then
-      if hold_until then
-        hold_extent(P, r.seg, r.mount, r.off, tonumber(o.size), hold_until)
-      else
-        free_extent(P, r.seg, r.off, tonumber(o.size))
-      end
-    end
-  end
-  if o.group then leave_group(P, tenant, key, o.group) end
-  if o.status ~= 'complete' then redis.call('ZREM', P .. ':processing', obj_id(tenant, key)) end
-  redis.call('DEL', okey)
-  redis.call('HINCRBY', P, 'objects', -1)
 end

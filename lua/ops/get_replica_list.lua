@@ -12,11 +12,11 @@ local function read_one(P, tenant, key, now, lease_ttl)
   if o.status ~= 'complete' then return nil, E.REPLICA_IS_NOT_READY end
   local live = live_replicas(P, okey, o)
   if #live == 0 then -- every replica was on unmounted segments: the object is gone
-    delete_object(P, tenant, key, okey, o, nil)
+    delete_object(P, tenant, key, okey, o, nil, now)
     return nil, E.OBJECT_NOT_FOUND
   end
   local until_ms = now + lease_ttl
-  extend_lease(P, tenant, okey, o, until_ms)
+  extend_lease(P, tenant, key, okey, o, until_ms)
   return live, math.max(until_ms, lease_until(P, tenant, o)) - now, tonumber(o.size)
 end
 

@@ -23,21 +23,26 @@ local function end_one(P, tenant, client, key, now)
   local o = load_object(okey)
   local code = check_writer(o, client)
   if code ~= E.OK or o.status == 'complete' then return code end -- a retried put_end is OK
-  local lease = math.max(tonumber(o.lease_until), now)
-  redis.call('HSET', okey, 'status', 'complete', 'lease_until', S(lease),
-    'soft_pin_until', commit_soft_pin(o, now))
+  o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until), now))
+  o.soft_pin_until = commit_soft_pin(o, now)
+  redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until)
   redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
   redis.call('ZREM', P .. ':processing', obj_id(tenant, key))
+  if o.group then
+    group_member_completed(P, tenant, o.group, o.soft_pin_until, now)
+  else
+    place_object(P, tenant, key, o, now)
+  end
   return E.OK
 end
 
-local function revoke_one(P, tenant, client, key)
+local function revoke_one(P, tenant, client, key, now)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   local code = check_writer(o, client)
   if code ~= E.OK then return code end
   if o.status == 'complete' then return E.INVALID_WRITE end
-  delete_object(P, tenant, key, okey, o, nil)
+  delete_object(P, tenant, key, okey, o, nil, now)
   return E.OK
 end
 

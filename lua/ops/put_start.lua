@@ -22,6 +22,24 @@ local function allocate(P, size, want, preferred, by_free)
   return got
 end
 
+-- Evict-on-put: evict up to EVICT_ON_PUT_UNITS candidates of this shard until the put fits.
+local EVICT_ON_PUT_UNITS = 16
+
+local function allocate_evicting(P, size, a, now, cfg, by_free)
+  local got = allocate(P, size, a.replica_num, a.preferred, by_free)
+  if #got > 0 or cfg.evict_on_put ~= 1 then return got end
+  expire_soft_pins(P, now, EVICT_ON_PUT_UNITS)
+  for _ = 1, EVICT_ON_PUT_UNITS do
+    local unit = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
+    if not unit then break end
+    if evict_unit(P, unit, now) > 0 then
+      got = allocate(P, size, a.replica_num, a.preferred, by_free)
+      if #got > 0 then return got end
+    end
+  end
+  return got
+end
+
 local function put_one(P, a, key, size, now, cfg, by_free)
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
   local okey = obj_key(P, a.tenant, key)
@@ -32,10 +50,13 @@ local function put_one(P, a, key, size, now, cfg, by_free)
       return E.OBJECT_ALREADY_EXISTS
     end
     -- an abandoned put: preempt it, keeping its space until the release timeout
-    delete_object(P, a.tenant, key, okey, old, started + cfg.put_start_release_timeout)
+    delete_object(P, a.tenant, key, okey, old, started + cfg.put_start_release_timeout, now)
   end
-  local got = allocate(P, size, a.replica_num, a.preferred, by_free)
-  if #got == 0 then return E.NO_AVAILABLE_HANDLE end
+  local got = allocate_evicting(P, size, a, now, cfg, by_free)
+  if #got == 0 then
+    redis.call('HSET', P, 'put_failed', S(now)) -- tells the eviction workers to start
+    return E.NO_AVAILABLE_HANDLE
+  end
   local fields = { 'size', S(size), 'status', 'processing', 'writer', a.client,
     'put_started', S(now), 'lease_until', '0', 'soft_pin_until', '0', 'hard_pin', a.hard_pin,
     'soft_pin_action', a.pin_action }
@@ -51,7 +72,7 @@ local function put_one(P, a, key, size, now, cfg, by_free)
   redis.call('HSET', okey, unpack(fields))
   redis.call('ZADD', P .. ':processing', now, obj_id(a.tenant, key))
   redis.call('HINCRBY', P, 'objects', 1)
-  if a.group then join_group(P, a.tenant, key, a.group) end
+  if a.group then join_group(P, a.tenant, key, a.group, a.hard_pin, now) end
   return reply
 end
 
@@ -94,7 +115,8 @@ end
 local function put_start(keys, args)
   local P = keys[1]
   local cfg = config(P, { 'put_start_discard_timeout', 'put_start_release_timeout',
-    'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length' })
+    'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length', 'evict_on_put',
+    'allow_evict_soft_pinned_objects' })
   if not cfg then return not_initialised() end
   local a, err = parse_put_args(args, cfg)
   if not a then return fail(E.INVALID_PARAMS, err) end

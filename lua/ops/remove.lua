@@ -8,7 +8,7 @@ local function remove_one(P, tenant, key, force, now)
   if not o then return E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   if not force and lease_until(P, tenant, o) > now then return E.OBJECT_HAS_LEASE end
-  delete_object(P, tenant, key, okey, o, nil)
+  delete_object(P, tenant, key, okey, o, nil, now)
   return E.OK
 end
 

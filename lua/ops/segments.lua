@@ -53,12 +53,12 @@ end
 local function sweep_replicas(keys, args)
   local P, tenant = keys[1], args[1]
   if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
-  local deleted = 0
+  local deleted, now = 0, now_ms(P)
   for i = 2, #args do
     local okey = obj_key(P, tenant, args[i])
     local o = load_object(okey)
     if o and #live_replicas(P, okey, o) == 0 then
-      delete_object(P, tenant, args[i], okey, o, nil)
+      delete_object(P, tenant, args[i], okey, o, nil, now)
       deleted = deleted + 1
     end
   end

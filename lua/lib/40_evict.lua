@@ -1,0 +1,69 @@
+-- Eviction: pop candidates from the low end of the tiers, re-check protections, delete.
+
+-- Move units whose soft pin has expired from the soft tier to the ordinary one (bounded).
+local function expire_soft_pins(P, now, limit)
+  local due = redis.call('ZRANGEBYSCORE', P .. SOFT_DEADLINES, '-inf', now, 'LIMIT', 0, limit)
+  for _, unit in ipairs(due) do
+    local lease = redis.call('ZSCORE', P .. TIER_SOFT, unit)
+    if lease then
+      redis.call('ZREM', P .. TIER_SOFT, unit)
+      redis.call('ZADD', P .. TIER_ORDINARY, lease, unit)
+    end
+    redis.call('ZREM', P .. SOFT_DEADLINES, unit)
+  end
+end
+
+-- The least recently leased unleased unit: ordinary tier first, then (if allowed) soft.
+local function next_candidate(P, now, allow_soft)
+  local c = redis.call('ZRANGE', P .. TIER_ORDINARY, 0, 0, 'WITHSCORES')
+  if c[1] and tonumber(c[2]) <= now then return c[1] end
+  if allow_soft then
+    c = redis.call('ZRANGE', P .. TIER_SOFT, 0, 0, 'WITHSCORES')
+    if c[1] and tonumber(c[2]) <= now then return c[1] end
+  end
+  return nil
+end
+
+local function evict_object(P, tenant, key, now)
+  local okey = obj_key(P, tenant, key)
+  local o = load_object(okey)
+  if not o then
+    unplace(P, object_unit(tenant, key))
+    return 0, 0
+  end
+  if o.status ~= 'complete' or o.hard_pin == '1' or (tonumber(o.lease_until) or 0) > now then
+    place_object(P, tenant, key, o, now) -- the index was stale: put the unit where it belongs
+    return 0, 0
+  end
+  local bytes = drop_object(P, tenant, key, okey, o, nil)
+  unplace(P, object_unit(tenant, key))
+  return 1, bytes
+end
+
+local function evict_group(P, tenant, group, now)
+  local g = group_state(P, tenant, group)
+  if g.members == 0 or g.processing > 0 or g.hard_pinned > 0 or g.lease_until > now then
+    place_group(P, tenant, group, now)
+    return 0, 0
+  end
+  local objects, bytes = 0, 0
+  for _, key in ipairs(redis.call('SMEMBERS', grp_members_key(P, tenant, group))) do
+    local okey = obj_key(P, tenant, key)
+    local o = load_object(okey)
+    if o then
+      bytes = bytes + drop_object(P, tenant, key, okey, o, nil)
+      objects = objects + 1
+    end
+  end
+  retire_group(P, tenant, group)
+  return objects, bytes
+end
+
+-- Evict one unit if it is still evictable; returns objects and bytes freed.
+local function evict_unit(P, unit, now)
+  local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.*)$')
+  if kind == 'o' then return evict_object(P, tenant, name, now) end
+  if kind == 'g' then return evict_group(P, tenant, name, now) end
+  unplace(P, unit)
+  return 0, 0
+end

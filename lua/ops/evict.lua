@@ -1,0 +1,35 @@
+-- evict: one bounded eviction step on one shard.
+-- KEYS: P.  ARGV: max_units (1-1024).
+-- Starts when used_bytes > eviction_high_watermark_ratio x capacity, or when a put_start failed
+-- for space since the last step (P.put_failed); frees units until used_bytes <=
+-- (eviction_high_watermark_ratio - eviction_ratio) x capacity or max_units were tried.
+-- Reply: {state, units, objects, bytes, used_bytes, target_bytes} where state is
+--   "idle" (nothing to do), "target" (reached), "more" (call again), "blocked" (no evictable unit).
+local function evict(keys, args)
+  local P = keys[1]
+  local max_units = int_arg(args[1], 1, 1024)
+  if not max_units then return fail(E.INVALID_PARAMS, 'max_units must be an integer in [1, 1024]') end
+  local cfg = config(P, { 'eviction_high_watermark_ratio', 'eviction_ratio', 'allow_evict_soft_pinned_objects' })
+  if not cfg then return not_initialised() end
+  local now = now_ms(P)
+  expire_soft_pins(P, now, 4 * max_units)
+  local row = redis.call('HMGET', P, 'used_bytes', 'capacity_bytes', 'put_failed')
+  local used, cap, put_failed = tonumber(row[1]) or 0, tonumber(row[2]) or 0, row[3]
+  local target = math.floor(cap * (cfg.eviction_high_watermark_ratio - cfg.eviction_ratio))
+  if used <= cap * cfg.eviction_high_watermark_ratio and not put_failed then
+    return { 'idle', 0, 0, 0, used, target }
+  end
+  local units, objects, bytes, state = 0, 0, 0, 'more'
+  for _ = 1, max_units do
+    if used <= target and (units > 0 or not put_failed) then state = 'target'; break end
+    local unit = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
+    if not unit then state = 'blocked'; break end
+    local n, b = evict_unit(P, unit, now)
+    if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
+  end
+  if state == 'more' and used <= target and units > 0 then state = 'target' end
+  if state ~= 'more' then redis.call('HDEL', P, 'put_failed') end
+  return { state, units, objects, bytes, used, target }
+end
+
+redis.register_function('mc_evict', evict)
