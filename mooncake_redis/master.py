@@ -98,7 +98,8 @@ class Master:
                               f"store {namespace!r} has {int(stored[b'shards'])} shards, config says {config.shards}")
         ensure_loaded(client)
         master = cls(client, config)
-        if not stored or config != MasterConfig.from_redis(namespace, stored):
+        wanted = {k.encode(): v.encode() for k, v in config.to_redis().items()}
+        if any(stored.get(k) != v for k, v in wanted.items()):  # new store, new settings or new fields
             master._write_config()
         return master
 
@@ -128,6 +129,9 @@ class Master:
         try:
             return pipe.execute()
         except redis.ResponseError as exc:
+            if "Function not found" in str(exc):
+                ensure_loaded(self.redis, force=True)
+                return self._each_shard(fn, *args)
             _raise_for(exc)
 
     def _shard(self, key: bytes) -> int:
@@ -191,16 +195,22 @@ class Master:
         errors = [parse_error_reply(str(r)) for r in results if isinstance(r, Exception)]
         if len(errors) == len(results):
             raise errors[0] or MasterError(ErrorCode.INTERNAL_ERROR, str(results[0]))
-        return self._sweep_all(progress)
+        return sum(self.sweep_shard(shard, progress) for shard in range(self.shards))
 
-    def _sweep_all(self, progress: Callable[[int], None] | None) -> int:
+    def sweep_shard(self, shard: int, on_batch: Callable[[int], Any] | None = None) -> int:
+        """Drop replicas on unmounted segments from every object of one shard (SCAN, then
+        bounded mc_sweep_replicas calls), then clear the shard's sweep marker unless another
+        unmount happened meanwhile. `on_batch(objects scanned)` returning False stops early and
+        leaves the marker set, so a worker sweeps again later. Returns objects deleted."""
+        token = self.redis.get(f"{self._shard_keys[shard]}:sweep_pending") or b""
         deleted = scanned = 0
-        for shard in range(self.shards):
-            for tenant, keys in self._scan_objects(shard, "*"):
-                deleted += self._fcall("mc_sweep_replicas", shard, tenant, *keys)
-                scanned += len(keys)
-                if progress:
-                    progress(scanned)
+        for tenant, keys in self._scan_objects(shard, "*"):
+            for start in range(0, len(keys), BATCH_CHUNK):
+                deleted += self._fcall("mc_sweep_replicas", shard, tenant, *keys[start:start + BATCH_CHUNK])
+            scanned += len(keys)
+            if on_batch and on_batch(scanned) is False:
+                return deleted
+        self._fcall("mc_sweep_done", shard, token)
         return deleted
 
     def ping(self, client_id: str) -> str:

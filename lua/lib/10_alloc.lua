@@ -57,6 +57,23 @@ local function free_extent(P, seg, off, size)
   add_free(by_off, by_size, off, stop - off)
 end
 
+-- Unmount a segment from this shard: its bytes leave the books and its replicas become
+-- unreadable at once (their mount id no longer matches). P:sweep_pending is bumped so that a
+-- worker removes the dead replicas from the object hashes even if the caller dies first.
+-- Returns false when the segment is not mounted here.
+local function drop_segment(P, name)
+  local skey = P .. ':seg:' .. name
+  local cur = redis.call('HMGET', skey, 'size', 'used')
+  if not cur[1] then return false end
+  redis.call('HINCRBY', P, 'capacity_bytes', -tonumber(cur[1]))
+  redis.call('HINCRBY', P, 'used_bytes', -tonumber(cur[2]))
+  local by_off, by_size = free_keys(P, name)
+  redis.call('DEL', skey, by_off, by_size)
+  redis.call('ZREM', P .. ':segs', name)
+  redis.call('INCR', P .. ':sweep_pending')
+  return true
+end
+
 -- The mount id of a mounted segment, or nil.
 local function mount_of(P, seg)
   return redis.call('HGET', P .. ':seg:' .. seg, 'mount')

@@ -2,7 +2,8 @@
 -- KEYS: P.  ARGV: max_units (1-1024).
 -- Starts when used_bytes > eviction_high_watermark_ratio x capacity, or when a put_start failed
 -- for space since the last step (P.put_failed); frees units until used_bytes <=
--- (eviction_high_watermark_ratio - eviction_ratio) x capacity or max_units were tried.
+-- (eviction_high_watermark_ratio - eviction_ratio) x capacity or max_units were tried. While a
+-- run is unfinished P.evicting is set, so the next step carries on below the high watermark.
 -- Reply: {state, units, objects, bytes, used_bytes, target_bytes} where state is
 --   "idle" (nothing to do), "target" (reached), "more" (call again), "blocked" (no evictable unit).
 local function evict(keys, args)
@@ -13,10 +14,10 @@ local function evict(keys, args)
   if not cfg then return not_initialised() end
   local now = now_ms(P)
   expire_soft_pins(P, now, 4 * max_units)
-  local row = redis.call('HMGET', P, 'used_bytes', 'capacity_bytes', 'put_failed')
+  local row = redis.call('HMGET', P, 'used_bytes', 'capacity_bytes', 'put_failed', 'evicting')
   local used, cap, put_failed = tonumber(row[1]) or 0, tonumber(row[2]) or 0, row[3]
   local target = math.floor(cap * (cfg.eviction_high_watermark_ratio - cfg.eviction_ratio))
-  if used <= cap * cfg.eviction_high_watermark_ratio and not put_failed then
+  if used <= cap * cfg.eviction_high_watermark_ratio and not put_failed and not row[4] then
     return { 'idle', 0, 0, 0, used, target }
   end
   local units, objects, bytes, state = 0, 0, 0, 'more'
@@ -28,7 +29,11 @@ local function evict(keys, args)
     if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
   end
   if state == 'more' and used <= target and units > 0 then state = 'target' end
-  if state ~= 'more' then redis.call('HDEL', P, 'put_failed') end
+  if state == 'more' then
+    redis.call('HSET', P, 'evicting', S(now))
+  else
+    redis.call('HDEL', P, 'put_failed', 'evicting')
+  end
   return { state, units, objects, bytes, used, target }
 end
 

@@ -33,18 +33,14 @@ end
 
 -- unmount_segment. KEYS: P. ARGV: name, client_id. Reply: 0 (OK).
 -- The segment's replicas become unreadable at once (their mount id no longer matches);
--- sweep_replicas then removes them from the object hashes in bounded batches.
+-- sweep_replicas then removes them from the object hashes in bounded batches (the caller, or a
+-- worker when P:sweep_pending is set).
 local function unmount_segment(keys, args)
   local P, name, client = keys[1], args[1], args[2]
-  local skey = P .. ':seg:' .. name
-  local cur = redis.call('HMGET', skey, 'client', 'size', 'used')
-  if not cur[1] then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. tostring(name) .. ' is not mounted') end
-  if cur[1] ~= client then return fail(E.ILLEGAL_CLIENT, 'segment ' .. name .. ' belongs to another client') end
-  redis.call('HINCRBY', P, 'capacity_bytes', -tonumber(cur[2]))
-  redis.call('HINCRBY', P, 'used_bytes', -tonumber(cur[3]))
-  local by_off, by_size = free_keys(P, name)
-  redis.call('DEL', skey, by_off, by_size)
-  redis.call('ZREM', P .. ':segs', name)
+  local owner = redis.call('HGET', P .. ':seg:' .. tostring(name), 'client')
+  if not owner then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. tostring(name) .. ' is not mounted') end
+  if owner ~= client then return fail(E.ILLEGAL_CLIENT, 'segment ' .. name .. ' belongs to another client') end
+  drop_segment(P, name)
   return E.OK
 end
 

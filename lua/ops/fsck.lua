@@ -1,0 +1,272 @@
+-- fsck repairs. The audit itself runs outside Redis (mooncake_redis/fsck.py): it SCANs a shard's
+-- object hashes in bounded batches, recomputes the derived state (counters, segment bytes, free
+-- lists, candidate tiers, processing index, group records) and calls these functions to fix the
+-- drift it found. Each function touches one shard, does bounded work, and re-derives what it writes
+-- from the state it reads inside the call (or refuses when that state moved since fsck read it),
+-- so a repair that races with normal traffic never loses a write. On a healthy store every one of
+-- them is a no-op.
+
+local FSCK_MAX_GROUP = 10000     -- candidates one mc_fsck_group call may load
+local FSCK_MAX_EXTENTS = 8192    -- extents (+ free-list members) one mc_fsck_rebuild_free call may touch
+
+-- mc_fsck_counters. KEYS: P. ARGV: (field, expected, delta) triples, field one of used_bytes,
+--   capacity_bytes, objects. Compare-and-add: for each triple, when the field's current value
+--   (missing = 0) equals `expected` (the value fsck read), HINCRBY field delta; otherwise leave
+--   it (a write landed since fsck read it: rerun fsck). All arguments are validated first.
+-- Reply: per triple {applied (1|0), value after the call}.
+local SHARD_COUNTERS = { used_bytes = true, capacity_bytes = true, objects = true }
+
+local function fsck_counters(keys, args)
+  local P = keys[1]
+  if #args == 0 or #args % 3 ~= 0 then return fail(E.INVALID_PARAMS, 'expected field, expected, delta triples') end
+  local todo = {}
+  for i = 1, #args, 3 do
+    local field = args[i]
+    local expected, delta = int_arg(args[i + 1], -MAX_INT, MAX_INT), int_arg(args[i + 2], -MAX_INT, MAX_INT)
+    if not SHARD_COUNTERS[field] then return fail(E.INVALID_PARAMS, 'unknown counter ' .. tostring(field)) end
+    if not expected or not delta then return fail(E.INVALID_PARAMS, 'expected and delta must be integers') end
+    todo[#todo + 1] = { field, expected, delta }
+  end
+  local reply = {}
+  for _, t in ipairs(todo) do
+    local cur = tonumber(redis.call('HGET', P, t[1])) or 0
+    if cur == t[2] then
+      reply[#reply + 1] = { 1, redis.call('HINCRBY', P, t[1], t[3]) }
+    else
+      reply[#reply + 1] = { 0, cur }
+    end
+  end
+  return reply
+end
+
+-- mc_fsck_segment_used. KEYS: P. ARGV: segment, expected_used, delta.
+--   Compare-and-add on P:seg:<segment>.used (as mc_fsck_counters), then set the segment's P:segs
+--   score to size - used (the score is derived from the hash, so it is rewritten from it; this
+--   also puts back a mounted segment missing from P:segs). Nothing is written on a mismatch.
+-- Reply: {applied (1|0), used, free bytes}; error SEGMENT_NOT_FOUND when the segment is not mounted.
+local function fsck_segment_used(keys, args)
+  local P, seg = keys[1], args[1]
+  local expected, delta = int_arg(args[2], -MAX_INT, MAX_INT), int_arg(args[3], -MAX_INT, MAX_INT)
+  if not valid_name(seg, 1024) or not expected or not delta then
+    return fail(E.INVALID_PARAMS, 'expected segment, expected_used, delta')
+  end
+  local skey = P .. ':seg:' .. seg
+  local row = redis.call('HMGET', skey, 'size', 'used')
+  local size = tonumber(row[1])
+  if not size then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. seg .. ' is not mounted') end
+  local used = tonumber(row[2]) or 0
+  if used ~= expected then return { 0, used, size - used } end
+  if delta ~= 0 then used = redis.call('HINCRBY', skey, 'used', delta) end
+  redis.call('ZADD', P .. ':segs', size - used, seg)
+  return { 1, used, size - used }
+end
+
+-- mc_fsck_forget_segment. KEYS: P. ARGV: segment.
+--   For a segment that is NOT mounted (no P:seg:<segment> hash): drop it from P:segs and delete
+--   its free lists (unmount removes all three at once; leftovers are drift). A mounted segment is
+--   left alone. Reply: 1 when something was forgotten, 0 when the segment is mounted.
+local function fsck_forget_segment(keys, args)
+  local P, seg = keys[1], args[1]
+  if not valid_name(seg, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
+  if redis.call('EXISTS', P .. ':seg:' .. seg) == 1 then return 0 end
+  local by_off, by_size = free_keys(P, seg)
+  redis.call('ZREM', P .. ':segs', seg)
+  redis.call('DEL', by_off, by_size)
+  return 1
+end
+
+-- Re-derive one object's own index entries: P:processing (member iff not complete, score =
+-- put_started) and its object unit (placed by place_object when ungrouped; never present when
+-- grouped: members are placed through their group, see mc_fsck_group). A missing object leaves
+-- neither. Returns 1 if the object exists, else 0.
+local function fsck_place_object(P, tenant, key, now)
+  local id, unit = obj_id(tenant, key), object_unit(tenant, key)
+  local o = load_object(obj_key(P, tenant, key))
+  if not o then
+    redis.call('ZREM', P .. ':processing', id)
+    unplace(P, unit)
+    return 0
+  end
+  if o.status == 'complete' then
+    redis.call('ZREM', P .. ':processing', id)
+  else
+    redis.call('ZADD', P .. ':processing', tonumber(o.put_started) or 0, id)
+  end
+  if o.group then unplace(P, unit) else place_object(P, tenant, key, o, now) end
+  return 1
+end
+
+-- mc_fsck_place. KEYS: P. ARGV: tenant, key.  Re-places one object (see fsck_place_object above):
+--   processing index, candidate tier and soft-pin deadline entry. Reply: 1 (object exists) | 0.
+local function fsck_place(keys, args)
+  local P, tenant, key = keys[1], args[1], args[2]
+  if not valid_tenant(tenant) or type(key) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected tenant, key') end
+  return fsck_place_object(P, tenant, key, now_ms(P))
+end
+
+-- mc_fsck_unit. KEYS: P. ARGV: unit.  Re-derives one candidate unit found in a tier or in the
+--   soft-pin deadline index: "o:<tenant>:<key>" is re-placed like mc_fsck_place; "g:<tenant>:<group>"
+--   is re-placed from the group's counters (fix the counters first with mc_fsck_group); anything
+--   else (a malformed unit) is removed from the tiers and the deadline index.
+-- Reply: "o", "g" or "removed".
+local function fsck_unit(keys, args)
+  local P, unit = keys[1], args[1]
+  if type(unit) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected unit') end
+  local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.+)$')
+  if kind and valid_tenant(tenant) then
+    local now = now_ms(P)
+    if kind == 'o' then fsck_place_object(P, tenant, name, now) else place_group(P, tenant, name, now) end
+    return kind
+  end
+  unplace(P, unit)
+  return 'removed'
+end
+
+-- mc_fsck_group. KEYS: P. ARGV: tenant, group, max_members, key...
+--   Rebuilds one group's record from its objects. Candidates = P:grpm:<tenant>:<group> plus the
+--   keys passed (the objects fsck found naming the group); fails with INVALID_PARAMS, writing
+--   nothing, when there are more than max_members (<= 10000) candidates. A candidate is a member
+--   iff its object exists and its group field names this group. Rewrites the member set, sets
+--   members / processing / hard_pinned, raises soft_pin_until to the latest soft pin of a complete
+--   member, removes members' own object units, then places the group unit (place_group) — or,
+--   when no member is left, retires the group (retire_group). lease_until is kept: it is the
+--   group's own state (reads extend it), not derived from the members.
+-- Reply: {members, processing, hard_pinned}.
+local function fsck_group(keys, args)
+  local P, tenant, group = keys[1], args[1], args[2]
+  local max = int_arg(args[3], 1, FSCK_MAX_GROUP)
+  if not valid_tenant(tenant) or not valid_name(group, 256) or not max then
+    return fail(E.INVALID_PARAMS, 'expected tenant, group, max_members (1-' .. FSCK_MAX_GROUP .. '), key...')
+  end
+  local mkey, gkey = grp_members_key(P, tenant, group), grp_key(P, tenant, group)
+  if redis.call('SCARD', mkey) + #args - 3 > max then
+    return fail(E.INVALID_PARAMS, 'group ' .. group .. ' has more than ' .. S(max) .. ' candidate members')
+  end
+  local seen, cand = {}, {}
+  local function add(k) if not seen[k] then seen[k] = true; cand[#cand + 1] = k end end
+  for _, k in ipairs(redis.call('SMEMBERS', mkey)) do add(k) end
+  for i = 4, #args do add(args[i]) end
+  table.sort(cand)
+  local members, processing, hard, soft = 0, 0, 0, 0
+  for _, k in ipairs(cand) do
+    local o = redis.call('HMGET', obj_key(P, tenant, k), 'group', 'status', 'hard_pin', 'soft_pin_until')
+    if o[1] == group then
+      members = members + 1
+      if o[2] ~= 'complete' then
+        processing = processing + 1
+      else
+        soft = math.max(soft, tonumber(o[4]) or 0)
+      end
+      if o[3] == '1' then hard = hard + 1 end
+      redis.call('SADD', mkey, k)
+      unplace(P, object_unit(tenant, k))
+    else
+      redis.call('SREM', mkey, k)
+    end
+  end
+  if members == 0 then
+    retire_group(P, tenant, group)
+    return { 0, 0, 0 }
+  end
+  redis.call('HSET', gkey, 'members', members, 'processing', processing, 'hard_pinned', hard)
+  if soft > (tonumber(redis.call('HGET', gkey, 'soft_pin_until')) or 0) then
+    redis.call('HSET', gkey, 'soft_pin_until', S(soft))
+  end
+  place_group(P, tenant, group, now_ms(P))
+  return { members, processing, hard }
+end
+
+-- mc_fsck_rebuild_free. KEYS: P.
+-- ARGV: segment, mount, lo, hi,
+--       n_seen, (member, by_off score, by_size score) x n_seen,
+--       n_alloc, (offset, length) x n_alloc,
+--       n_drop, member x n_drop
+--   Rebuilds the free lists of the window [lo, hi) of a mounted segment as the exact complement of
+--   the allocated extents passed (live replicas and held extents inside the window, sorted, not
+--   overlapping). fsck cuts a segment into windows whose edges are segment ends or starts of
+--   allocated extents, so no free extent crosses a window edge and one call stays bounded.
+--   `seen` are the free-list members fsck read for this window (a score is "" when the member is
+--   missing from that list); `drop` are members found only in by_size. The call checks, before
+--   writing anything, that the segment still has this mount id and that the free lists still hold
+--   exactly the seen members with the seen scores (ZCOUNT of by_off over the window — over
+--   (-inf, ...) / (..., +inf) for a window touching the segment's ends — equals the number of seen
+--   members scored inside it): any allocation or free since fsck read them changes the free lists,
+--   and then nothing is written. Otherwise it deletes the seen and dropped members and adds the
+--   complement of the allocated extents within [lo, hi).
+--   At most 8192 seen + allocated + dropped entries per call.
+-- Reply: {1, free extents written} or {0, reason} when the state moved (rerun fsck).
+local function fsck_rebuild_free(keys, args)
+  local P, seg, mount = keys[1], args[1], args[2]
+  local lo, hi = int_arg(args[3], 0, MAX_INT), int_arg(args[4], 0, MAX_INT)
+  if not valid_name(seg, 1024) or not lo or not hi or lo >= hi then
+    return fail(E.INVALID_PARAMS, 'expected segment, mount, lo < hi')
+  end
+  local i = 5
+  local function count()
+    local n = int_arg(args[i], 0, FSCK_MAX_EXTENTS)
+    i = i + 1
+    return n
+  end
+  local n_seen = count()
+  if not n_seen or #args < i + 3 * n_seen then return fail(E.INVALID_PARAMS, 'bad seen list') end
+  local seen = {}
+  for _ = 1, n_seen do
+    seen[#seen + 1] = { args[i], tonumber(args[i + 1]), tonumber(args[i + 2]) }
+    i = i + 3
+  end
+  local n_alloc = count()
+  if not n_alloc or #args < i + 2 * n_alloc then return fail(E.INVALID_PARAMS, 'bad allocated list') end
+  local alloc, cursor = {}, lo
+  for _ = 1, n_alloc do
+    local off, len = int_arg(args[i], 0, MAX_INT), int_arg(args[i + 1], 1, MAX_INT)
+    if not off or not len or off < cursor or off + len > hi then
+      return fail(E.INVALID_PARAMS, 'allocated extents must be sorted, disjoint and inside [lo, hi)')
+    end
+    alloc[#alloc + 1] = { off, len }
+    cursor = off + len
+    i = i + 2
+  end
+  local n_drop = count()
+  if not n_drop or #args ~= i - 1 + n_drop then return fail(E.INVALID_PARAMS, 'bad drop list') end
+  if n_seen + n_alloc + n_drop > FSCK_MAX_EXTENTS then return fail(E.INVALID_PARAMS, 'too many extents for one call') end
+
+  local row = redis.call('HMGET', P .. ':seg:' .. seg, 'mount', 'base', 'size')
+  if row[1] ~= mount then return { 0, 'segment not mounted with mount id ' .. tostring(mount) } end
+  local base, size = tonumber(row[2]), tonumber(row[3])
+  if lo < base or hi > base + size then return fail(E.INVALID_PARAMS, 'window outside the segment') end
+  local by_off, by_size = free_keys(P, seg)
+  local q_lo, q_hi = (lo == base) and '-inf' or S(lo), (hi == base + size) and '+inf' or ('(' .. S(hi))
+  local inside = 0
+  for _, s in ipairs(seen) do
+    if tonumber(redis.call('ZSCORE', by_off, s[1])) ~= s[2] or tonumber(redis.call('ZSCORE', by_size, s[1])) ~= s[3] then
+      return { 0, 'free extent ' .. s[1] .. ' changed' }
+    end
+    if s[2] and (q_lo == '-inf' or s[2] >= lo) and (q_hi == '+inf' or s[2] < hi) then inside = inside + 1 end
+  end
+  if redis.call('ZCOUNT', by_off, q_lo, q_hi) ~= inside then return { 0, 'free extents were added in the window' } end
+  for d = i, #args do
+    if redis.call('ZSCORE', by_off, args[d]) then return { 0, 'free extent ' .. args[d] .. ' changed' } end
+  end
+
+  for _, s in ipairs(seen) do
+    redis.call('ZREM', by_off, s[1])
+    redis.call('ZREM', by_size, s[1])
+  end
+  for d = i, #args do redis.call('ZREM', by_size, args[d]) end
+  local written = 0
+  cursor = lo
+  for _, a in ipairs(alloc) do
+    if a[1] > cursor then add_free(by_off, by_size, cursor, a[1] - cursor); written = written + 1 end
+    cursor = a[1] + a[2]
+  end
+  if cursor < hi then add_free(by_off, by_size, cursor, hi - cursor); written = written + 1 end
+  return { 1, written }
+end
+
+redis.register_function('mc_fsck_counters', fsck_counters)
+redis.register_function('mc_fsck_segment_used', fsck_segment_used)
+redis.register_function('mc_fsck_forget_segment', fsck_forget_segment)
+redis.register_function('mc_fsck_place', fsck_place)
+redis.register_function('mc_fsck_unit', fsck_unit)
+redis.register_function('mc_fsck_group', fsck_group)
+redis.register_function('mc_fsck_rebuild_free', fsck_rebuild_free)

@@ -1,0 +1,124 @@
+-- Maintenance: the bounded steps the background workers (mooncake_redis/worker.py) drive.
+-- Each call does at most `max` items (1-1024) and reports how many it did, so a worker calls
+-- again while a count equals `max`.
+--
+-- discard_puts. KEYS: P. ARGV: max.
+--   Puts whose put_start is at least put_start_discard_timeout old (P:processing score <=
+--   now - timeout, the same rule put_start uses to preempt) are deleted; their extents stay
+--   held until put_started + put_start_release_timeout (the writer may still be writing).
+--   Then frees up to `max` held extents that are due (release_held).
+--   Reply: {discarded, released}.
+-- expire_clients. KEYS: P. ARGV: max.
+--   Clients whose last ping (P:clients score) is more than client_ttl old (now - ping >
+--   client_ttl) lose every segment they mounted on this shard, exactly as unmount_segment
+--   does, and leave P:clients (their next ping replies 0: remount). Their replicas hide at
+--   once (mount id); sweep_replicas then removes them from the object hashes.
+--   Cost: one pass over P:segs when any client expired (there is no client -> segments index).
+--   When it unmounted anything it INCRs P:sweep_pending, the marker that a dead-replica sweep
+--   of this shard is owed (it survives a worker that stops or crashes before sweeping).
+--   Reply: {clients_expired, segments_unmounted}.
+-- sweep_done. KEYS: P. ARGV: token (the P:sweep_pending value read before the sweep began).
+--   Clears the marker unless a newer unmount moved it on. Reply: 1 cleared, 0 sweep again.
+-- claim. KEYS: P. ARGV: worker_id, ttl_ms.
+--   A shard lease so that several workers do not repeat each other's work. P:worker =
+--   "<worker_id> <until_ms>" (store clock, so tests can advance it; no key TTL). Taken when
+--   absent, expired (until_ms <= now) or already ours; taking it sets until_ms = now + ttl_ms.
+--   Reply: 1 if we hold it now, 0 if another worker does.
+-- release_claim. KEYS: P. ARGV: worker_id. Deletes P:worker only if ours. Reply: 1 or 0.
+
+local MAX_ITEMS = 1024
+
+local function max_arg(s)
+  return int_arg(s, 1, MAX_ITEMS)
+end
+
+local function discard_puts(keys, args)
+  local P = keys[1]
+  local max = max_arg(args[1])
+  if not max then return fail(E.INVALID_PARAMS, 'max must be an integer in [1, 1024]') end
+  local cfg = config(P, { 'put_start_discard_timeout', 'put_start_release_timeout' })
+  if not cfg then return not_initialised() end
+  local now = now_ms(P)
+  local due = redis.call('ZRANGEBYSCORE', P .. ':processing', '-inf', S(now - cfg.put_start_discard_timeout),
+    'WITHSCORES', 'LIMIT', 0, max)
+  local discarded = 0
+  for i = 1, #due, 2 do
+    local id = due[i]
+    local tenant, key = string.match(id, '^([^:]+):(.*)$')
+    local okey = tenant and obj_key(P, tenant, key)
+    local o = okey and load_object(okey)
+    if o and o.status ~= 'complete' then
+      local started = tonumber(o.put_started) or tonumber(due[i + 1])
+      delete_object(P, tenant, key, okey, o, started + cfg.put_start_release_timeout, now)
+      discarded = discarded + 1
+    else
+      redis.call('ZREM', P .. ':processing', id) -- a stale index entry
+    end
+  end
+  local released = release_held(P, now, max)
+  return { discarded, released }
+end
+
+-- The unmount steps of unmount_segment (segments.lua), which is local to that file: the
+-- segment's bytes leave the books, its allocator and its hash go; replicas die by mount id.
+local function expire_clients(keys, args)
+  local P = keys[1]
+  local max = max_arg(args[1])
+  if not max then return fail(E.INVALID_PARAMS, 'max must be an integer in [1, 1024]') end
+  local cfg = config(P, { 'client_ttl' })
+  if not cfg then return not_initialised() end
+  local now = now_ms(P)
+  local dead = redis.call('ZRANGEBYSCORE', P .. ':clients', '-inf', '(' .. S(now - cfg.client_ttl),
+    'LIMIT', 0, max)
+  if #dead == 0 then return { 0, 0 } end
+  local is_dead = {}
+  for _, client in ipairs(dead) do is_dead[client] = true end
+  local unmounted = 0
+  for _, name in ipairs(redis.call('ZRANGE', P .. ':segs', 0, -1)) do
+    local owner = redis.call('HGET', P .. ':seg:' .. name, 'client')
+    if owner and is_dead[owner] and drop_segment(P, name) then unmounted = unmounted + 1 end
+  end
+  redis.call('ZREM', P .. ':clients', unpack(dead))
+  return { #dead, unmounted }
+end
+
+local function sweep_done(keys, args)
+  local P = keys[1]
+  local cur = redis.call('GET', P .. ':sweep_pending')
+  if cur and cur ~= args[1] then return 0 end
+  redis.call('DEL', P .. ':sweep_pending')
+  return 1
+end
+
+local function parse_claim(value)
+  if not value then return nil, 0 end
+  local id, until_ms = string.match(value, '^(.*) (%d+)$')
+  return id, tonumber(until_ms) or 0
+end
+
+local function claim(keys, args)
+  local P, worker = keys[1], args[1]
+  if not valid_name(worker, 256) then return fail(E.INVALID_PARAMS, 'worker_id must be 1-256 bytes') end
+  local ttl = int_arg(args[2], 1, MAX_INT)
+  if not ttl then return fail(E.INVALID_PARAMS, 'ttl_ms must be an integer > 0') end
+  local now = now_ms(P)
+  local holder, until_ms = parse_claim(redis.call('GET', P .. ':worker'))
+  if holder and holder ~= worker and until_ms > now then return 0 end
+  redis.call('SET', P .. ':worker', worker .. ' ' .. S(now + ttl))
+  return 1
+end
+
+local function release_claim(keys, args)
+  local P, worker = keys[1], args[1]
+  if not valid_name(worker, 256) then return fail(E.INVALID_PARAMS, 'worker_id must be 1-256 bytes') end
+  local holder = parse_claim(redis.call('GET', P .. ':worker'))
+  if holder ~= worker then return 0 end
+  redis.call('DEL', P .. ':worker')
+  return 1
+end
+
+redis.register_function('mc_discard_puts', discard_puts)
+redis.register_function('mc_expire_clients', expire_clients)
+redis.register_function('mc_sweep_done', sweep_done)
+redis.register_function('mc_claim', claim)
+redis.register_function('mc_release_claim', release_claim)

@@ -1,0 +1,253 @@
+"""Background workers: the bounded maintenance loops of the master, driven from outside Redis.
+
+A Worker holds no state of its own beyond counters: every step is one atomic FCALL, so any
+number of workers can run, crash and restart. To keep several workers from repeating each
+other's work, a worker only works on the shards it holds a short claim on (`mc_claim`, a lease
+with a deadline on the store clock, renewed between steps and released when `run` returns).
+
+One pass over a claimed shard, in this order (earlier loops free space that eviction would
+otherwise have to find):
+  1. discard abandoned puts and release due held extents (`mc_discard_puts`, until a call does
+     less than `batch` of either);
+  2. expire clients whose pings stopped (`mc_expire_clients`, same rule), and when that
+     unmounted a segment (the shard's `<P>:sweep_pending` marker is set, also if a worker
+     stopped before sweeping), sweep the dead replicas out of the shard's object hashes
+     (`mc_sweep_replicas` over a SCAN of the shard's objects, then `mc_sweep_done`);
+  3. eviction steps (`mc_evict`) until the shard's state is no longer "more".
+Then it publishes metrics to the plain hash `<P>:metrics` (not master state).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, fields
+from typing import Any, Iterable
+
+import redis
+
+from .errors import parse_error_reply
+from .master import Master
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 1024  # the functions' own cap on items per call
+
+
+@dataclass
+class WorkerPass:
+    """What one `run_once` did, summed over the shards it claimed."""
+    shards_claimed: int = 0
+    evicted_units: int = 0
+    evicted_objects: int = 0
+    evicted_bytes: int = 0
+    eviction_steps: int = 0
+    discarded_puts: int = 0
+    released_extents: int = 0
+    clients_expired: int = 0
+    segments_unmounted: int = 0
+    swept_objects: int = 0  # objects the dead-replica sweep deleted (no live replica left)
+
+    def add(self, other: "WorkerPass") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def did_work(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self) if f.name not in ("shards_claimed", "eviction_steps"))
+
+
+# metrics hash field -> WorkerPass field, incremented with HINCRBY after every pass
+_TOTALS = {
+    "evicted_units_total": "evicted_units",
+    "evicted_objects_total": "evicted_objects",
+    "evicted_bytes_total": "evicted_bytes",
+    "eviction_steps_total": "eviction_steps",
+    "discarded_puts_total": "discarded_puts",
+    "released_extents_total": "released_extents",
+    "clients_expired_total": "clients_expired",
+    "segments_unmounted_total": "segments_unmounted",
+    "swept_objects_total": "swept_objects",
+}
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class _ClaimLost(Exception):
+    pass
+
+
+class Worker:
+    def __init__(self, master: Master, worker_id: str | None = None, claim_ttl_ms: int = 5000,
+                 step_units: int = 64, batch: int = 256):
+        if not 1 <= step_units <= MAX_BATCH or not 1 <= batch <= MAX_BATCH:
+            raise ValueError(f"step_units and batch must be in [1, {MAX_BATCH}]")
+        if claim_ttl_ms < 1:
+            raise ValueError("claim_ttl_ms must be > 0")
+        self.master = master
+        self.worker_id = worker_id or default_worker_id()
+        self.claim_ttl_ms = claim_ttl_ms
+        self.step_units = step_units
+        self.batch = batch
+        self._stop: threading.Event | None = None
+        self._blocked: set[int] = set()  # shards whose eviction is blocked (warned once)
+
+    # ---- claims ----------------------------------------------------------------------
+    def claim_all(self) -> dict[int, int]:
+        """Try to claim every shard; returns {shard: store clock ms} for the shards we hold."""
+        return {shard: now for shard, (now, _) in self._claim_all().items()}
+
+    def _claim_all(self) -> dict[int, tuple[int, bytes | None]]:
+        """{shard: (store clock ms, sweep_pending marker)} for the shards we hold."""
+        m = self.master
+        pipe = m.redis.pipeline(transaction=False)
+        for p in m._shard_keys:
+            pipe.execute_command("FCALL", "mc_claim", 1, p, self.worker_id, self.claim_ttl_ms)
+            pipe.execute_command("FCALL", "mc_now", 1, p)
+            pipe.get(f"{p}:sweep_pending")
+        r = self._execute(pipe)
+        return {shard: (int(r[3 * shard + 1]), r[3 * shard + 2])
+                for shard in range(m.shards) if r[3 * shard] == 1}
+
+    def _renew(self, shard: int) -> None:
+        if self.master._fcall("mc_claim", shard, self.worker_id, self.claim_ttl_ms) != 1:
+            raise _ClaimLost()
+
+    def release_all(self) -> int:
+        """Give up our claims (so another worker can take over at once); returns how many."""
+        return sum(1 for r in self.master._each_shard("mc_release_claim", self.worker_id) if r == 1)
+
+    # ---- one pass --------------------------------------------------------------------
+    def run_once(self) -> WorkerPass:
+        total = WorkerPass()
+        for shard, (now, sweep_pending) in sorted(self._claim_all().items()):
+            if self._stopping():
+                break
+            total.shards_claimed += 1
+            done = WorkerPass()
+            try:
+                self._discard(shard, done)
+                self._expire(shard, done, sweep_pending is not None)
+                self._evict(shard, done)
+            except _ClaimLost:
+                log.warning("worker %s lost its claim on shard %d mid-pass", self.worker_id, shard)
+            finally:
+                total.add(done)
+                self._publish(shard, now, done)
+        if total.did_work():
+            log.info("worker %s pass: %s", self.worker_id, total)
+        else:
+            log.debug("worker %s pass: %s", self.worker_id, total)
+        return total
+
+    def _discard(self, shard: int, done: WorkerPass) -> None:
+        while True:
+            discarded, released = self.master._fcall("mc_discard_puts", shard, self.batch)
+            done.discarded_puts += discarded
+            done.released_extents += released
+            if (discarded < self.batch and released < self.batch) or self._stopping():
+                return
+            self._renew(shard)
+
+    def _expire(self, shard: int, done: WorkerPass, sweep_pending: bool) -> None:
+        while True:
+            clients, segments = self.master._fcall("mc_expire_clients", shard, self.batch)
+            done.clients_expired += clients
+            done.segments_unmounted += segments
+            sweep_pending = sweep_pending or segments > 0
+            if clients < self.batch or self._stopping():
+                break
+            self._renew(shard)
+        if sweep_pending and not self._stopping():
+            self._renew(shard)
+            done.swept_objects += self._sweep(shard)
+
+    def _sweep(self, shard: int) -> int:
+        """The shard's dead-replica sweep; a stop leaves its marker set for the next pass."""
+        def keep_going(_scanned: int) -> bool:
+            if self._stopping():
+                return False
+            self._renew(shard)
+            return True
+
+        return self.master.sweep_shard(shard, keep_going)
+
+    def _evict(self, shard: int, done: WorkerPass) -> None:
+        while True:
+            step = self.master.evict_step(shard, self.step_units)
+            done.eviction_steps += 1
+            done.evicted_units += step.units
+            done.evicted_objects += step.objects
+            done.evicted_bytes += step.bytes
+            if step.state != "more" or self._stopping():
+                if step.state == "blocked" and shard not in self._blocked:
+                    log.warning("shard %d: eviction blocked (used %d > target %d, nothing evictable)",
+                                shard, step.used_bytes, step.target_bytes)
+                    self._blocked.add(shard)
+                elif step.state != "blocked":
+                    self._blocked.discard(shard)
+                return
+            self._renew(shard)
+
+    def _publish(self, shard: int, now: int, done: WorkerPass) -> None:
+        key = f"{self.master._shard_keys[shard]}:metrics"
+        pipe = self.master.redis.pipeline(transaction=False)
+        pipe.hset(key, mapping={"last_pass_ms": now, "last_worker": self.worker_id})
+        pipe.hincrby(key, "passes_total", 1)
+        for field, attr in _TOTALS.items():
+            value = getattr(done, attr)
+            if value:
+                pipe.hincrby(key, field, value)
+        try:
+            pipe.execute()
+        except redis.RedisError:  # metrics are best effort
+            log.exception("shard %d: could not publish metrics", shard)
+
+    # ---- the loop --------------------------------------------------------------------
+    def run(self, stop: threading.Event, interval_s: float = 0.2) -> int:
+        """Run passes until `stop` is set (e.g. by a SIGTERM handler, see stop_on_signals);
+        the step in flight finishes first. Releases the claims on the way out. Returns the
+        number of passes run. Redis errors are logged and retried on the next pass."""
+        self._stop = stop
+        passes = 0
+        log.info("worker %s started on %d shard(s)", self.worker_id, self.master.shards)
+        try:
+            while not stop.is_set():
+                try:
+                    self.run_once()
+                except redis.RedisError:
+                    log.exception("worker %s: pass failed; retrying", self.worker_id)
+                passes += 1
+                stop.wait(interval_s)
+        finally:
+            self._stop = None
+            try:
+                self.release_all()
+            except redis.RedisError:
+                log.exception("worker %s: could not release its claims", self.worker_id)
+            log.info("worker %s stopped after %d pass(es)", self.worker_id, passes)
+        return passes
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def _execute(self, pipe: Any) -> list[Any]:
+        try:
+            return pipe.execute()
+        except redis.ResponseError as exc:
+            err = parse_error_reply(str(exc))
+            raise err if err is not None else exc
+
+
+def stop_on_signals(stop: threading.Event,
+                    signals: Iterable[signal.Signals] = (signal.SIGTERM, signal.SIGINT)) -> dict:
+    """Make the given signals set `stop` (call from the main thread). Returns the previous
+    handlers, for signal.signal to restore."""
+    previous = {}
+    for sig in signals:
+        previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
+    return previous
