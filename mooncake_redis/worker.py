@@ -247,7 +247,9 @@ def stop_on_signals(stop: threading.Event,
                     signals: Iterable[signal.Signals] = (signal.SIGTERM, signal.SIGINT)) -> dict:
     """Make the given signals set `stop` (call from the main thread). Returns the previous
     handlers, for signal.signal to restore."""
-    previous = {}
-    for sig in signals:
-        previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
-    return previous
+    def on_signal(signum, frame):
+        # set() from a helper thread: the handler may interrupt the main thread while it holds
+        # the event's internal lock (inside Event.wait), and set() needs that lock.
+        threading.Thread(target=stop.set, daemon=True).start()
+
+    return {sig: signal.signal(sig, on_signal) for sig in signals}

@@ -59,7 +59,7 @@ local function config(P, names)
 end
 
 local function not_initialised()
-  return fail(E.INTERNAL_ERROR, 'store not initialised: connect once with a MasterConfig (mooncake-redis init)')
+  return fail(E.INTERNAL_ERROR, 'store not initialised: connect once with Master.connect or mooncake-redis serve')
 end
 
 local function valid_tenant(t)

@@ -62,13 +62,13 @@ local function sweep_replicas(keys, args)
 end
 
 -- ping. KEYS: P. ARGV: client_id. Reply: 1 if the client is known (has mounted and not
--- expired), 0 if it must remount. Records the ping time either way.
+-- expired) and its ping time was recorded, 0 if it must remount.
 local function ping(keys, args)
   local P, client = keys[1], args[1]
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
-  local known = redis.call('ZSCORE', P .. ':clients', client) and 1 or 0
+  if not redis.call('ZSCORE', P .. ':clients', client) then return 0 end
   redis.call('ZADD', P .. ':clients', now_ms(P), client)
-  return known
+  return 1
 end
 
 redis.register_function('mc_mount_segment', mount_segment)

@@ -1,0 +1,4 @@
+"""`python -m cli ...` runs the `mooncake-redis` CLI."""
+from .main import cli
+
+cli(prog_name="mooncake-redis")

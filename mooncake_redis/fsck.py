@@ -1,0 +1,855 @@
+"""fsck: audit (and optionally repair) the derived state of a store.
+
+Everything but the object hashes is derived state (DESIGN.md, "Derived state is rebuildable"):
+shard counters (used_bytes, capacity_bytes, objects), segment bytes (P:seg:<name>.used and the
+P:segs score), the free lists of every segment, the processing index, the candidate tiers with
+the soft-pin deadline index, and the group records. `fsck(master)` recomputes all of it from the
+object hashes, shard by shard, and reports every difference as a `Finding`
+(kind, shard, subject, expected, found); `fsck(master, repair=True)` then fixes what can be fixed
+through the mc_fsck_* functions of lua/ops/fsck.lua (and mc_sweep_replicas).
+
+It runs on a live store and never blocks Redis for long: object keys are SCANned, read in bounded
+MULTI/EXEC batches (so each object is read together with its index entries in one atomic
+snapshot), and no script walks the keyspace. What that buys:
+
+* Per-object, per-unit and per-group findings are exact: each is computed from one atomic
+  snapshot (an object with its processing / tier / deadline entries; a group with its member
+  set, counters, unit entries and the group/status/pin fields of every candidate member).
+  Units and processing entries that no scanned object accounts for are re-read atomically
+  before they are reported (the object may have been created after the SCAN passed it).
+* Aggregates (shard counters, segment bytes, allocator tiling) cannot be read atomically. fsck
+  takes a fingerprint of the shard (counters, mount sequence, index sizes) before and after
+  the pass; when it moved, the pass is retried (`retries`), and a shard that never held still
+  is listed in `report.unverified` instead of producing findings that may be races. (A write
+  and its exact undo during the pass, e.g. evict-on-put freeing as many bytes as it allocates,
+  leaves the fingerprint unchanged: run repairs on a quiet store when you can.) Overlapping
+  allocations are re-read atomically and reported even from a busy shard.
+* Repairs never trust the scan blindly: counters are compare-and-add (the value fsck read plus
+  the delta it computed, refused if the counter moved), free lists are rebuilt only if they
+  still hold exactly what fsck read, and index/group repairs re-derive from the hashes inside
+  the call.
+
+Not repaired (reported only): overlapping allocations (two objects' bytes collide: at least one
+holds garbage; remove one or both with remove(force=True), then rerun), replicas outside their
+segment, malformed object hashes or segment records, malformed processing entries.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import redis
+
+CRITICAL, ERROR, WARNING = "critical", "error", "warning"
+
+# kind -> (severity, repairable, what it means)
+KINDS: dict[str, tuple[str, bool, str]] = {
+    # shard counters (hash P)
+    "shard_used_bytes": (ERROR, True, "P.used_bytes differs from the sum of the segments' recomputed used bytes"),
+    "shard_capacity_bytes": (ERROR, True, "P.capacity_bytes differs from the sum of the mounted segments' sizes"),
+    "shard_objects": (ERROR, True, "P.objects differs from the number of object hashes"),
+    # segments
+    "segment_used": (ERROR, True, "P:seg:<name>.used differs from live replicas + held extents"),
+    "segment_free": (ERROR, True, "the P:segs score differs from size - recomputed used"),
+    "segment_not_indexed": (ERROR, True, "a mounted segment is missing from P:segs"),
+    "segment_stale_index": (ERROR, True, "P:segs names a segment that is not mounted"),
+    "orphan_free_list": (WARNING, True, "free lists of a segment that is not mounted"),
+    "bad_segment": (ERROR, False, "a segment hash without a valid base, size or mount"),
+    # allocator
+    "overlap": (CRITICAL, False, "two allocated extents (replicas / held extents) share bytes"),
+    "replica_out_of_bounds": (CRITICAL, False, "an allocated extent reaches outside its segment slice"),
+    "free_overlaps_allocated": (CRITICAL, True, "a free extent covers allocated bytes: they can be handed out twice"),
+    "free_overlap": (ERROR, True, "two free extents overlap"),
+    "free_out_of_bounds": (ERROR, True, "a free extent reaches outside its segment slice"),
+    "gap": (ERROR, True, "bytes neither free nor allocated (leaked)"),
+    "uncoalesced": (WARNING, True, "two adjacent free extents were not merged"),
+    "free_list_mismatch": (ERROR, True, "by_off and by_size do not hold the same members"),
+    "free_bad_entry": (ERROR, True, "a free-list member that is not its offset, or a bad length"),
+    # objects and their indexes
+    "bad_object": (ERROR, False, "an object hash with missing or malformed fields"),
+    "bad_held": (ERROR, False, "a P:held entry that is not '<mount> <offset> <size> <segment>'"),
+    "no_live_replica": (WARNING, True, "an object whose replicas are all on unmounted segments (sweep not run)"),
+    "processing_missing": (ERROR, True, "a processing object is not in P:processing"),
+    "processing_score": (ERROR, True, "the P:processing score differs from put_started"),
+    "processing_stale": (ERROR, True, "P:processing holds an object that is complete or missing"),
+    "unit_missing": (ERROR, True, "an evictable unit is in no candidate tier"),
+    "unit_wrong_tier": (ERROR, True, "a unit sits in the wrong tier for its soft pin"),
+    "unit_in_both_tiers": (ERROR, True, "a unit sits in both candidate tiers"),
+    "unit_score": (ERROR, True, "a unit's tier score differs from its lease_until"),
+    "soft_deadline": (ERROR, True, "a soft-tier unit without the right P:deadline:soft_pin entry"),
+    "stray_deadline": (WARNING, True, "a P:deadline:soft_pin entry for a unit not in the soft tier"),
+    "stray_unit": (ERROR, True, "a unit in the tiers that must not be there (missing, protected or grouped object)"),
+    # groups
+    "group_member_missing": (ERROR, True, "an object names a group but is not in its member set"),
+    "group_member_stray": (ERROR, True, "a group member set holds a key whose object is missing or elsewhere"),
+    "group_counters": (ERROR, True, "members / processing / hard_pinned differ from the members' objects"),
+    "group_soft_pin": (ERROR, True, "the group's soft_pin_until is below a complete member's"),
+}
+
+SCAN_COUNT = 1000
+GROUP_MAX_MEMBERS = 4096    # members one group snapshot / mc_fsck_group call may cover (Lua cap: 10000)
+WINDOW_EXTENTS = 256        # allocated extents per mc_fsck_rebuild_free call
+REBUILD_MAX = 4096          # entries per mc_fsck_rebuild_free call (Lua cap: 8192)
+
+_HELD_RE = re.compile(rb"^(\d+) (\d+) (\d+) (.*)$", re.S)
+_REP_RE = re.compile(rb"^(\d+) (\d+)$")
+_UNIT_RE = re.compile(rb"^([og]):([A-Za-z0-9_.\-]{1,64}):(.+)$", re.S)
+_ID_RE = re.compile(rb"^([A-Za-z0-9_.\-]{1,64}):(.+)$", re.S)
+
+
+def _d(b: Any) -> str:
+    return b.decode("utf-8", "backslashreplace") if isinstance(b, (bytes, bytearray)) else str(b)
+
+
+def _int(b: Any) -> int | None:
+    if b is None:
+        return None
+    try:
+        return int(b)
+    except (TypeError, ValueError):
+        try:
+            f = float(b)
+        except (TypeError, ValueError):
+            return None
+        return int(f) if f.is_integer() else None
+
+
+def _score(s: float | None) -> int | None:
+    return None if s is None else int(s)
+
+
+@dataclass
+class Finding:
+    kind: str
+    shard: int
+    subject: str
+    expected: str
+    found: str
+    severity: str = ERROR
+    repairable: bool = True
+    repaired: bool = False
+    note: str = ""
+    action: tuple | None = field(default=None, repr=False, compare=False)
+
+    def __str__(self) -> str:
+        state = "repaired" if self.repaired else ("" if self.repairable else "not auto-repairable")
+        tail = "; ".join(x for x in (state, self.note) if x)
+        return (f"[{self.severity}] {self.kind} shard {self.shard} {self.subject}: expected {self.expected}, "
+                f"found {self.found}" + (f" ({tail})" if tail else ""))
+
+
+@dataclass
+class FsckReport:
+    """findings: every drift found (repaired or not); repaired: the findings a repair fixed;
+    unverified: shard -> why its aggregate checks did not run; ok: no findings and every shard
+    verified."""
+    findings: list[Finding] = field(default_factory=list)
+    objects_checked: int = 0
+    repaired: list[Finding] = field(default_factory=list)
+    unverified: dict[int, str] = field(default_factory=dict)
+    shards: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings and not self.unverified
+
+    @property
+    def unrepaired(self) -> list[Finding]:
+        return [f for f in self.findings if not f.repaired]
+
+    def kinds(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for f in self.findings:
+            out[f.kind] += 1
+        return dict(out)
+
+    def summary(self) -> str:
+        lines = [f"fsck: {self.shards} shard(s), {self.objects_checked} objects checked, "
+                 f"{len(self.findings)} finding(s), {len(self.repaired)} repaired"]
+        lines += [f"  {f}" for f in self.findings]
+        lines += [f"  shard {s} unverified: {why}" for s, why in sorted(self.unverified.items())]
+        return "\n".join(lines)
+
+
+@dataclass
+class _Seg:
+    name: bytes
+    base: int
+    size: int
+    used: int
+    mount: bytes
+
+
+@dataclass
+class _Pass:
+    """What one pass over a shard saw."""
+    exact: list[Finding] = field(default_factory=list)        # from atomic snapshots
+    aggregate: list[Finding] = field(default_factory=list)    # need a still shard
+    overlaps: list[tuple[Finding, tuple, tuple]] = field(default_factory=list)
+    objects: int = 0
+    ids: set = field(default_factory=set)                      # tenant:key of every object read
+    groups: dict = field(default_factory=lambda: defaultdict(set))  # (tenant, group) -> {key}
+    units: set = field(default_factory=set)                    # every unit found in a tier/deadline
+    processing: set = field(default_factory=set)
+    rebuild: dict = field(default_factory=dict)                # seg -> (mount, windows)
+    segs_index: dict = field(default_factory=dict)             # P:segs as read
+    stable: bool = False
+
+
+class _Audit:
+    def __init__(self, master: Any, batch: int, retries: int, progress: Callable[[int], None] | None):
+        self.m = master
+        self.r: redis.Redis = master.redis
+        self.batch = batch
+        self.retries = retries
+        self.progress = progress
+        self.report = FsckReport(shards=master.shards)
+
+    # ---- helpers -----------------------------------------------------------------------
+    def P(self, shard: int) -> bytes:
+        return self.m._shard_keys[shard].encode()
+
+    def finding(self, kind: str, shard: int, subject: str, expected: Any, found: Any,
+                action: tuple | None = None, note: str = "") -> Finding:
+        severity, repairable, _ = KINDS[kind]
+        return Finding(kind, shard, subject, str(expected), str(found), severity,
+                       repairable and action is not None, False, note, action if repairable else None)
+
+    def scan(self, match: bytes) -> Iterator[bytes]:
+        seen: set[bytes] = set()
+        cursor = 0
+        while True:
+            cursor, keys = self.r.scan(cursor, match=match, count=SCAN_COUNT)
+            for k in keys:
+                if k not in seen:
+                    seen.add(k)
+                    yield k
+            if int(cursor) == 0:
+                return
+
+    def zall(self, key: bytes) -> dict[bytes, float]:
+        return {m: s for m, s in self.r.zscan_iter(key, count=SCAN_COUNT)}
+
+    @staticmethod
+    def clock(pipe_results: list) -> int:
+        frozen, (sec, usec) = pipe_results[0], pipe_results[1]
+        return int(frozen) if frozen is not None else int(sec) * 1000 + int(usec) // 1000
+
+    def fingerprint(self, P: bytes) -> tuple:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hmget(P, "used_bytes", "capacity_bytes", "objects")
+        pipe.get(P + b":mount_seq")
+        for suffix in (b":held", b":processing", b":segs"):
+            pipe.zcard(P + suffix)
+        res = pipe.execute()
+        return tuple(res[0]) + tuple(res[1:])
+
+    # ---- placement of one unit ---------------------------------------------------------
+    def placement(self, shard: int, unit: bytes, lease: int, spu: int, s_ord, s_soft, s_dl, now: int,
+                  action: tuple) -> list[Finding]:
+        out = []
+        u = _d(unit)
+        want = "soft" if spu > now else "ordinary"
+        if s_ord is None and s_soft is None:
+            return [self.finding("unit_missing", shard, u, f"in the {want} tier, score {lease}", "in no tier", action)]
+        if s_ord is not None and s_soft is not None:
+            return [self.finding("unit_in_both_tiers", shard, u, f"only in the {want} tier",
+                                 f"ordinary@{_score(s_ord)} and soft@{_score(s_soft)}", action)]
+        in_soft = s_soft is not None
+        score = _score(s_soft if in_soft else s_ord)
+        if in_soft and want == "ordinary":
+            # an expired soft pin waits in the soft tier for the sweep, which needs a due deadline entry
+            if s_dl is None or s_dl > now:
+                out.append(self.finding("unit_wrong_tier", shard, u,
+                                        f"ordinary tier (soft pin ended at {spu}) or a due deadline entry",
+                                        f"soft tier, deadline {'none' if s_dl is None else _score(s_dl)}", action))
+        elif not in_soft and want == "soft":
+            out.append(self.finding("unit_wrong_tier", shard, u, f"soft tier (soft pin until {spu})",
+                                    "ordinary tier", action))
+        elif in_soft and (s_dl is None or _score(s_dl) != spu):
+            out.append(self.finding("soft_deadline", shard, u, f"deadline entry {spu}",
+                                    "none" if s_dl is None else _score(s_dl), action))
+        if not in_soft and s_dl is not None:
+            out.append(self.finding("stray_deadline", shard, u, "no deadline entry (unit is ordinary)",
+                                    f"deadline {_score(s_dl)}", action))
+        if score != lease:
+            out.append(self.finding("unit_score", shard, u, f"score {lease} (lease_until)", f"score {score}", action))
+        return out
+
+    @staticmethod
+    def where(s_ord, s_soft, s_dl) -> str:
+        parts = [f"{n}@{_score(s)}" for n, s in (("ordinary", s_ord), ("soft", s_soft), ("deadline", s_dl))
+                 if s is not None]
+        return ", ".join(parts) or "absent"
+
+    # ---- one object --------------------------------------------------------------------
+    def snapshot_objects(self, shard: int, ids: list[tuple[bytes, bytes]]) -> tuple[int, list]:
+        """One MULTI: the clock, then per object its hash and its index entries."""
+        P = self.P(shard)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.get(P + b":clock")
+        pipe.time()
+        for tenant, key in ids:
+            oid = tenant + b":" + key
+            unit = b"o:" + oid
+            pipe.hgetall(P + b":obj:" + oid)
+            pipe.zscore(P + b":processing", oid)
+            pipe.zscore(P + b":evict:ordinary", unit)
+            pipe.zscore(P + b":evict:soft", unit)
+            pipe.zscore(P + b":deadline:soft_pin", unit)
+        res = pipe.execute()
+        now = self.clock(res)
+        return now, [res[2 + 5 * i: 7 + 5 * i] for i in range(len(ids))]
+
+    def check_object(self, shard: int, tenant: bytes, key: bytes, snap: list, now: int) -> list[Finding]:
+        h, s_proc, s_ord, s_soft, s_dl = snap
+        oid = tenant + b":" + key
+        subject = _d(oid)
+        unit = b"o:" + oid
+        place = ("place", shard, tenant, key)
+        out: list[Finding] = []
+        if not h:
+            if s_proc is not None:
+                out.append(self.finding("processing_stale", shard, subject, "no entry (object missing)",
+                                        f"score {_score(s_proc)}", place))
+            if s_ord is not None or s_soft is not None or s_dl is not None:
+                out.append(self.finding("stray_unit", shard, _d(unit), "absent (object missing)",
+                                        self.where(s_ord, s_soft, s_dl), place))
+            return out
+        status = h.get(b"status")
+        complete = status == b"complete"
+        bad = []
+        size = _int(h.get(b"size"))
+        if size is None or size <= 0:
+            bad.append(f"size={_d(h.get(b'size'))}")
+        if status not in (b"processing", b"complete"):
+            bad.append(f"status={_d(status)}")
+        started = _int(h.get(b"put_started"))
+        if started is None:
+            bad.append(f"put_started={_d(h.get(b'put_started'))}")
+        for f, v in h.items():
+            if f.startswith(b"rep:") and not _REP_RE.match(v):
+                bad.append(f"{_d(f)}={_d(v)}")
+        if bad:
+            out.append(self.finding("bad_object", shard, subject, "well-formed fields", ", ".join(bad)))
+        if not complete:
+            if s_proc is None:
+                out.append(self.finding("processing_missing", shard, subject,
+                                        f"in P:processing, score {started}", "absent", place))
+            elif started is not None and _score(s_proc) != started:
+                out.append(self.finding("processing_score", shard, subject, f"score {started} (put_started)",
+                                        f"score {_score(s_proc)}", place))
+        elif s_proc is not None:
+            out.append(self.finding("processing_stale", shard, subject, "no entry (object complete)",
+                                    f"score {_score(s_proc)}", place))
+        group = h.get(b"group")
+        any_entry = s_ord is not None or s_soft is not None or s_dl is not None
+        if group is not None:
+            if any_entry:
+                out.append(self.finding("stray_unit", shard, _d(unit),
+                                        f"absent (member of group {_d(group)}: the group is the unit)",
+                                        self.where(s_ord, s_soft, s_dl), place))
+        elif not complete or h.get(b"hard_pin") == b"1":
+            if any_entry:
+                why = "hard-pinned" if complete else "put in progress"
+                out.append(self.finding("stray_unit", shard, _d(unit), f"absent ({why})",
+                                        self.where(s_ord, s_soft, s_dl), place))
+        else:
+            lease = _int(h.get(b"lease_until")) or 0
+            spu = _int(h.get(b"soft_pin_until")) or 0
+            out += self.placement(shard, unit, lease, spu, s_ord, s_soft, s_dl, now, place)
+        return out
+
+    # ---- one pass over a shard ---------------------------------------------------------
+    def read_segments(self, shard: int, ps: _Pass) -> dict[bytes, _Seg]:
+        P = self.P(shard)
+        index = self.zall(P + b":segs")
+        prefix = P + b":seg:"
+        names = set(index) | {k[len(prefix):] for k in self.scan(prefix + b"*")}
+        names = sorted(names)
+        pipe = self.r.pipeline(transaction=False)
+        for n in names:
+            pipe.hgetall(prefix + n)
+        segs: dict[bytes, _Seg] = {}
+        for n, row in zip(names, pipe.execute()):
+            if not row:
+                ps.aggregate.append(self.finding("segment_stale_index", shard, f"segment {_d(n)}",
+                                                 "no P:segs entry (not mounted)",
+                                                 f"P:segs score {_score(index.get(n))}", ("forget", shard, n)))
+                continue
+            base, size, used, mount = (_int(row.get(b"base")), _int(row.get(b"size")), _int(row.get(b"used")),
+                                       row.get(b"mount"))
+            if base is None or size is None or size <= 0 or mount is None or used is None:
+                ps.aggregate.append(self.finding("bad_segment", shard, f"segment {_d(n)}",
+                                                 "base, size, used, mount", {_d(k): _d(v) for k, v in row.items()}))
+                continue
+            segs[n] = _Seg(n, base, size, used, mount)
+            if n not in index:
+                ps.aggregate.append(self.finding("segment_not_indexed", shard, f"segment {_d(n)}",
+                                                 "in P:segs", "absent", None))  # action set with segment_used
+        # free lists of segments that are not mounted
+        fprefix = P + b":free:"
+        orphans = set()
+        for k in self.scan(fprefix + b"*"):
+            rest = k[len(fprefix):]
+            for suffix in (b":by_off", b":by_size"):
+                if rest.endswith(suffix) and rest[:-len(suffix)] not in segs and rest[:-len(suffix)] not in index:
+                    orphans.add(rest[:-len(suffix)])
+        for n in sorted(orphans):
+            ps.aggregate.append(self.finding("orphan_free_list", shard, f"segment {_d(n)}",
+                                             "no free lists (not mounted)", "free lists present", ("forget", shard, n)))
+        ps.segs_index = index
+        return segs
+
+    def one_pass(self, shard: int) -> _Pass:
+        P = self.P(shard)
+        ps = _Pass()
+        fp0 = self.fingerprint(P)
+        segs = self.read_segments(shard, ps)
+        extents: dict[bytes, list[tuple[int, int, tuple]]] = defaultdict(list)
+        # held extents (preempted puts) stay allocated until released
+        for entry, _ in sorted(self.zall(P + b":held").items()):
+            m = _HELD_RE.match(entry)
+            if not m:
+                ps.aggregate.append(self.finding("bad_held", shard, _d(entry), "'<mount> <offset> <size> <segment>'",
+                                                 "malformed"))
+                continue
+            mount, off, size, seg = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+            if seg in segs and segs[seg].mount == mount:
+                extents[seg].append((off, size, ("held", entry)))
+        # objects, in atomic batches
+        prefix = P + b":obj:"
+        chunk: list[tuple[bytes, bytes]] = []
+
+        def flush() -> None:
+            if not chunk:
+                return
+            now, snaps = self.snapshot_objects(shard, chunk)
+            for (tenant, key), snap in zip(chunk, snaps):
+                h = snap[0]
+                if not h:
+                    continue  # deleted since the SCAN returned it
+                ps.objects += 1
+                ps.ids.add(tenant + b":" + key)
+                ps.exact += self.check_object(shard, tenant, key, snap, now)
+                size = _int(h.get(b"size")) or 0
+                group = h.get(b"group")
+                if group is not None:
+                    ps.groups[(tenant, group)].add(key)
+                n_reps = live = 0
+                for f, v in h.items():
+                    if not f.startswith(b"rep:"):
+                        continue
+                    n_reps += 1
+                    m = _REP_RE.match(v)
+                    seg = f[4:]
+                    if m and seg in segs and segs[seg].mount == m.group(2):
+                        live += 1
+                        extents[seg].append((int(m.group(1)), size, ("rep", tenant, key, seg)))
+                if live == 0:
+                    ps.aggregate.append(self.finding(
+                        "no_live_replica", shard, _d(tenant + b":" + key), "at least one replica on a mounted segment",
+                        f"{n_reps} replica(s), none live", ("sweep", shard, tenant, key),
+                        note="run the unmount sweep (mc_sweep_replicas)"))
+            self.report.objects_checked += sum(1 for s in snaps if s[0])
+            chunk.clear()
+            if self.progress:
+                self.progress(self.report.objects_checked)
+
+        for okey in self.scan(prefix + b"*"):
+            tenant, _, key = okey[len(prefix):].partition(b":")
+            chunk.append((tenant, key))
+            if len(chunk) >= self.batch:
+                flush()
+        flush()
+        # tiers, deadline index, processing index: what no scanned object accounts for
+        for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin"):
+            ps.units |= set(self.zall(P + suffix))
+        ps.processing = set(self.zall(P + b":processing"))
+        # segments: bytes and allocator
+        used_total = cap_total = 0
+        for name, seg in segs.items():
+            ext = extents.get(name, [])
+            used = sum(e[1] for e in ext)
+            used_total += used
+            cap_total += seg.size
+            self.check_segment(shard, seg, ext, used, ps)
+        fp1 = self.fingerprint(P)
+        ps.stable = fp0 == fp1
+        # shard counters (fp1 holds the values read at the end of the pass)
+        triples = []
+        for i, (fname, want) in enumerate((("used_bytes", used_total), ("capacity_bytes", cap_total),
+                                           ("objects", ps.objects))):
+            have = _int(fp1[i]) or 0
+            if have != want:
+                triples.append((fname, have, want - have))
+        action = ("counters", shard, tuple(triples)) if triples else None
+        for fname, have, delta in triples:
+            ps.aggregate.append(self.finding(f"shard_{fname}", shard, f"P.{fname}", have + delta, have, action))
+        return ps
+
+    # ---- one segment -------------------------------------------------------------------
+    def check_segment(self, shard: int, seg: _Seg, ext: list, used: int, ps: _Pass) -> None:
+        P = self.P(shard)
+        sname = _d(seg.name)
+        index = ps.segs_index
+        action = ("segment", shard, seg.name, seg.used, used - seg.used)
+        seg_findings = []
+        if seg.used != used:
+            seg_findings.append(self.finding("segment_used", shard, f"segment {sname}", used, seg.used, action))
+        score = index.get(seg.name)
+        if score is not None and _score(score) != seg.size - used:
+            seg_findings.append(self.finding("segment_free", shard, f"segment {sname}",
+                                             f"P:segs score {seg.size - used}", f"P:segs score {_score(score)}", action))
+        if seg_findings or score is None:
+            for f in ps.aggregate:
+                if f.kind == "segment_not_indexed" and f.subject == f"segment {sname}":
+                    f.action, f.repairable = action, True
+        ps.aggregate += seg_findings
+
+        # allocator: free extents + allocated extents must tile [base, base + size)
+        fkey = P + b":free:" + seg.name
+        by_off, by_size = self.zall(fkey + b":by_off"), self.zall(fkey + b":by_size")
+        rebuild = ("rebuild", shard, seg.name)
+        found: list[Finding] = []
+        free: list[tuple[int, int, tuple]] = []
+        for member in sorted(set(by_off) | set(by_size)):
+            so, ss = by_off.get(member), by_size.get(member)
+            where = f"segment {sname} free extent {_d(member)}"
+            if so is None or ss is None:
+                found.append(self.finding("free_list_mismatch", shard, where, "in by_off and by_size",
+                                          "only in " + ("by_off" if ss is None else "by_size"), rebuild))
+            off = _int(member)
+            if off is None or (so is not None and _score(so) != off) or (ss is not None and ss <= 0):
+                found.append(self.finding("free_bad_entry", shard, where, "by_off score = member = offset, length > 0",
+                                          f"by_off {_score(so) if so is not None else '-'}, "
+                                          f"by_size {_score(ss) if ss is not None else '-'}", rebuild))
+                continue
+            if ss is not None:  # what the allocator can hand out: member offset, by_size length
+                free.append((off, int(ss), ("free", member)))
+        lo, hi = seg.base, seg.base + seg.size
+        items = sorted([(o, n, own) for o, n, own in ext] + free, key=lambda e: (e[0], e[0] + e[1]))
+        cursor, last = lo, None
+        critical = False
+        for it in items:
+            off, n, own = it
+            end = off + n
+            is_free = own[0] == "free"
+            if off < lo or end > hi:
+                kind = "free_out_of_bounds" if is_free else "replica_out_of_bounds"
+                critical |= not is_free
+                found.append(self.finding(kind, shard, f"segment {sname} {self.owner(own)}", f"inside [{lo}, {hi})",
+                                          f"[{off}, {end})", rebuild if is_free else None))
+            if off > cursor:
+                found.append(self.finding("gap", shard, f"segment {sname} [{cursor}, {off})",
+                                          "free or allocated", f"{off - cursor} bytes neither", rebuild))
+            elif off < cursor and last is not None:
+                l_off, l_n, l_own = last
+                l_free = l_own[0] == "free"
+                both = f"{self.owner(l_own)} [{l_off}, {l_off + l_n}) and {self.owner(own)} [{off}, {end})"
+                span = f"{min(end, cursor) - off} bytes shared at [{off}, {min(end, cursor)})"
+                if not l_free and not is_free:
+                    critical = True
+                    f = self.finding("overlap", shard, f"segment {sname}: {both}", "disjoint extents", span,
+                                     note="not auto-repaired: at least one object holds garbage; "
+                                          "remove one or both (remove force=True), then rerun fsck")
+                    ps.overlaps.append((f, l_own + (l_off, l_n), own + (off, n)))
+                    found.append(f)
+                elif l_free and is_free:
+                    found.append(self.finding("free_overlap", shard, f"segment {sname}: {both}",
+                                              "disjoint free extents", span, rebuild))
+                else:
+                    found.append(self.finding("free_overlaps_allocated", shard, f"segment {sname}: {both}",
+                                              "free extents disjoint from allocated ones", span, rebuild))
+            elif off == cursor and last is not None and last[2][0] == "free" and is_free:
+                found.append(self.finding("uncoalesced", shard,
+                                          f"segment {sname} free [{last[0]}, {cursor}) + [{off}, {end})",
+                                          "one merged free extent", "two adjacent free extents", rebuild))
+            if end > cursor:
+                cursor, last = end, it
+        if cursor < hi:
+            found.append(self.finding("gap", shard, f"segment {sname} [{cursor}, {hi})",
+                                      "free or allocated", f"{hi - cursor} bytes neither", rebuild))
+        if critical:
+            for f in found:
+                if f.action == rebuild:
+                    f.action, f.repairable = None, False
+                    f.note = "not repaired while the segment has overlapping or out-of-bounds allocations"
+        elif any(f.action == rebuild for f in found):
+            ps.rebuild[seg.name] = (seg.mount, self.plan_rebuild(seg, ext, by_off, by_size))
+        # overlaps are kept apart: they are re-read atomically and reported even from a busy shard
+        ps.aggregate += [f for f in found if f.kind != "overlap"]
+
+    @staticmethod
+    def owner(own: tuple) -> str:
+        if own[0] == "rep":
+            return f"replica of {_d(own[1] + b':' + own[2])}"
+        if own[0] == "held":
+            return f"held extent '{_d(own[1])}'"
+        return f"free extent {_d(own[1])}"
+
+    @staticmethod
+    def plan_rebuild(seg: _Seg, ext: list, by_off: dict, by_size: dict) -> list[tuple]:
+        """Cut the segment into windows of at most WINDOW_EXTENTS allocated extents; each window
+        is one mc_fsck_rebuild_free call: (lo, hi, seen, alloc, drop)."""
+        lo, hi = seg.base, seg.base + seg.size
+        alloc = sorted((max(o, lo), min(o + n, hi) - max(o, lo)) for o, n, _ in ext if o < hi and o + n > lo)
+        cuts = [alloc[i][0] for i in range(WINDOW_EXTENTS, len(alloc), WINDOW_EXTENTS)]
+        edges = [lo] + cuts + [hi]
+        windows = [[edges[i], edges[i + 1], [], [], []] for i in range(len(edges) - 1)]
+        for o, n in alloc:
+            windows[_window_of(edges, o)][3].append((o, n))
+        for member, so in by_off.items():
+            ss = by_size.get(member)
+            entry = (member, _score(so), None if ss is None else _score(ss))
+            if _int(member) != _score(so):
+                windows[0][2].append(entry)  # the first call removes misfiled members
+            else:
+                windows[_window_of(edges, _score(so))][2].append(entry)
+        for member in by_size:
+            if member not in by_off:
+                windows[0][4].append(member)
+        return [tuple(w) for w in windows]
+
+    # ---- groups ------------------------------------------------------------------------
+    def check_group(self, shard: int, tenant: bytes, group: bytes, keys: set) -> list[Finding]:
+        P = self.P(shard)
+        gkey, mkey = P + b":grp:" + tenant + b":" + group, P + b":grpm:" + tenant + b":" + group
+        unit = b"g:" + tenant + b":" + group
+        subject = _d(tenant + b":" + group)
+        if self.r.scard(mkey) + len(keys) > GROUP_MAX_MEMBERS:
+            self.unverify(shard, f"group {subject} has more than {GROUP_MAX_MEMBERS} candidate members: not checked")
+            return []
+        cand = set(keys) | set(self.r.smembers(mkey))
+        for _ in range(4):
+            order = sorted(cand)
+            pipe = self.r.pipeline(transaction=True)
+            pipe.get(P + b":clock")
+            pipe.time()
+            pipe.hgetall(gkey)
+            pipe.smembers(mkey)
+            for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin"):
+                pipe.zscore(P + suffix, unit)
+            for k in order:
+                pipe.hmget(P + b":obj:" + tenant + b":" + k, "group", "status", "hard_pin", "soft_pin_until")
+            res = pipe.execute()
+            if set(res[3]) <= cand:
+                break
+            cand |= set(res[3])
+        now, g, mset, (s_ord, s_soft, s_dl), rows = self.clock(res), res[2], set(res[3]), res[4:7], res[7:]
+        members = {k: row for k, row in zip(order, rows) if row[0] == group}
+        action = ("group", shard, tenant, group, tuple(sorted(members)))
+        out: list[Finding] = []
+        for k in sorted(set(members) - mset):
+            out.append(self.finding("group_member_missing", shard, f"group {subject} member {_d(k)}",
+                                    "in the member set", "absent", action))
+        row_of = dict(zip(order, rows))
+        for k in sorted(mset - set(members)):
+            row = row_of.get(k, [None] * 4)
+            why = "object missing" if row[1] is None and row[0] is None else f"object in group {_d(row[0])}"
+            out.append(self.finding("group_member_stray", shard, f"group {subject} member {_d(k)}",
+                                    "not in the member set", f"in it ({why})", action))
+        n = len(members)
+        proc = sum(1 for r in members.values() if r[1] != b"complete")
+        hard = sum(1 for r in members.values() if r[2] == b"1")
+        have = tuple(_int(g.get(f)) or 0 for f in (b"members", b"processing", b"hard_pinned"))
+        if have != (n, proc, hard):
+            out.append(self.finding("group_counters", shard, f"group {subject}",
+                                    f"members={n} processing={proc} hard_pinned={hard}",
+                                    "members={} processing={} hard_pinned={}".format(*have), action))
+        g_spu = _int(g.get(b"soft_pin_until")) or 0
+        m_spu = max([_int(r[3]) or 0 for r in members.values() if r[1] == b"complete"], default=0)
+        if n and m_spu > g_spu:
+            out.append(self.finding("group_soft_pin", shard, f"group {subject}", f"soft_pin_until >= {m_spu}",
+                                    g_spu, action))
+        if n and proc == 0 and hard == 0:
+            lease = _int(g.get(b"lease_until")) or 0
+            out += self.placement(shard, unit, lease, max(g_spu, m_spu), s_ord, s_soft, s_dl, now, action)
+        elif s_ord is not None or s_soft is not None or s_dl is not None:
+            why = "no members" if not n else ("a member's put in progress" if proc else "a member is hard-pinned")
+            out.append(self.finding("stray_unit", shard, _d(unit), f"absent ({why})",
+                                    self.where(s_ord, s_soft, s_dl), action))
+        return out
+
+    def group_keys(self, shard: int) -> set[tuple[bytes, bytes]]:
+        P = self.P(shard)
+        out = set()
+        for sub in (b":grp:", b":grpm:"):
+            prefix = P + sub
+            for k in self.scan(prefix + b"*"):
+                tenant, _, group = k[len(prefix):].partition(b":")
+                if group:
+                    out.add((tenant, group))
+        return out
+
+    # ---- overlaps, re-read atomically --------------------------------------------------
+    def confirm_overlap(self, shard: int, a: tuple, b: tuple) -> bool:
+        P = self.P(shard)
+        pipe = self.r.pipeline(transaction=True)
+        for own in (a, b):
+            if own[0] == "rep":
+                _, tenant, key, seg, off, n = own
+                pipe.hmget(P + b":obj:" + tenant + b":" + key, b"rep:" + seg, "size")
+                pipe.hget(P + b":seg:" + seg, "mount")
+            else:
+                pipe.zscore(P + b":held", own[1])
+                pipe.hget(P + b":seg:" + own[1].split(b" ", 3)[3], "mount")
+        res = pipe.execute()
+        for i, own in enumerate((a, b)):
+            got, mount = res[2 * i], res[2 * i + 1]
+            if own[0] == "rep":
+                rep, size = got
+                m = _REP_RE.match(rep or b"")
+                if not m or int(m.group(1)) != own[4] or _int(size) != own[5] or m.group(2) != mount:
+                    return False
+            elif got is None or own[1].split(b" ", 1)[0] != mount:
+                return False
+        return True
+
+    # ---- the whole audit ---------------------------------------------------------------
+    def run_shard(self, shard: int) -> None:
+        for attempt in range(self.retries + 1):
+            checked = self.report.objects_checked
+            ps = self.one_pass(shard)
+            if ps.stable or attempt == self.retries:
+                break
+            self.report.objects_checked = checked
+        findings = list(ps.exact)
+        # groups: every group an object, a group key or a unit names
+        groups = dict(ps.groups)
+        for tg in self.group_keys(shard):
+            groups.setdefault(tg, set())
+        for unit in ps.units:
+            m = _UNIT_RE.match(unit)
+            if m and m.group(1) == b"g":
+                groups.setdefault((m.group(2), m.group(3)), set())
+        for (tenant, group), keys in sorted(groups.items()):
+            findings += self.check_group(shard, tenant, group, keys)
+        # units and processing entries no scanned object accounts for: re-read, then judge
+        recheck: set[tuple[bytes, bytes]] = set()
+        for unit in sorted(ps.units):
+            m = _UNIT_RE.match(unit)
+            if not m:
+                findings.append(self.finding("stray_unit", shard, _d(unit), "absent (not a unit)", "present",
+                                             ("unit", shard, unit)))
+            elif m.group(1) == b"o" and m.group(2) + b":" + m.group(3) not in ps.ids:
+                recheck.add((m.group(2), m.group(3)))
+        for oid in sorted(ps.processing - ps.ids):
+            m = _ID_RE.match(oid)
+            if not m:
+                findings.append(self.finding("processing_stale", shard, _d(oid), "no entry (not an object id)",
+                                             "present", None))
+            else:
+                recheck.add((m.group(1), m.group(2)))
+        todo = sorted(recheck)
+        for i in range(0, len(todo), self.batch):
+            part = todo[i:i + self.batch]
+            now, snaps = self.snapshot_objects(shard, part)
+            for (tenant, key), snap in zip(part, snaps):
+                findings += self.check_object(shard, tenant, key, snap, now)
+        # allocation overlaps: confirmed one by one
+        for f, a, b in ps.overlaps:
+            if self.confirm_overlap(shard, a, b):
+                findings.append(f)
+        if ps.stable:
+            findings += ps.aggregate
+            self.rebuild_plans.update({(shard, seg): plan for seg, plan in ps.rebuild.items()})
+        else:
+            self.unverify(shard, f"the shard was written during each of {self.retries + 1} pass(es): counters, "
+                                 "segment bytes and free lists not checked (rerun on a quieter store)")
+        self.report.findings += findings
+
+    def unverify(self, shard: int, why: str) -> None:
+        old = self.report.unverified.get(shard)
+        self.report.unverified[shard] = f"{old}; {why}" if old else why
+
+    def run(self, repair: bool) -> FsckReport:
+        self.rebuild_plans: dict[tuple[int, bytes], tuple] = {}
+        for shard in range(self.m.shards):
+            self.run_shard(shard)
+        if repair:
+            self.repair()
+        return self.report
+
+    # ---- repairs -----------------------------------------------------------------------
+    ORDER = {"place": 0, "unit": 0, "group": 1, "rebuild": 2, "segment": 3, "forget": 3, "counters": 4, "sweep": 5}
+
+    def repair(self) -> None:
+        by_action: dict[tuple, list[Finding]] = defaultdict(list)
+        for f in self.report.findings:
+            if f.repairable and f.action is not None:
+                by_action[f.action].append(f)
+        for action in sorted(by_action, key=lambda a: (self.ORDER[a[0]], a[1])):
+            try:
+                ok, note = self.apply(action)
+            except redis.ResponseError as exc:
+                ok, note = False, f"repair failed: {exc}"
+            for f in by_action[action]:
+                f.repaired = ok
+                if note:
+                    f.note = "; ".join(x for x in (f.note, note) if x)
+                if ok:
+                    self.report.repaired.append(f)
+
+    def fcall(self, fn: str, shard: int, *args: Any) -> Any:
+        return self.r.execute_command("FCALL", fn, 1, self.m._shard_keys[shard], *args)
+
+    def apply(self, action: tuple) -> tuple[bool, str]:
+        kind, shard = action[0], action[1]
+        if kind == "place":
+            self.fcall("mc_fsck_place", shard, action[2], action[3])
+        elif kind == "unit":
+            self.fcall("mc_fsck_unit", shard, action[2])
+        elif kind == "group":
+            self.fcall("mc_fsck_group", shard, action[2], action[3], GROUP_MAX_MEMBERS, *action[4])
+        elif kind == "forget":
+            self.fcall("mc_fsck_forget_segment", shard, action[2])
+        elif kind == "sweep":
+            self.fcall("mc_sweep_replicas", shard, action[2], action[3])
+        elif kind == "segment":
+            applied, used, _ = self.fcall("mc_fsck_segment_used", shard, action[2], action[3], action[4])
+            if not applied:
+                return False, f"not repaired: used moved to {used} since fsck read it; rerun fsck"
+        elif kind == "counters":
+            args = [x for t in action[2] for x in t]
+            replies = self.fcall("mc_fsck_counters", shard, *args)
+            if not all(r[0] for r in replies):
+                return False, "not repaired: a counter moved since fsck read it; rerun fsck"
+        elif kind == "rebuild":
+            mount, windows = self.rebuild_plans[(shard, action[2])]
+            for lo, hi, seen, alloc, drop in windows:
+                if len(seen) + len(alloc) + len(drop) > REBUILD_MAX:
+                    return False, "not repaired: too many free-list entries in one window"
+                args: list[Any] = [action[2], mount, lo, hi, len(seen)]
+                for member, so, ss in seen:
+                    args += [member, "" if so is None else so, "" if ss is None else ss]
+                args.append(len(alloc))
+                for o, n in alloc:
+                    args += [o, n]
+                args.append(len(drop))
+                args += drop
+                applied, detail = self.fcall("mc_fsck_rebuild_free", shard, *args)
+                if not applied:
+                    return False, f"not repaired: {_d(detail)}; rerun fsck"
+        return True, ""
+
+
+def _window_of(edges: list[int], x: int) -> int:
+    """Index of the window [edges[i], edges[i+1]) holding x; values outside go to the end windows."""
+    i = bisect.bisect_right(edges, x) - 1
+    return min(max(i, 0), len(edges) - 2)
+
+
+def fsck(master: Any, repair: bool = False, progress: Callable[[int], None] | None = None, *,
+         batch: int = 256, retries: int = 2) -> FsckReport:
+    """Audit every shard of `master`'s store; with repair=True, fix what can be fixed.
+
+    progress(n) is called after each batch with the number of objects checked so far.
+    batch: objects per MULTI snapshot. retries: extra passes over a shard that was written
+    during a pass before its aggregate checks are given up (see FsckReport.unverified)."""
+    if batch < 1:
+        raise ValueError("batch must be >= 1")
+    return _Audit(master, batch, retries, progress).run(repair)

@@ -1,0 +1,342 @@
+"""The CLI against a real Valkey: status, inspect, errors, bench wiring, and `serve` as a process."""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from cli.main import cli
+from mooncake_redis import Master, MasterConfig, ReplicateConfig, SoftPinAction
+from mooncake_redis.functions import library_source
+from mooncake_redis.keys import shard_key, shard_of
+from mooncake_redis.server import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = 1_700_000_000_000  # the frozen store clock (as in conftest)
+START_TIMEOUT_S = 30.0  # bound on waiting for `serve` to come up / go down (polling, not a deadline)
+
+
+def run(*args: str, env: dict | None = None):
+    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, **(env or {})})
+
+
+@pytest.fixture
+def store(valkey):
+    """A 2-shard store with two segments, a complete 2-replica object and an unfinished put."""
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=2))
+    m.freeze_clock(T0)
+    m.mount_segment("seg-a", 1 << 20, "client-1")
+    m.mount_segment("seg-b", 1 << 20, "client-1")
+    m.put_start("client-1", "k1", 4096, ReplicateConfig(replica_num=2, soft_pin_action=SoftPinAction.ENABLE))
+    m.put_end("client-1", "k1")
+    m.get_replica_list("k1")  # leases it until T0 + default_kv_lease_ttl
+    m.put_start("client-1", "k2", 100)
+    yield m
+    m.close()
+
+
+# ---- status ----------------------------------------------------------------------------
+
+def test_status(store, valkey):
+    r = run("--redis", valkey.url, "status")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "shards 2" in out
+    assert f"version {library_source()[1]} (same as this package)" in out
+    assert "FROZEN at 2023-11-14T22:13:20.000Z (1700000000000 ms)" in out
+    total = next(line for line in out.splitlines() if line.startswith("total"))
+    assert total.split() == ["total", str(2 << 20), str(2 * 4096 + 100), "0.4%", "2", "1", "0"]
+    assert re.search(r"seg-a\s+client-1\s+1048576\s+\d+", out) and "seg-b" in out
+    assert "2 mounted" in out
+
+
+def test_status_envvar_and_unfrozen_clock(store, valkey):
+    store.unfreeze_clock()
+    r = run("status", env={"MOONCAKE_REDIS_URL": valkey.url})
+    assert r.exit_code == 0, r.output
+    assert "server TIME (not frozen)" in r.stdout
+
+
+def test_status_without_store_exits_1_and_writes_nothing(valkey):
+    client = redis.Redis.from_url(valkey.url)
+    client.flushall()
+    r = run("--redis", valkey.url, "status")
+    assert r.exit_code == 1
+    assert "no store under namespace 'mc'" in r.stderr
+    assert client.dbsize() == 0
+
+
+def test_status_other_namespace(valkey):
+    redis.Redis.from_url(valkey.url).flushall()
+    Master.connect(valkey.url, MasterConfig(namespace="ns2", shards=3)).close()
+    assert run("--redis", valkey.url, "status").exit_code == 1  # nothing under "mc"
+    r = run("--redis", valkey.url, "--namespace", "ns2", "status")
+    assert r.exit_code == 0, r.output
+    assert "namespace ns2  shards 3" in r.stdout
+
+
+# ---- inspect ---------------------------------------------------------------------------
+
+def test_inspect_found(store, valkey):
+    r = run("--redis", valkey.url, "inspect", "k1")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    shard = shard_of(b"k1", 2)
+    assert f"redis key {shard_key('mc', shard)}:obj:default:k1" in out
+    assert re.search(r"^size\s+4096 ", out, re.M)
+    assert re.search(r"^status\s+complete$", out, re.M)
+    assert re.search(r"^writer\s+client-1$", out, re.M)
+    assert "put started  2023-11-14T22:13:20.000Z (1700000000000 ms)" in out
+    assert "lease        2023-11-14T22:13:30.000Z (1700000010000 ms), active, 10.0 s left" in out
+    assert "soft pin     2023-11-14T22:43:20.000Z (1700001800000 ms), active, 30.0 min left" in out
+    assert re.search(r"^hard pin\s+no$", out, re.M)
+    assert re.search(r"^group\s+none$", out, re.M)
+    assert "replicas     2 live" in out and re.search(r"^  seg-a  offset \d+  size 4096  complete$", out, re.M)
+
+
+def test_inspect_processing_group_and_expired_lease(store, valkey):
+    group = next(f"g{i}" for i in range(100) if shard_of(f"g{i}".encode(), 2) == shard_of(b"k3", 2))
+    store.put_start("client-1", "k3", 10, ReplicateConfig(with_hard_pin=True, group_id=group),
+                    tenant_id="t1")
+    store.advance_clock(60_000)
+    r = run("--redis", valkey.url, "inspect", "k3", "--tenant", "t1")
+    assert r.exit_code == 0, r.output
+    assert re.search(r"^status\s+processing$", r.stdout, re.M)
+    assert re.search(rf"^group\s+{group}$", r.stdout, re.M)
+    assert re.search(r"^hard pin\s+yes$", r.stdout, re.M)
+    assert re.search(r"^lease\s+none$", r.stdout, re.M)
+    r = run("--redis", valkey.url, "inspect", "k1")
+    assert "expired 50.0 s ago" in r.stdout
+
+
+def test_inspect_raw(store, valkey):
+    r = run("--redis", valkey.url, "inspect", "k2", "--raw")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"# HGETALL {shard_key('mc', shard_of(b'k2', 2))}:obj:default:k2"
+    fields = dict(line.split(" ", 1) for line in lines[1:])
+    assert fields["size"] == "100" and fields["status"] == "processing"
+    assert fields["put_started"] == str(T0) and fields["soft_pin_action"] == "preserve"
+    assert any(name.startswith("rep:seg-") for name in fields)
+
+
+def test_inspect_shows_dead_replicas(store, valkey):
+    # unmount seg-b on every shard without the sweep that Master.unmount_segment runs after it
+    client = redis.Redis.from_url(valkey.url)
+    for i in range(2):
+        client.execute_command("FCALL", "mc_unmount_segment", 1, shard_key("mc", i), "seg-b", "client-1")
+    r = run("--redis", valkey.url, "inspect", "k1")
+    assert r.exit_code == 0, r.output
+    assert "replicas     1 live, 1 dead" in r.stdout
+    assert re.search(r"^  seg-b  offset \d+  dead", r.stdout, re.M)
+
+
+def test_inspect_not_found_exits_1(store, valkey):
+    r = run("--redis", valkey.url, "inspect", "nope")
+    assert r.exit_code == 1
+    assert "not found: object 'nope'" in r.stderr
+    r = run("--redis", valkey.url, "inspect", "k1", "--tenant", "other")
+    assert r.exit_code == 1
+
+
+# ---- bad input and errors --------------------------------------------------------------
+
+def test_bad_tenant_is_a_master_error_exit_2(store, valkey):
+    r = run("--redis", valkey.url, "inspect", "k1", "--tenant", "no spaces")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error INVALID_PARAMS (-600): tenant_id must match")
+
+
+def test_bad_namespace_exit_2(valkey):
+    r = run("--redis", valkey.url, "--namespace", "a b", "status")
+    assert r.exit_code == 2
+    assert "error INVALID_PARAMS (-600)" in r.stderr
+
+
+def test_usage_errors_exit_2(valkey):
+    assert run("status").exit_code == 2  # no URL
+    assert run("--redis", valkey.url, "inspect").exit_code == 2  # no KEY
+    assert run("serve", "--shards", "zero").exit_code == 2
+    assert run("--redis", "http://example", "status").exit_code == 2
+    r = run("--redis", valkey.url, "serve", "--port", "7000")
+    assert r.exit_code == 2 and "cannot be used with --redis" in r.stderr
+
+
+def test_unreachable_redis_exit_2():
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    r = run("--redis", url, "status")
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"error: cannot reach Redis at {url}")
+
+
+def test_password_is_masked_in_messages():
+    url = f"redis://user:secret@127.0.0.1:{free_port()}/0"
+    r = run("--redis", url, "status")
+    assert r.exit_code == 2 and "secret" not in r.stderr and "user:***@127.0.0.1" in r.stderr
+
+
+def test_serve_with_redis_refuses_other_shard_count(store, valkey):
+    r = run("--redis", valkey.url, "serve", "--shards", "3")
+    assert r.exit_code == 2
+    assert "error INVALID_PARAMS (-600): store 'mc' has 2 shards, --shards says 3" in r.stderr
+
+
+# ---- bench -----------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_bench(monkeypatch):
+    calls = []
+
+    def main(url, n, shards, out):
+        assert redis.Redis.from_url(url).ping()
+        calls.append((url, n, shards))
+        out("fake bench done")
+
+    monkeypatch.setitem(sys.modules, "bench.ops", types.SimpleNamespace(main=main))
+    return calls
+
+
+def test_bench_ops_with_redis(fake_bench, valkey):
+    r = run("--redis", valkey.url, "bench", "ops", "--n", "5", "--shards", "4")
+    assert r.exit_code == 0, r.output
+    assert fake_bench == [(valkey.url, 5, 4)] and "fake bench done" in r.stdout
+
+
+def test_bench_ops_private_valkey(fake_bench):
+    r = run("bench", "ops")
+    assert r.exit_code == 0, r.output
+    (url, n, shards), = fake_bench
+    assert (n, shards) == (20000, 1) and url != ""
+    with pytest.raises(redis.ConnectionError):  # the private server is gone
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+
+
+# ---- serve as a process ----------------------------------------------------------------
+
+class Serve:
+    """`python -m cli.main serve --data-dir DIR ...` as a child process."""
+
+    def __init__(self, tmp: Path, data_dir: Path, *args: str):
+        self.data_dir = data_dir
+        self.err_path = tmp / f"serve-{time.monotonic_ns()}.err"
+        env = {k: v for k, v in os.environ.items() if k != "MOONCAKE_REDIS_URL"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), *args],
+                                     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=open(self.err_path, "w"),
+                                     text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.output: list[str] = []
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_ready(self) -> tuple[str, str]:
+        """Wait (bounded) for the banner; returns (url, functions version) as printed."""
+        end = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.output.append(line)
+            if line.strip().startswith("stop with"):
+                banner = "".join(self.output)
+                url = re.search(r"^mooncake-redis master: (redis://\S+)$", banner, re.M)
+                version = re.search(r"functions library 'mooncake' version ([0-9a-f]{16})$", banner, re.M)
+                assert url and version, banner
+                return url.group(1), version.group(1)
+        raise AssertionError(f"serve did not come up: {self.output} {self.err_path.read_text()}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=START_TIMEOUT_S)
+
+    def cleanup(self) -> None:
+        """After a failed test: stop serve, and its Valkey too if serve could not."""
+        try:
+            self.stop()
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            pid = int((self.data_dir / "valkey.pid").read_text())
+            os.kill(pid, signal.SIGTERM)
+            _gone(pid)
+        except (OSError, ValueError):
+            pass
+
+
+def _gone(pid: int) -> bool:
+    end = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)  # waiting for a process to exit, not for a deadline
+    return False
+
+
+def test_serve_process(tmp_path):
+    data = tmp_path / "data"
+    port = free_port()
+    serve = Serve(tmp_path, data, "--port", str(port))
+    try:
+        url, version = serve.wait_ready()
+        assert url == f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        assert client.execute_command("FCALL", "mc_version", 0).decode() == version
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("dir")["dir"] == str(data.resolve())
+        assert client.hget("mc:{mc:0}:config", "shards") == b"1"
+        valkey_pid = int(client.info("server")["process_id"])
+        client.close()
+        assert serve.stop() == 0
+        assert _gone(valkey_pid), "valkey-server outlived serve"
+        assert not (data / "valkey.pid").exists()
+    finally:
+        serve.cleanup()
+
+
+def test_serve_restart_keeps_the_store(tmp_path):
+    data = tmp_path / "data"
+    first = Serve(tmp_path, data, "--shards", "2")
+    try:
+        m = Master.connect(first.wait_ready()[0])
+        assert m.shards == 2
+        m.mount_segment("seg-a", 1 << 20, "client-1")
+        m.close()
+        assert first.stop() == 0
+    finally:
+        first.cleanup()
+    # a different shard count for the existing store is refused, and its Valkey stopped
+    refused = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data), "--shards", "3"],
+                             cwd=REPO, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    assert refused.returncode == 2, refused.stderr
+    assert "error INVALID_PARAMS (-600): store 'mc' has 2 shards" in refused.stderr
+    assert not (data / "valkey.pid").exists()
+    second = Serve(tmp_path, data)
+    try:
+        m = Master.connect(second.wait_ready()[0])
+        assert m.shards == 2 and [s["name"] for s in m.segments()] == ["seg-a"]
+        m.close()
+        assert second.stop() == 0
+    finally:
+        second.cleanup()
