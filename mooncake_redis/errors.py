@@ -35,7 +35,8 @@ class MasterError(Exception):
 
 def parse_error_reply(text: str) -> MasterError | None:
     """Turn a function's error reply "<NAME> <code> <detail>" into a MasterError (None if foreign)."""
-    parts = text.split(" ", 2)
+    _, marker, rest = text.partition("caused error: ")  # redis-py's prefix inside pipelines
+    parts = (rest if marker else text).split(" ", 2)
     if len(parts) >= 2 and parts[0] in ErrorCode.__members__:
         try:
             code = ErrorCode(int(parts[1]))

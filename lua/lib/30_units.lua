@@ -79,12 +79,17 @@ local function join_group(P, tenant, key, group, hard_pin, now)
   place_group(P, tenant, group, now)
 end
 
--- A member's put ended: it counts as complete, and its soft pin extends the group's.
+-- A member's put ended: it counts as complete, its soft pin extends the group's, and, as for an
+-- object at put_end, the group's lease becomes max(lease, now) (so an unread group ranks by
+-- its last completion, like an object).
 local function group_member_completed(P, tenant, group, soft_pin_until, now)
   local gkey = grp_key(P, tenant, group)
   redis.call('HINCRBY', gkey, 'processing', -1)
-  local cur = tonumber(redis.call('HGET', gkey, 'soft_pin_until')) or 0
-  if tonumber(soft_pin_until) > cur then redis.call('HSET', gkey, 'soft_pin_until', soft_pin_until) end
+  local cur = redis.call('HMGET', gkey, 'soft_pin_until', 'lease_until')
+  if tonumber(soft_pin_until) > (tonumber(cur[1]) or 0) then
+    redis.call('HSET', gkey, 'soft_pin_until', soft_pin_until)
+  end
+  if now > (tonumber(cur[2]) or 0) then redis.call('HSET', gkey, 'lease_until', S(now)) end
   place_group(P, tenant, group, now)
 end
 

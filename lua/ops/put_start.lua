@@ -25,19 +25,31 @@ end
 -- Evict-on-put: evict up to EVICT_ON_PUT_UNITS candidates of this shard until the put fits.
 local EVICT_ON_PUT_UNITS = 16
 
+-- Could `size` fit in some segment slice of this shard if it were empty?
+local function could_fit(P, size, by_free)
+  for _, seg in ipairs(by_free) do
+    if tonumber(redis.call('HGET', P .. ':seg:' .. seg, 'size')) >= size then return true end
+  end
+  return false
+end
+
+-- Returns the replicas got, and whether eviction could have helped (the put fits some slice).
 local function allocate_evicting(P, size, a, now, cfg, by_free)
   local got = allocate(P, size, a.replica_num, a.preferred, by_free)
-  if #got > 0 or cfg.evict_on_put ~= 1 then return got end
+  if #got > 0 then return got, true end
+  -- evict only for a put that eviction can help: never for one larger than every slice
+  local fits = could_fit(P, size, by_free)
+  if cfg.evict_on_put ~= 1 or not fits then return got, fits end
   expire_soft_pins(P, now, EVICT_ON_PUT_UNITS)
   for _ = 1, EVICT_ON_PUT_UNITS do
     local unit = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
     if not unit then break end
     if evict_unit(P, unit, now) > 0 then
       got = allocate(P, size, a.replica_num, a.preferred, by_free)
-      if #got > 0 then return got end
+      if #got > 0 then return got, true end
     end
   end
-  return got
+  return got, true
 end
 
 local function put_one(P, a, key, size, now, cfg, by_free)
@@ -52,9 +64,9 @@ local function put_one(P, a, key, size, now, cfg, by_free)
     -- an abandoned put: preempt it, keeping its space until the release timeout
     delete_object(P, a.tenant, key, okey, old, started + cfg.put_start_release_timeout, now)
   end
-  local got = allocate_evicting(P, size, a, now, cfg, by_free)
+  local got, fits = allocate_evicting(P, size, a, now, cfg, by_free)
   if #got == 0 then
-    redis.call('HSET', P, 'put_failed', S(now)) -- tells the eviction workers to start
+    if fits then redis.call('HSET', P, 'put_failed', S(now)) end -- tells the eviction workers to start
     return E.NO_AVAILABLE_HANDLE
   end
   local fields = { 'size', S(size), 'status', 'processing', 'writer', a.client,

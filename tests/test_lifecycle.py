@@ -1,0 +1,339 @@
+"""The put lifecycle: put_start validation, existence / preemption, replica placement,
+put_end, put_revoke, tenants, batch puts and the raw FCALL contract."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import WRITER, keys_on_shard, mount, put, raises_code, shard_of_key
+from mooncake_redis import ErrorCode, ReplicaStatus, ReplicateConfig
+from mooncake_redis.keys import shard_of
+
+
+# ---- put_start: parameters ---------------------------------------------------------------
+
+def test_put_start_rejects_empty_and_overlong_keys(new_master):
+    m = new_master(max_key_length=16)
+    mount(m, "seg", 1 << 16)
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.put_start(WRITER, "", 100)
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.put_start(WRITER, "k" * 17, 100)
+    assert m.usage().used_bytes == 0 and m.usage().objects == 0
+    m.put_start(WRITER, "k" * 16, 100)  # exactly the limit is fine
+    assert m.usage().used_bytes == 100 and m.usage().objects == 1
+    assert not m.exist_key("k" * 17)
+
+
+def test_put_start_default_max_key_length_is_4096(master):
+    mount(master, "seg", 1 << 16)
+    master.put_start(WRITER, "k" * 4096, 10)
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        master.put_start(WRITER, "k" * 4097, 10)
+    assert master.usage().used_bytes == 10
+
+
+@pytest.mark.parametrize("size", [0, -1, -4096])
+def test_put_start_rejects_non_positive_size(master, size):
+    mount(master, "seg", 1 << 16)
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        master.put_start(WRITER, "k", size)
+    assert master.usage().used_bytes == 0
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        master.describe("k")
+
+
+@pytest.mark.parametrize("replica_num", [0, -1])
+def test_put_start_rejects_replica_num_below_one(master, replica_num):
+    mount(master, "seg", 1 << 16)
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        master.put_start(WRITER, "k", 10, ReplicateConfig(replica_num=replica_num))
+    assert master.usage().used_bytes == 0 and master.usage().objects == 0
+
+
+# ---- put_start: an existing key ------------------------------------------------------------
+
+def test_put_start_on_complete_object_is_already_exists(master):
+    mount(master, "seg", 1 << 16)
+    put(master, "k", 100)
+    master.advance_clock(master.config.put_start_release_timeout * 2)  # age does not matter
+    for client in (WRITER, "someone-else"):
+        with raises_code(ErrorCode.OBJECT_ALREADY_EXISTS):
+            master.put_start(client, "k", 100)
+    assert master.usage().used_bytes == 100
+    assert master.describe("k").status == ReplicaStatus.COMPLETE
+
+
+def test_put_start_on_recent_unfinished_put_is_already_exists(new_master):
+    m = new_master(put_start_discard_timeout=1_000)
+    mount(m, "seg", 1 << 16)
+    t0 = m.now_ms()
+    m.put_start("c1", "k", 100)
+    m.advance_clock(999)
+    with raises_code(ErrorCode.OBJECT_ALREADY_EXISTS):
+        m.put_start("c2", "k", 100)
+    info = m.describe("k")
+    assert info.writer == "c1" and info.put_started_ms == t0 and info.status == ReplicaStatus.PROCESSING
+    assert m.usage().used_bytes == 100
+
+
+def test_abandoned_put_is_preempted_and_its_space_held_until_release(new_master):
+    m = new_master(put_start_discard_timeout=1_000, put_start_release_timeout=5_000)
+    mount(m, "seg", 200)  # every shard slice holds exactly two 100-byte objects
+    t0 = m.now_ms()
+    old = m.put_start("c1", "{t}a", 100)
+    m.advance_clock(1_000)  # the discard timeout has passed: the put is abandoned
+    new = m.put_start("c2", "{t}a", 100)
+    assert new[0].offset != old[0].offset  # the old extent is still held
+    info = m.describe("{t}a")
+    assert info.writer == "c2" and info.put_started_ms == t0 + 1_000 and info.status == ReplicaStatus.PROCESSING
+    assert [r.offset for r in info.replicas] == [new[0].offset]
+    usage = m.usage()
+    assert usage.used_bytes == 200 and usage.objects == 1  # old space held, counted as used
+    with raises_code(ErrorCode.ILLEGAL_CLIENT):
+        m.put_end("c1", "{t}a")  # the old writer lost the object
+
+    m.advance_clock(3_999)  # t0 + 4999: one ms before the release deadline
+    with raises_code(ErrorCode.NO_AVAILABLE_HANDLE):
+        m.put_start("c3", "{t}b", 100)  # same shard as {t}a; the held extent is not free
+    assert m.usage().used_bytes == 200
+
+    m.advance_clock(1)  # t0 + 5000 = start + put_start_release_timeout
+    again = m.put_start("c3", "{t}b", 100)  # this put_start releases the held extent first
+    assert again[0].offset == old[0].offset
+    assert m.usage().used_bytes == 200 and m.usage().objects == 2
+    m.put_end("c2", "{t}a")
+    m.put_end("c3", "{t}b")
+    m.remove("{t}a")
+    m.remove("{t}b")
+    assert m.usage().used_bytes == 0
+
+
+def test_preempted_space_is_released_by_a_later_put_start(new_master):
+    m = new_master(put_start_discard_timeout=1_000, put_start_release_timeout=5_000)
+    mount(m, "seg", 1 << 16)
+    m.put_start("c1", "{t}a", 300)
+    m.advance_clock(2_000)
+    m.put_start("c2", "{t}a", 100)  # preempts, the 300 bytes stay held
+    assert m.usage().used_bytes == 400
+    m.advance_clock(10_000)
+    assert m.usage().used_bytes == 400  # nothing happens by itself (no worker here)
+    m.put_start("c3", "{t}c", 50)
+    assert m.usage().used_bytes == 150
+
+
+# ---- put_start: placement ----------------------------------------------------------------
+
+def test_replicas_go_to_distinct_segments(master):
+    for name in ("s1", "s2", "s3"):
+        mount(master, name, 1 << 16)
+    replicas = master.put_start(WRITER, "k", 100, ReplicateConfig(replica_num=3))
+    assert sorted(r.segment for r in replicas) == ["s1", "s2", "s3"]
+    assert all(r.size == 100 and r.status == ReplicaStatus.PROCESSING for r in replicas)
+    assert master.usage().used_bytes == 300
+    master.put_end(WRITER, "k")
+    assert sorted(r.segment for r in master.get_replica_list("k").replicas) == ["s1", "s2", "s3"]
+
+
+def test_replica_num_above_segment_count_is_best_effort(master):
+    mount(master, "s1", 1 << 16)
+    mount(master, "s2", 1 << 16)
+    replicas = master.put_start(WRITER, "k", 100, ReplicateConfig(replica_num=3))
+    assert sorted(r.segment for r in replicas) == ["s1", "s2"]
+    assert master.usage().used_bytes == 200
+    assert sorted(r.segment for r in master.describe("k").replicas) == ["s1", "s2"]
+
+
+def test_preferred_segments_are_used_first(master):
+    mount(master, "big", 1 << 20)
+    mount(master, "small-a", 1 << 12)
+    mount(master, "small-b", 1 << 12)
+    one = master.put_start(WRITER, "k1", 100, ReplicateConfig(preferred_segments=("small-b",)))
+    assert [r.segment for r in one] == ["small-b"]
+    two = master.put_start(WRITER, "k2", 100, ReplicateConfig(replica_num=2, preferred_segments=("small-a", "small-b")))
+    assert sorted(r.segment for r in two) == ["small-a", "small-b"]
+    # an unknown or full preferred segment is skipped, the rest is filled from the others
+    three = master.put_start(WRITER, "k3", 100, ReplicateConfig(replica_num=2, preferred_segments=("nope", "small-a")))
+    assert "small-a" in {r.segment for r in three} and len({r.segment for r in three}) == 2
+
+
+def test_preferred_segment_is_not_used_twice(master):
+    mount(master, "big", 1 << 20)
+    mount(master, "small", 1 << 12)
+    # "big" is preferred and also the segment with the most free space
+    r = master.put_start(WRITER, "k1", 100, ReplicateConfig(replica_num=2, preferred_segments=("big",)))
+    assert sorted(x.segment for x in r) == ["big", "small"]
+    r = master.put_start(WRITER, "k2", 100, ReplicateConfig(replica_num=3, preferred_segments=("small", "small")))
+    assert sorted(x.segment for x in r) == ["big", "small"]
+    assert master.usage().used_bytes == 400
+
+
+def test_nothing_fits_is_no_available_handle(master):
+    with raises_code(ErrorCode.NO_AVAILABLE_HANDLE):
+        master.put_start(WRITER, "k", 10)  # no segment at all
+    mount(master, "seg", 1000)
+    with raises_code(ErrorCode.NO_AVAILABLE_HANDLE):
+        master.put_start(WRITER, "k", 1001)  # larger than any slice
+    master.put_start(WRITER, "a", 600)  # in progress: never evicted to make room
+    same_shard = keys_on_shard(master, shard_of_key(master, "a"), 1, stem="b")[0]
+    with raises_code(ErrorCode.NO_AVAILABLE_HANDLE):
+        master.put_start(WRITER, same_shard, 401)
+    assert master.usage().used_bytes == 600 and master.usage().objects == 1
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        master.describe("k")
+    master.put_start(WRITER, same_shard, 400)  # exactly what is left fits
+
+
+# ---- put_end / put_revoke ----------------------------------------------------------------
+
+def test_put_end_only_by_the_writer(master):
+    mount(master, "seg", 1 << 16)
+    master.put_start(WRITER, "k", 100)
+    with raises_code(ErrorCode.ILLEGAL_CLIENT):
+        master.put_end("intruder", "k")
+    assert master.describe("k").status == ReplicaStatus.PROCESSING
+    assert not master.exist_key("k")
+    master.put_end(WRITER, "k")
+    assert master.exist_key("k")
+    with raises_code(ErrorCode.ILLEGAL_CLIENT):
+        master.put_end("intruder", "k")  # not even on a complete object
+
+
+def test_put_end_of_missing_object_is_not_found(master):
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        master.put_end(WRITER, "nope")
+
+
+def test_put_end_sets_lease_to_now_and_is_idempotent(master):
+    mount(master, "seg", 1 << 16)
+    replicas = master.put_start(WRITER, "k", 100)
+    master.advance_clock(777)
+    ended_at = master.now_ms()
+    master.put_end(WRITER, "k")
+    info = master.describe("k")
+    assert info.status == ReplicaStatus.COMPLETE and info.lease_until_ms == ended_at
+    assert [(r.segment, r.offset) for r in info.replicas] == [(r.segment, r.offset) for r in replicas]
+    master.advance_clock(5_000)
+    master.put_end(WRITER, "k")  # a retry succeeds and changes nothing
+    again = master.describe("k")
+    assert again.lease_until_ms == ended_at and again.fields == info.fields
+    assert master.usage().used_bytes == 100 and master.usage().objects == 1
+
+
+def test_put_revoke_frees_the_in_progress_replicas(master):
+    for name in ("s1", "s2"):
+        mount(master, name, 1 << 16)
+    put(master, "keep", 50)
+    before = master.usage()
+    master.put_start(WRITER, "k", 300, ReplicateConfig(replica_num=2))
+    assert master.usage().used_bytes == before.used_bytes + 600
+    with raises_code(ErrorCode.ILLEGAL_CLIENT):
+        master.put_revoke("intruder", "k")
+    master.put_revoke(WRITER, "k")
+    after = master.usage()
+    assert after.used_bytes == before.used_bytes and after.objects == before.objects
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        master.describe("k")
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        master.put_revoke(WRITER, "k")
+    master.put_start("another", "k", 300)  # the key is free again at once
+
+
+def test_put_revoke_of_complete_object_is_invalid_write(master):
+    mount(master, "seg", 1 << 16)
+    put(master, "k", 100)
+    with raises_code(ErrorCode.INVALID_WRITE):
+        master.put_revoke(WRITER, "k")
+    assert master.get_replica_list("k").replicas[0].size == 100
+    assert master.usage().used_bytes == 100
+
+
+# ---- tenants -----------------------------------------------------------------------------
+
+def test_tenant_scopes_object_keys(master):
+    mount(master, "seg", 1 << 16)
+    put(master, "k", 100, tenant_id="alpha")
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        master.get_replica_list("k", tenant_id="beta")
+    put(master, "k", 300, tenant_id="beta")  # not OBJECT_ALREADY_EXISTS: another object
+    assert master.get_replica_list("k", tenant_id="alpha").replicas[0].size == 100
+    assert master.get_replica_list("k", tenant_id="beta").replicas[0].size == 300
+    assert master.describe("k", tenant_id="alpha").size == 100
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        master.describe("k")  # the default tenant has no such object
+    assert master.usage().used_bytes == 400 and master.usage().objects == 2
+
+
+# ---- batches -----------------------------------------------------------------------------
+
+def test_batch_put_start_returns_one_result_per_key_in_order(master):
+    mount(master, "seg", 1 << 16)
+    put(master, "exists", 10)
+    master.get_replica_list("exists")  # leased: nothing may evict it to make room
+    spread = [f"key-{i}" for i in range(12)]  # with 4 shards these land on several shards
+    if master.shards > 1:
+        assert len({shard_of_key(master, k) for k in spread}) > 1
+    keys = [spread[0], "", spread[1], "exists", spread[2], spread[3], "x" * 5000] + spread[4:]
+    sizes = [10, 10, 0, 10, 11, 1 << 20, 10] + [20 + i for i in range(len(spread) - 4)]
+    out = master.batch_put_start(WRITER, keys, sizes)
+    assert len(out) == len(keys)
+    assert [r.size for r in out[0]] == [10]
+    assert out[1] == ErrorCode.INVALID_PARAMS       # empty key
+    assert out[2] == ErrorCode.INVALID_PARAMS       # size 0
+    assert out[3] == ErrorCode.OBJECT_ALREADY_EXISTS
+    assert [r.size for r in out[4]] == [11]
+    assert out[5] == ErrorCode.NO_AVAILABLE_HANDLE  # larger than a slice
+    assert out[6] == ErrorCode.INVALID_PARAMS       # key too long
+    for i, key in enumerate(spread[4:]):
+        assert [r.size for r in out[7 + i]] == [20 + i], key
+    assert master.usage().used_bytes == 10 + 10 + 11 + sum(20 + i for i in range(len(spread) - 4))
+
+
+def test_batch_put_end_and_revoke_return_codes_in_order(master):
+    mount(master, "seg", 1 << 16)
+    keys = [f"key-{i}" for i in range(8)]
+    master.batch_put_start(WRITER, keys, [10] * len(keys))
+    put(master, "done", 10, client="other")
+    ends = master.batch_put_end(WRITER, [keys[0], "missing", keys[1], "done", keys[2], keys[3]])
+    assert ends == [ErrorCode.OK, ErrorCode.OBJECT_NOT_FOUND, ErrorCode.OK, ErrorCode.ILLEGAL_CLIENT,
+                    ErrorCode.OK, ErrorCode.OK]
+    revokes = master.batch_put_revoke(WRITER, [keys[4], keys[0], "missing", keys[5], keys[6], keys[7]])
+    assert revokes == [ErrorCode.OK, ErrorCode.INVALID_WRITE, ErrorCode.OBJECT_NOT_FOUND, ErrorCode.OK,
+                       ErrorCode.OK, ErrorCode.OK]
+    assert master.batch_exist_key(keys) == [True, True, True, True, False, False, False, False]
+    assert master.usage().used_bytes == 50 and master.usage().objects == 5
+
+
+# ---- the wire protocol -------------------------------------------------------------------
+
+def test_functions_are_the_wire_protocol(master):
+    """A non-Python engine calls the functions with any Redis client."""
+    mount(master, "seg", 1 << 16)
+    r = master.redis
+    key = b"wire/key"
+    p = master._shard_keys[shard_of(key, master.shards)]
+    # put_start: client, tenant, replica_num, soft_pin_action, soft_pin_ttl, hard_pin, group,
+    # n_preferred, then key/size pairs -> one reply per key: [segment, offset, ...]
+    reply = r.execute_command("FCALL", "mc_put_start", 1, p, "engine", "default", 1, "preserve", "", 0, "", 0,
+                              key, 4096)
+    assert len(reply) == 1 and reply[0][0] == b"seg" and isinstance(reply[0][1], int)
+    offset = reply[0][1]
+    assert r.execute_command("FCALL", "mc_exist_key", 1, p, "default", key) == [0]
+    assert r.execute_command("FCALL", "mc_get_replica_list", 1, p, "default", key) == [
+        int(ErrorCode.REPLICA_IS_NOT_READY)]
+    assert r.execute_command("FCALL", "mc_put_end", 1, p, "engine", "default", key, b"missing") == [
+        0, int(ErrorCode.OBJECT_NOT_FOUND)]
+    assert r.execute_command("FCALL", "mc_exist_key", 1, p, "default", key, b"missing") == [1, 0]
+    ttl = master.config.default_kv_lease_ttl
+    assert r.execute_command("FCALL", "mc_get_replica_list", 1, p, "default", key) == [
+        [ttl, 4096, b"seg", offset]]
+    # the typed client sees the same object
+    assert master.get_replica_list(key).replicas[0].offset == offset
+    assert r.execute_command("FCALL", "mc_remove", 1, p, "default", 0, key) == [int(ErrorCode.OBJECT_HAS_LEASE)]
+    assert r.execute_command("FCALL", "mc_remove", 1, p, "default", 1, key) == [0]
+    assert master.usage().used_bytes == 0
+    # whole-call errors are "<NAME> <code> <detail>" replies
+    import redis as redis_py
+
+    with pytest.raises(redis_py.ResponseError) as info:
+        r.execute_command("FCALL", "mc_exist_key", 1, p, "bad tenant", key)
+    assert str(info.value).startswith("INVALID_PARAMS -600")

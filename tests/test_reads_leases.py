@@ -1,0 +1,177 @@
+"""Reads (get_replica_list, exist_key and their batch forms) and the leases they grant,
+including the shared lease of a group."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import WRITER, key_not_on_shard, mount, put, raises_code, shard_of_key
+from mooncake_redis import ErrorCode, ReplicaListResult, ReplicaStatus, ReplicateConfig
+
+
+@pytest.fixture
+def m(master):
+    for name in ("s1", "s2"):
+        mount(master, name, 1 << 16)
+    return master
+
+
+# ---- what is readable ----------------------------------------------------------------------
+
+def test_in_progress_object_is_not_ready(m):
+    m.put_start(WRITER, "k", 100, ReplicateConfig(replica_num=2))
+    with raises_code(ErrorCode.REPLICA_IS_NOT_READY):
+        m.get_replica_list("k")
+    assert m.exist_key("k") is False
+    assert m.describe("k").lease_until_ms == 0  # a refused read leases nothing
+
+
+def test_missing_object_is_not_found(m):
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.get_replica_list("nope")
+    assert m.exist_key("nope") is False
+
+
+def test_complete_object_reads_its_replicas(m):
+    started = m.put_start(WRITER, "k", 100, ReplicateConfig(replica_num=2))
+    m.put_end(WRITER, "k")
+    got = m.get_replica_list("k")
+    assert isinstance(got, ReplicaListResult)
+    assert sorted((r.segment, r.offset, r.size) for r in got.replicas) == sorted(
+        (r.segment, r.offset, r.size) for r in started)
+    assert all(r.status == ReplicaStatus.COMPLETE for r in got.replicas)
+    assert m.exist_key("k") is True
+
+
+# ---- leases --------------------------------------------------------------------------------
+
+def test_read_leases_until_now_plus_default_ttl(new_master):
+    master = new_master(default_kv_lease_ttl=2_500)
+    mount(master, "seg", 1 << 16)
+    put(master, "k", 100)
+    t = master.now_ms()
+    got = master.get_replica_list("k")
+    assert got.lease_ttl_ms == 2_500
+    assert master.describe("k").lease_until_ms == t + 2_500
+    with raises_code(ErrorCode.OBJECT_HAS_LEASE):
+        master.remove("k")
+    master.advance_clock(1_000)
+    assert master.exist_key("k") is True  # exist_key is a read too: it extends the lease
+    assert master.describe("k").lease_until_ms == t + 1_000 + 2_500
+    master.advance_clock(2_499)
+    with raises_code(ErrorCode.OBJECT_HAS_LEASE):
+        master.remove("k")
+    master.advance_clock(1)  # lease_until == now: the lease is over
+    master.remove("k")
+    assert master.usage().used_bytes == 0
+
+
+def test_read_never_shortens_a_lease(m):
+    put(m, "k", 100)
+    t = m.now_ms()
+    m.get_replica_list("k")
+    assert m.describe("k").lease_until_ms == t + 10_000
+    # the store-wide lease TTL is lowered (config lives in each shard's config hash)
+    for p in m._shard_keys:
+        m.redis.hset(f"{p}:config", "default_kv_lease_ttl", 1_000)
+    m.advance_clock(500)
+    got = m.get_replica_list("k")
+    assert m.describe("k").lease_until_ms == t + 10_000  # max(lease_until, now + ttl)
+    assert got.lease_ttl_ms == 10_000 - 500  # what is left of the lease
+
+
+def test_describe_grants_no_lease(m):
+    put(m, "k", 100)
+    before = m.describe("k")
+    m.advance_clock(10)
+    after = m.describe("k")
+    assert after.lease_until_ms == before.lease_until_ms < m.now_ms()
+    m.remove("k")  # not OBJECT_HAS_LEASE
+
+
+def test_exist_key_and_batch_reads_lease(m):
+    for k in ("a", "b", "c"):
+        put(m, k, 10)
+    t = m.now_ms()
+    assert m.exist_key("a")
+    m.batch_exist_key(["b"])
+    m.batch_get_replica_list(["c"])
+    for k in ("a", "b", "c"):
+        assert m.describe(k).lease_until_ms == t + 10_000
+        with raises_code(ErrorCode.OBJECT_HAS_LEASE):
+            m.remove(k)
+
+
+# ---- batches -------------------------------------------------------------------------------
+
+def test_batch_reads_return_one_result_per_key_in_order(m):
+    complete = [f"done-{i}" for i in range(6)]
+    for i, k in enumerate(complete):
+        put(m, k, 10 + i)
+    m.put_start(WRITER, "busy", 7)
+    keys = [complete[0], "missing-1", "busy", complete[1], "", complete[2], "missing-2"] + complete[3:] + ["busy"]
+    if m.shards > 1:
+        assert len({shard_of_key(m, k) for k in keys}) > 1
+    out = m.batch_get_replica_list(keys)
+    assert len(out) == len(keys)
+    expected_codes = {"missing-1": ErrorCode.OBJECT_NOT_FOUND, "missing-2": ErrorCode.OBJECT_NOT_FOUND,
+                      "": ErrorCode.OBJECT_NOT_FOUND, "busy": ErrorCode.REPLICA_IS_NOT_READY}
+    for key, result in zip(keys, out):
+        if key in expected_codes:
+            assert result == expected_codes[key], key
+        else:
+            assert isinstance(result, ReplicaListResult), key
+            assert [r.size for r in result.replicas] == [10 + complete.index(key)], key
+    assert m.batch_exist_key(keys) == [k not in expected_codes for k in keys]
+    assert m.batch_get_replica_list([]) == [] and m.batch_exist_key([]) == []
+
+
+# ---- groups --------------------------------------------------------------------------------
+
+def group_cfg(group: str = "g1") -> ReplicateConfig:
+    return ReplicateConfig(group_id=group)
+
+
+def test_group_members_share_one_lease(m):
+    for k in ("{g1}/a", "{g1}/b", "{g1}/c"):
+        put(m, k, 10, config=group_cfg())
+    put(m, "{g1}/loner", 10)  # same shard, not a member
+    t = m.now_ms()
+    m.get_replica_list("{g1}/a")
+    for k in ("{g1}/a", "{g1}/b", "{g1}/c"):
+        assert m.describe(k).lease_until_ms == t + 10_000, k
+    with raises_code(ErrorCode.OBJECT_HAS_LEASE):
+        m.remove("{g1}/b")
+    m.remove("{g1}/loner")  # the group lease is not the loner's
+    m.remove("{g1}/c", force=True)
+    m.advance_clock(10_000)
+    m.remove("{g1}/b")
+    m.remove("{g1}/a")
+    assert m.usage().objects == 0 and m.usage().used_bytes == 0
+
+
+def test_group_lease_is_per_group_and_tenant(m):
+    put(m, "{g1}/a", 10, config=group_cfg("g1"))
+    put(m, "{g1}/b", 10, config=group_cfg("g1"))
+    put(m, "{g1}/x", 10, config=group_cfg("g1"), tenant_id="other")
+    put(m, "{g2}/y", 10, config=group_cfg("g2"))
+    m.exist_key("{g1}/a")
+    with raises_code(ErrorCode.OBJECT_HAS_LEASE):
+        m.remove("{g1}/b")
+    m.remove("{g1}/x", tenant_id="other")  # same group name, other tenant: another group
+    m.remove("{g2}/y")  # another group
+
+
+def test_group_member_on_another_shard_is_invalid_params(m):
+    if m.shards == 1:
+        pytest.skip("one shard: every key shares the group's shard")
+    group = "g1"
+    wrong = key_not_on_shard(m, shard_of_key(m, group))
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.put_start(WRITER, wrong, 10, group_cfg(group))
+    out = m.batch_put_start(WRITER, ["{g1}/ok", wrong, "{g1}/ok2"], [10, 10, 10], group_cfg(group))
+    assert out[1] == ErrorCode.INVALID_PARAMS
+    assert [r.size for r in out[0]] == [10] and [r.size for r in out[2]] == [10]
+    assert m.usage().objects == 2 and m.usage().used_bytes == 20
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.describe(wrong)
+    assert m.describe("{g1}/ok").group_id == group
