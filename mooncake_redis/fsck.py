@@ -18,16 +18,22 @@ snapshot), and no script walks the keyspace. What that buys:
   Units and processing entries that no scanned object accounts for are re-read atomically
   before they are reported (the object may have been created after the SCAN passed it).
 * Aggregates (shard counters, segment bytes, allocator tiling) cannot be read atomically. fsck
-  takes a fingerprint of the shard (counters, mount sequence, index sizes) before and after
-  the pass; when it moved, the pass is retried (`retries`), and a shard that never held still
-  is listed in `report.unverified` instead of producing findings that may be races. (A write
-  and its exact undo during the pass, e.g. evict-on-put freeing as many bytes as it allocates,
-  leaves the fingerprint unchanged: run repairs on a quiet store when you can.) Overlapping
-  allocations are re-read atomically and reported even from a busy shard.
+  takes a fingerprint of the shard (counters, mount sequence, index sizes, P:segs, and every
+  segment's free lists) before and after the pass; when it moved, the pass is retried
+  (`retries`), and a shard that never held still is listed in `report.unverified` instead of
+  producing findings that may be races. Overlapping allocations are re-read atomically and
+  reported even from a busy shard.
+* The fingerprint cannot see a write and its exact undo inside one pass (evict-on-put frees an
+  extent and hands the same bytes to a new object in one call). So with repair=True a shard
+  with aggregate findings gets a second still pass, and an aggregate repair runs only if both
+  passes saw every finding it would fix identically.
 * Repairs never trust the scan blindly: counters are compare-and-add (the value fsck read plus
   the delta it computed, refused if the counter moved), free lists are rebuilt only if they
   still hold exactly what fsck read, and index/group repairs re-derive from the hashes inside
-  the call.
+  the call. Still: repairs of counters and free lists are safest on a quiet store.
+
+Objects whose replicas are all dead are drift only when no sweep is owed (P:sweep_pending unset:
+after an unmount the worker's sweep removes them); fsck then deletes them with mc_sweep_replicas.
 
 Not repaired (reported only): overlapping allocations (two objects' bytes collide: at least one
 holds garbage; remove one or both with remove(force=True), then rerun), replicas outside their
@@ -39,7 +45,7 @@ import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import redis
 
@@ -71,7 +77,8 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     # objects and their indexes
     "bad_object": (ERROR, False, "an object hash with missing or malformed fields"),
     "bad_held": (ERROR, False, "a P:held entry that is not '<mount> <offset> <size> <segment>'"),
-    "no_live_replica": (WARNING, True, "an object whose replicas are all on unmounted segments (sweep not run)"),
+    "no_live_replica": (WARNING, True, "an object whose replicas are all on unmounted segments, and no sweep "
+                                       "is owed (P:sweep_pending unset)"),
     "processing_missing": (ERROR, True, "a processing object is not in P:processing"),
     "processing_score": (ERROR, True, "the P:processing score differs from put_started"),
     "processing_stale": (ERROR, True, "P:processing holds an object that is complete or missing"),
@@ -196,6 +203,8 @@ class _Pass:
     processing: set = field(default_factory=set)
     rebuild: dict = field(default_factory=dict)                # seg -> (mount, windows)
     segs_index: dict = field(default_factory=dict)             # P:segs as read
+    free_before: dict = field(default_factory=dict)            # seg -> (by_off, by_size) before the scan
+    moved: bool = False                                        # a free list changed during the pass
     stable: bool = False
 
 
@@ -207,6 +216,8 @@ class _Audit:
         self.retries = retries
         self.progress = progress
         self.report = FsckReport(shards=master.shards)
+        self.checked = 0          # objects read so far (progress), across passes
+        self.rebuild_plans: dict[tuple[int, bytes], tuple] = {}
 
     # ---- helpers -----------------------------------------------------------------------
     def P(self, shard: int) -> bytes:
@@ -300,7 +311,10 @@ class _Audit:
             pipe.zscore(P + b":evict:ordinary", unit)
             pipe.zscore(P + b":evict:soft", unit)
             pipe.zscore(P + b":deadline:soft_pin", unit)
-        res = pipe.execute()
+        res = pipe.execute(raise_on_error=False)
+        for i, x in enumerate(res):
+            if isinstance(x, Exception) and not (i >= 2 and (i - 2) % 5 == 0):
+                raise x  # only an object key of the wrong type is tolerated (reported as bad_object)
         now = self.clock(res)
         return now, [res[2 + 5 * i: 7 + 5 * i] for i in range(len(ids))]
 
@@ -308,6 +322,8 @@ class _Audit:
         h, s_proc, s_ord, s_soft, s_dl = snap
         oid = tenant + b":" + key
         subject = _d(oid)
+        if isinstance(h, Exception):
+            return [self.finding("bad_object", shard, subject, "a hash", f"{h}")]
         unit = b"o:" + oid
         place = ("place", shard, tenant, key)
         out: list[Finding] = []
@@ -402,12 +418,16 @@ class _Audit:
             ps.aggregate.append(self.finding("orphan_free_list", shard, f"segment {_d(n)}",
                                              "no free lists (not mounted)", "free lists present", ("forget", shard, n)))
         ps.segs_index = index
+        for n in segs:
+            fkey = P + b":free:" + n
+            ps.free_before[n] = (self.zall(fkey + b":by_off"), self.zall(fkey + b":by_size"))
         return segs
 
     def one_pass(self, shard: int) -> _Pass:
         P = self.P(shard)
         ps = _Pass()
         fp0 = self.fingerprint(P)
+        sweep_owed = self.r.exists(P + b":sweep_pending") > 0  # a worker will drop dead replicas
         segs = self.read_segments(shard, ps)
         extents: dict[bytes, list[tuple[int, int, tuple]]] = defaultdict(list)
         # held extents (preempted puts) stay allocated until released
@@ -430,6 +450,9 @@ class _Audit:
             now, snaps = self.snapshot_objects(shard, chunk)
             for (tenant, key), snap in zip(chunk, snaps):
                 h = snap[0]
+                if isinstance(h, Exception):
+                    ps.exact += self.check_object(shard, tenant, key, snap, now)
+                    continue
                 if not h:
                     continue  # deleted since the SCAN returned it
                 ps.objects += 1
@@ -449,15 +472,15 @@ class _Audit:
                     if m and seg in segs and segs[seg].mount == m.group(2):
                         live += 1
                         extents[seg].append((int(m.group(1)), size, ("rep", tenant, key, seg)))
-                if live == 0:
+                if live == 0 and not sweep_owed:
                     ps.aggregate.append(self.finding(
                         "no_live_replica", shard, _d(tenant + b":" + key), "at least one replica on a mounted segment",
                         f"{n_reps} replica(s), none live", ("sweep", shard, tenant, key),
                         note="run the unmount sweep (mc_sweep_replicas)"))
-            self.report.objects_checked += sum(1 for s in snaps if s[0])
+            self.checked += sum(1 for s in snaps if s[0] and not isinstance(s[0], Exception))
             chunk.clear()
             if self.progress:
-                self.progress(self.report.objects_checked)
+                self.progress(self.checked)
 
         for okey in self.scan(prefix + b"*"):
             tenant, _, key = okey[len(prefix):].partition(b":")
@@ -478,7 +501,7 @@ class _Audit:
             cap_total += seg.size
             self.check_segment(shard, seg, ext, used, ps)
         fp1 = self.fingerprint(P)
-        ps.stable = fp0 == fp1
+        ps.stable = fp0 == fp1 and not ps.moved and self.zall(P + b":segs") == ps.segs_index
         # shard counters (fp1 holds the values read at the end of the pass)
         triples = []
         for i, (fname, want) in enumerate((("used_bytes", used_total), ("capacity_bytes", cap_total),
@@ -502,8 +525,8 @@ class _Audit:
             seg_findings.append(self.finding("segment_used", shard, f"segment {sname}", used, seg.used, action))
         score = index.get(seg.name)
         if score is not None and _score(score) != seg.size - used:
-            seg_findings.append(self.finding("segment_free", shard, f"segment {sname}",
-                                             f"P:segs score {seg.size - used}", f"P:segs score {_score(score)}", action))
+            seg_findings.append(self.finding("segment_free", shard, f"segment {sname}", f"P:segs score {seg.size - used}",
+                                             f"P:segs score {_score(score)}", action))
         if seg_findings or score is None:
             for f in ps.aggregate:
                 if f.kind == "segment_not_indexed" and f.subject == f"segment {sname}":
@@ -513,6 +536,8 @@ class _Audit:
         # allocator: free extents + allocated extents must tile [base, base + size)
         fkey = P + b":free:" + seg.name
         by_off, by_size = self.zall(fkey + b":by_off"), self.zall(fkey + b":by_size")
+        if ps.free_before.get(seg.name) != (by_off, by_size):
+            ps.moved = True  # an allocation or a free landed during the pass
         rebuild = ("rebuild", shard, seg.name)
         found: list[Finding] = []
         free: list[tuple[int, int, tuple]] = []
@@ -649,7 +674,8 @@ class _Audit:
         row_of = dict(zip(order, rows))
         for k in sorted(mset - set(members)):
             row = row_of.get(k, [None] * 4)
-            why = "object missing" if row[1] is None and row[0] is None else f"object in group {_d(row[0])}"
+            why = ("object missing" if row[0] is None and row[1] is None else
+                   "object has no group" if row[0] is None else f"object in group {_d(row[0])}")
             out.append(self.finding("group_member_stray", shard, f"group {subject} member {_d(k)}",
                                     "not in the member set", f"in it ({why})", action))
         n = len(members)
@@ -710,13 +736,47 @@ class _Audit:
         return True
 
     # ---- the whole audit ---------------------------------------------------------------
-    def run_shard(self, shard: int) -> None:
-        for attempt in range(self.retries + 1):
-            checked = self.report.objects_checked
+    def still_pass(self, shard: int) -> _Pass:
+        """A pass over the shard, retried while the shard moved under it."""
+        for _ in range(self.retries + 1):
             ps = self.one_pass(shard)
-            if ps.stable or attempt == self.retries:
+            if ps.stable:
                 break
-            self.report.objects_checked = checked
+        return ps
+
+    @staticmethod
+    def confirm(first: _Pass, second: _Pass) -> None:
+        """Keep the aggregate findings of `second` that `first` saw identically. A repair action
+        runs only if every finding it would fix was seen by both passes: a write and its undo
+        during one pass (invisible to the fingerprint) does not repeat the same way in the next."""
+        key = lambda f: (f.kind, f.subject, f.expected, f.found)  # noqa: E731
+        seen = {key(f) for f in first.aggregate}
+        keep = [f for f in second.aggregate if key(f) in seen]
+        unconfirmed = {f.action for f in second.aggregate if key(f) not in seen and f.action is not None}
+        for f in keep:
+            if f.action in unconfirmed:
+                f.action, f.repairable = None, False
+                f.note = "; ".join(x for x in (f.note, "not repaired: a related finding was not confirmed "
+                                                          "by a second pass; rerun fsck") if x)
+        second.aggregate = keep
+        second.rebuild = {seg: plan for seg, plan in second.rebuild.items()
+                          if ("rebuild", seg) not in {(a[0], a[2]) for a in unconfirmed if a[0] == "rebuild"}}
+
+    def run_shard(self, shard: int, repair: bool) -> None:
+        ps = self.still_pass(shard)
+        if repair and ps.stable and ps.aggregate:
+            # repairs of aggregates act on what two still passes agree on
+            second = self.still_pass(shard)
+            if second.stable:
+                self.confirm(ps, second)
+                ps = second
+            else:
+                for f in ps.aggregate:
+                    if f.action is not None:
+                        f.action, f.repairable = None, False
+                        f.note = "; ".join(x for x in (f.note, "not repaired: no still second pass to confirm it; "
+                                                                  "rerun fsck") if x)
+        self.report.objects_checked += ps.objects
         findings = list(ps.exact)
         # groups: every group an object, a group key or a unit names
         groups = dict(ps.groups)
@@ -767,9 +827,8 @@ class _Audit:
         self.report.unverified[shard] = f"{old}; {why}" if old else why
 
     def run(self, repair: bool) -> FsckReport:
-        self.rebuild_plans: dict[tuple[int, bytes], tuple] = {}
         for shard in range(self.m.shards):
-            self.run_shard(shard)
+            self.run_shard(shard, repair)
         if repair:
             self.repair()
         return self.report
@@ -844,12 +903,16 @@ def _window_of(edges: list[int], x: int) -> int:
 
 
 def fsck(master: Any, repair: bool = False, progress: Callable[[int], None] | None = None, *,
-         batch: int = 256, retries: int = 2) -> FsckReport:
+         batch: int = 128, retries: int = 2) -> FsckReport:
     """Audit every shard of `master`'s store; with repair=True, fix what can be fixed.
 
-    progress(n) is called after each batch with the number of objects checked so far.
-    batch: objects per MULTI snapshot. retries: extra passes over a shard that was written
-    during a pass before its aggregate checks are given up (see FsckReport.unverified)."""
+    progress(n) is called after each batch with the number of objects read so far (retried and
+    confirming passes read objects again, so n can exceed the object count).
+    batch: objects per MULTI snapshot (5 commands each; 128 keeps one EXEC around half a
+    millisecond). retries: extra passes over a shard that was written during a pass before its
+    aggregate checks are given up (see FsckReport.unverified).
+
+    Memory: the audit keeps one shard's object ids and allocated extents in this process."""
     if batch < 1:
         raise ValueError("batch must be >= 1")
     return _Audit(master, batch, retries, progress).run(repair)

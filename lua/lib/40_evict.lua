@@ -27,8 +27,9 @@ end
 local function evict_object(P, tenant, key, now)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
-  if not o then
+  if not o or o.group then -- gone, or a stray unit of a group member: its group is the unit
     unplace(P, object_unit(tenant, key))
+    if o then place_group(P, tenant, o.group, now) end
     return 0, 0
   end
   if o.status ~= 'complete' or o.hard_pin == '1' or (tonumber(o.lease_until) or 0) > now then
