@@ -22,6 +22,7 @@ class ErrorCode(IntEnum):
     OBJECT_ALREADY_EXISTS = -705
     OBJECT_HAS_LEASE = -706
     LEASE_EXPIRED = -707
+    OBJECT_HAS_REPLICATION_TASK = -708
 
 
 class MasterError(Exception):

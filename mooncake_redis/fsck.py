@@ -92,7 +92,7 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     # groups
     "group_member_missing": (ERROR, True, "an object names a group but is not in its member set"),
     "group_member_stray": (ERROR, True, "a group member set holds a key whose object is missing or elsewhere"),
-    "group_counters": (ERROR, True, "members / processing / hard_pinned differ from the members' objects"),
+    "group_counters": (ERROR, True, "members / processing / hard_pinned / task_refs differ from the members' objects"),
     "group_soft_pin": (ERROR, True, "the group's soft_pin_until is below a complete member's"),
 }
 
@@ -368,9 +368,10 @@ class _Audit:
                 out.append(self.finding("stray_unit", shard, _d(unit),
                                         f"absent (member of group {_d(group)}: the group is the unit)",
                                         self.where(s_ord, s_soft, s_dl), place))
-        elif not complete or h.get(b"hard_pin") == b"1":
+        elif not complete or h.get(b"hard_pin") == b"1" or (_int(h.get(b"task_refs")) or 0) > 0:
             if any_entry:
-                why = "hard-pinned" if complete else "put in progress"
+                why = ("put in progress" if not complete else
+                       "hard-pinned" if h.get(b"hard_pin") == b"1" else "referenced by a task")
                 out.append(self.finding("stray_unit", shard, _d(unit), f"absent ({why})",
                                         self.where(s_ord, s_soft, s_dl), place))
         else:
@@ -659,7 +660,8 @@ class _Audit:
             for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin"):
                 pipe.zscore(P + suffix, unit)
             for k in order:
-                pipe.hmget(P + b":obj:" + tenant + b":" + k, "group", "status", "hard_pin", "soft_pin_until")
+                pipe.hmget(P + b":obj:" + tenant + b":" + k, "group", "status", "hard_pin", "soft_pin_until",
+                           "task_refs")
             res = pipe.execute()
             if set(res[3]) <= cand:
                 break
@@ -673,7 +675,7 @@ class _Audit:
                                     "in the member set", "absent", action))
         row_of = dict(zip(order, rows))
         for k in sorted(mset - set(members)):
-            row = row_of.get(k, [None] * 4)
+            row = row_of.get(k, [None] * 5)
             why = ("object missing" if row[0] is None and row[1] is None else
                    "object has no group" if row[0] is None else f"object in group {_d(row[0])}")
             out.append(self.finding("group_member_stray", shard, f"group {subject} member {_d(k)}",
@@ -681,21 +683,23 @@ class _Audit:
         n = len(members)
         proc = sum(1 for r in members.values() if r[1] != b"complete")
         hard = sum(1 for r in members.values() if r[2] == b"1")
-        have = tuple(_int(g.get(f)) or 0 for f in (b"members", b"processing", b"hard_pinned"))
-        if have != (n, proc, hard):
+        refs = sum(_int(r[4]) or 0 for r in members.values())
+        have = tuple(_int(g.get(f)) or 0 for f in (b"members", b"processing", b"hard_pinned", b"task_refs"))
+        if have != (n, proc, hard, refs):
             out.append(self.finding("group_counters", shard, f"group {subject}",
-                                    f"members={n} processing={proc} hard_pinned={hard}",
-                                    "members={} processing={} hard_pinned={}".format(*have), action))
+                                    f"members={n} processing={proc} hard_pinned={hard} task_refs={refs}",
+                                    "members={} processing={} hard_pinned={} task_refs={}".format(*have), action))
         g_spu = _int(g.get(b"soft_pin_until")) or 0
         m_spu = max([_int(r[3]) or 0 for r in members.values() if r[1] == b"complete"], default=0)
         if n and m_spu > g_spu:
             out.append(self.finding("group_soft_pin", shard, f"group {subject}", f"soft_pin_until >= {m_spu}",
                                     g_spu, action))
-        if n and proc == 0 and hard == 0:
+        if n and proc == 0 and hard == 0 and refs == 0:
             lease = _int(g.get(b"lease_until")) or 0
             out += self.placement(shard, unit, lease, max(g_spu, m_spu), s_ord, s_soft, s_dl, now, action)
         elif s_ord is not None or s_soft is not None or s_dl is not None:
-            why = "no members" if not n else ("a member's put in progress" if proc else "a member is hard-pinned")
+            why = ("no members" if not n else "a member's put in progress" if proc else
+                   "a member is hard-pinned" if hard else "a member is referenced by a task")
             out.append(self.finding("stray_unit", shard, _d(unit), f"absent ({why})",
                                     self.where(s_ord, s_soft, s_dl), action))
         return out

@@ -382,6 +382,24 @@ class Master:
     def remove_all(self, force: bool = False, tenant_id: str = "default") -> int:
         return self._remove_matching(lambda k: True, force, tenant_id)
 
+    # ---- task references ---------------------------------------------------------------
+    def _task_ref(self, key: Any, delta: int, tenant_id: str) -> int:
+        _check_tenant(tenant_id)
+        bkey = _as_key(key)
+        reply = self._fcall("mc_task_ref", self._shard(bkey), tenant_id, delta, bkey)[0]
+        if isinstance(reply, int):
+            raise MasterError(ErrorCode(reply), f"task reference {key!r}")
+        return int(reply[0])
+
+    def add_task_ref(self, key: Any, tenant_id: str = "default") -> int:
+        """A replication/offload task starts using the object: while referenced, the object
+        (or its group) is never evicted and remove without force is OBJECT_HAS_REPLICATION_TASK.
+        Returns the reference count."""
+        return self._task_ref(key, 1, tenant_id)
+
+    def release_task_ref(self, key: Any, tenant_id: str = "default") -> int:
+        return self._task_ref(key, -1, tenant_id)
+
     # ---- inspection ------------------------------------------------------------------
     def describe(self, key: Any, tenant_id: str = "default") -> ObjectInfo:
         """The object as stored; an inspection, not a read: no lease is granted."""
@@ -397,7 +415,7 @@ class Master:
         live_set = {s.decode(errors="replace") for s in live}
         replicas = [Replica(name[4:], int(value.split()[0]), size, status)
                     for name, value in sorted(f.items()) if name.startswith("rep:") and name[4:] in live_set]
-        pin = int(f.get("soft_pin_until", 0))
+        pin = int(f.get("soft_pin_until", 0))  # task_refs shows in .fields while nonzero
         return ObjectInfo(key=bkey, tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
                           put_started_ms=int(f["put_started"]), lease_until_ms=int(lease),
                           soft_pin_until_ms=pin or None, hard_pinned=f.get("hard_pin") == "1",

@@ -9,7 +9,7 @@ local E = {
   INVALID_PARAMS = -600, ILLEGAL_CLIENT = -601,
   REPLICA_IS_NOT_READY = -703, OBJECT_NOT_FOUND = -704,
   OBJECT_ALREADY_EXISTS = -705, OBJECT_HAS_LEASE = -706,
-  INVALID_WRITE = -700,
+  INVALID_WRITE = -700, OBJECT_HAS_REPLICATION_TASK = -708,
 }
 -- code -> name, filled on first use (library load time may not iterate tables)
 local E_NAME = nil

@@ -5,10 +5,12 @@
 --                                                  when allow_evict_soft_pinned_objects)
 -- Scored by lease_until, so every leased unit (lease_until > now) sits above every unleased one
 -- and an eviction step pops from the low end without ever walking over a leased unit.
--- A unit is not in any tier while protected: put in progress, hard-pinned (or, for a group,
--- any member so). Soft pins expire through the deadline index P:deadline:soft_pin
+-- A unit is not in any tier while protected: put in progress, hard-pinned, or referenced by a
+-- replication/offload task (object field task_refs > 0); a group while any member is so.
+-- (Protections of later kinds plug in here: place_object / place_group decide evictability.) Soft pins expire through the deadline index P:deadline:soft_pin
 -- (unit -> soft_pin_until), which moves units from the soft tier to the ordinary one.
--- Group hash P:grp:<tenant>:<group>: members, processing, hard_pinned (member counts),
+-- Group hash P:grp:<tenant>:<group>: members, processing, hard_pinned (member counts), task_refs
+-- (sum of the members'),
 -- lease_until (shared by all members), soft_pin_until (latest of the members').
 
 local TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES = ':evict:ordinary', ':evict:soft', ':deadline:soft_pin'
@@ -34,22 +36,31 @@ local function place(P, unit, evictable, lease, soft_until, now)
   end
 end
 
+local function object_protected(o)
+  return o.status ~= 'complete' or o.hard_pin == '1' or (tonumber(o.task_refs) or 0) > 0
+end
+
 local function place_object(P, tenant, key, o, now)
-  place(P, object_unit(tenant, key), o.status == 'complete' and o.hard_pin ~= '1',
+  place(P, object_unit(tenant, key), not object_protected(o),
     tonumber(o.lease_until) or 0, tonumber(o.soft_pin_until) or 0, now)
 end
 
 local function group_state(P, tenant, group)
   local g = redis.call('HMGET', grp_key(P, tenant, group), 'members', 'processing', 'hard_pinned',
-    'lease_until', 'soft_pin_until')
+    'lease_until', 'soft_pin_until', 'task_refs')
   local n = {}
-  for i = 1, 5 do n[i] = tonumber(g[i]) or 0 end
-  return { members = n[1], processing = n[2], hard_pinned = n[3], lease_until = n[4], soft_pin_until = n[5] }
+  for i = 1, 6 do n[i] = tonumber(g[i]) or 0 end
+  return { members = n[1], processing = n[2], hard_pinned = n[3], lease_until = n[4], soft_pin_until = n[5],
+    task_refs = n[6] }
+end
+
+local function group_protected(g)
+  return g.members == 0 or g.processing > 0 or g.hard_pinned > 0 or g.task_refs > 0
 end
 
 local function place_group(P, tenant, group, now)
   local g = group_state(P, tenant, group)
-  place(P, group_unit(tenant, group), g.members > 0 and g.processing == 0 and g.hard_pinned == 0,
+  place(P, group_unit(tenant, group), not group_protected(g),
     g.lease_until, g.soft_pin_until, now)
 end
 
@@ -99,7 +110,7 @@ local function retire_group(P, tenant, group)
   local gkey = grp_key(P, tenant, group)
   unplace(P, group_unit(tenant, group))
   redis.call('DEL', grp_members_key(P, tenant, group))
-  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'soft_pin_until')
+  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'soft_pin_until', 'task_refs')
 end
 
 local function leave_group(P, tenant, key, o, now)
@@ -108,6 +119,8 @@ local function leave_group(P, tenant, key, o, now)
   local gkey = grp_key(P, tenant, group)
   if o.status ~= 'complete' then redis.call('HINCRBY', gkey, 'processing', -1) end
   if o.hard_pin == '1' then redis.call('HINCRBY', gkey, 'hard_pinned', -1) end
+  local refs = tonumber(o.task_refs) or 0
+  if refs > 0 then redis.call('HINCRBY', gkey, 'task_refs', -refs) end
   if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then
     retire_group(P, tenant, group)
   else

@@ -32,7 +32,7 @@ local function evict_object(P, tenant, key, now)
     if o then place_group(P, tenant, o.group, now) end
     return 0, 0
   end
-  if o.status ~= 'complete' or o.hard_pin == '1' or (tonumber(o.lease_until) or 0) > now then
+  if object_protected(o) or (tonumber(o.lease_until) or 0) > now then
     place_object(P, tenant, key, o, now) -- the index was stale: put the unit where it belongs
     return 0, 0
   end
@@ -43,7 +43,7 @@ end
 
 local function evict_group(P, tenant, group, now)
   local g = group_state(P, tenant, group)
-  if g.members == 0 or g.processing > 0 or g.hard_pinned > 0 or g.lease_until > now then
+  if group_protected(g) or g.lease_until > now then
     place_group(P, tenant, group, now)
     return 0, 0
   end

@@ -127,7 +127,7 @@ end
 --   keys passed (the objects fsck found naming the group); fails with INVALID_PARAMS, writing
 --   nothing, when there are more than max_members (<= 10000) candidates. A candidate is a member
 --   iff its object exists and its group field names this group. Rewrites the member set, sets
---   members / processing / hard_pinned, raises soft_pin_until to the latest soft pin of a complete
+--   members / processing / hard_pinned / task_refs, raises soft_pin_until to the latest soft pin of a complete
 --   member, removes members' own object units, then places the group unit (place_group) — or,
 --   when no member is left, retires the group (retire_group). lease_until is kept: it is the
 --   group's own state (reads extend it), not derived from the members.
@@ -147,9 +147,9 @@ local function fsck_group(keys, args)
   for _, k in ipairs(redis.call('SMEMBERS', mkey)) do add(k) end
   for i = 4, #args do add(args[i]) end
   table.sort(cand)
-  local members, processing, hard, soft = 0, 0, 0, 0
+  local members, processing, hard, soft, refs = 0, 0, 0, 0, 0
   for _, k in ipairs(cand) do
-    local o = redis.call('HMGET', obj_key(P, tenant, k), 'group', 'status', 'hard_pin', 'soft_pin_until')
+    local o = redis.call('HMGET', obj_key(P, tenant, k), 'group', 'status', 'hard_pin', 'soft_pin_until', 'task_refs')
     if o[1] == group then
       members = members + 1
       if o[2] ~= 'complete' then
@@ -158,6 +158,7 @@ local function fsck_group(keys, args)
         soft = math.max(soft, tonumber(o[4]) or 0)
       end
       if o[3] == '1' then hard = hard + 1 end
+      refs = refs + (tonumber(o[5]) or 0)
       redis.call('SADD', mkey, k)
       unplace(P, object_unit(tenant, k))
     else
@@ -168,7 +169,7 @@ local function fsck_group(keys, args)
     retire_group(P, tenant, group)
     return { 0, 0, 0 }
   end
-  redis.call('HSET', gkey, 'members', members, 'processing', processing, 'hard_pinned', hard)
+  redis.call('HSET', gkey, 'members', members, 'processing', processing, 'hard_pinned', hard, 'task_refs', refs)
   if soft > (tonumber(redis.call('HGET', gkey, 'soft_pin_until')) or 0) then
     redis.call('HSET', gkey, 'soft_pin_until', S(soft))
   end

@@ -1,5 +1,6 @@
--- remove: delete objects. Leased objects are kept unless force=1; objects whose put is still
--- in progress are never removed here (put_revoke or the discard timeout handles them).
+-- remove: delete objects. Leased objects, and objects referenced by a replication/offload task,
+-- are kept unless force=1; objects whose put is still in progress are never removed here
+-- (put_revoke or the discard timeout handles them).
 -- KEYS: P.  ARGV: tenant, force (0|1), key...   Reply: one code per key (0 = removed).
 
 local function remove_one(P, tenant, key, force, now)
@@ -8,6 +9,7 @@ local function remove_one(P, tenant, key, force, now)
   if not o then return E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   if not force and lease_until(P, tenant, o) > now then return E.OBJECT_HAS_LEASE end
+  if not force and (tonumber(o.task_refs) or 0) > 0 then return E.OBJECT_HAS_REPLICATION_TASK end
   delete_object(P, tenant, key, okey, o, nil, now)
   return E.OK
 end

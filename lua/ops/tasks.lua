@@ -1,0 +1,36 @@
+-- task_ref: replication and offload tasks reference the objects they copy; a referenced object
+-- (or the group it belongs to) is protected from eviction, and remove without force answers
+-- OBJECT_HAS_REPLICATION_TASK. The task takes a reference before it starts and drops it when it
+-- ends (or fails).
+-- KEYS: P.  ARGV: tenant, delta (1 | -1), key...
+-- Reply: per key, the object's reference count after the change, or a code:
+--   OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY (put in progress), INVALID_PARAMS (would go below 0).
+-- The count is returned as an array {count} so that 0 is not mistaken for the OK code.
+
+local function task_ref_one(P, tenant, key, delta, now)
+  local okey = obj_key(P, tenant, key)
+  local o = load_object(okey)
+  if not o then return E.OBJECT_NOT_FOUND end
+  if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
+  local refs = (tonumber(o.task_refs) or 0) + delta
+  if refs < 0 then return E.INVALID_PARAMS end
+  if refs == 0 then redis.call('HDEL', okey, 'task_refs') else redis.call('HSET', okey, 'task_refs', refs) end
+  o.task_refs = refs
+  if o.group then
+    redis.call('HINCRBY', grp_key(P, tenant, o.group), 'task_refs', delta)
+  end
+  place_unit_of(P, tenant, key, o, now)
+  return { refs }
+end
+
+local function task_ref(keys, args)
+  local P, tenant, delta = keys[1], args[1], args[2]
+  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+  if delta ~= '1' and delta ~= '-1' then return fail(E.INVALID_PARAMS, 'delta must be 1 or -1') end
+  local now = now_ms(P)
+  local reply = {}
+  for i = 3, #args do reply[#reply + 1] = task_ref_one(P, tenant, args[i], tonumber(delta), now) end
+  return reply
+end
+
+redis.register_function('mc_task_ref', task_ref)
