@@ -220,6 +220,16 @@ def status(opts: Opts) -> None:
             pipe.zcard(f"{p}:held")
             pipe.get(f"{p}:clock")
         extra = pipe.execute()
+        pipe = master.redis.pipeline(transaction=False)
+        for i in range(master.shards):
+            p = shard_key(master.ns, i)
+            pipe.zcard(f"{p}:evict:ordinary")
+            pipe.zcard(f"{p}:evict:soft")
+            pipe.get(f"{p}:worker")
+            pipe.hgetall(f"{p}:metrics")
+        workers = pipe.execute()
+        secs, micros = master.redis.time()
+        now = int(extra[2]) if extra[2] is not None else secs * 1000 + micros // 1000  # the store clock
         server_version = _server_library_version(master.redis)
     finally:
         master.close()
@@ -257,6 +267,20 @@ def status(opts: Opts) -> None:
                  usage.objects, sum(r[5] for r in rows), sum(r[6] for r in rows)])
     for line in table(["shard", "capacity", "used", "used%", "objects", "in-progress", "held"], rows):
         out(line)
+    out("")
+    rows = []
+    for i in range(master.shards):
+        ordinary, soft, claim, metrics = workers[4 * i:4 * i + 4]
+        m = {k.decode(): v.decode() for k, v in metrics.items()}
+        last = int(m["last_pass_ms"]) if "last_pass_ms" in m else None
+        rows.append([i, ordinary, soft, claim.decode().rsplit(" ", 1)[0] if claim else "-",
+                     span(now - last) + " ago" if last is not None else "never",
+                     m.get("evicted_objects_total", 0), human(int(m.get("evicted_bytes_total", 0))),
+                     m.get("discarded_puts_total", 0), m.get("clients_expired_total", 0)])
+    out("eviction and workers")
+    for line in table(["shard", "candidates", "soft-pinned", "claimed by", "last pass", "evicted",
+                       "evicted bytes", "discarded puts", "clients expired"], rows, left=4):
+        out("  " + line)
     out("")
     out(f"segments   {len(segments)} mounted")
     if segments:
