@@ -219,15 +219,13 @@ def status(opts: Opts) -> None:
             pipe.zcard(f"{p}:processing")
             pipe.zcard(f"{p}:held")
             pipe.get(f"{p}:clock")
-        extra = pipe.execute()
-        pipe = master.redis.pipeline(transaction=False)
-        for i in range(master.shards):
-            p = shard_key(master.ns, i)
             pipe.zcard(f"{p}:evict:ordinary")
             pipe.zcard(f"{p}:evict:soft")
             pipe.get(f"{p}:worker")
             pipe.hgetall(f"{p}:metrics")
-        workers = pipe.execute()
+        per_shard = pipe.execute()
+        extra = [v for i in range(0, len(per_shard), 7) for v in per_shard[i:i + 3]]
+        workers = [v for i in range(0, len(per_shard), 7) for v in per_shard[i + 3:i + 7]]
         secs, micros = master.redis.time()
         now = int(extra[2]) if extra[2] is not None else secs * 1000 + micros // 1000  # the store clock
         server_version = _server_library_version(master.redis)

@@ -343,6 +343,22 @@ def test_a_group_with_a_hard_pinned_or_unfinished_member_is_protected(master):
     assert gone(m, hp + wip) == []
 
 
+def test_a_group_with_a_soft_pinned_member_is_a_soft_unit(master):
+    m = master
+    mount(m)
+    members = ["{g}/0", "{g}/1"]
+    put(m, members[0], config=ReplicateConfig(group_id="g", soft_pin_action=SoftPinAction.ENABLE))
+    put(m, members[1], config=ReplicateConfig(group_id="g"))
+    m.advance_clock(1)
+    others = [f"{{g}}/a{i:02d}" for i in range(93)]
+    fill(m, others, read=False)  # newer than the group
+    m.advance_clock(1)
+    assert tier_of(m, members[0], "g:default:g") == "soft"
+    report = m.run_eviction()
+    assert report.evicted_units == 10
+    assert gone(m, members + others) == others[:10]
+
+
 def test_an_unread_group_is_ordered_by_its_completion_like_an_object(master):
     """Oldest-first across unit kinds: put_end counts as a touch at `now` for an object
     (lease_until = now, Mooncake's GrantLease(0) at PutEnd). A group completed later than an
