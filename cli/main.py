@@ -27,7 +27,7 @@ from click.core import ParameterSource
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.functions import LIBRARY_NAME, library_source
 from mooncake_redis.keys import object_key, shard_key, shard_of
-from mooncake_redis.master import _redis_from_url
+from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
 
@@ -519,7 +519,7 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
 @cli.command()
 @click.option("--interval", type=click.FloatRange(0.01), default=0.2, show_default=True,
               help="Seconds between passes.")
-@click.option("--step-units", type=click.IntRange(1, 1024), default=64, show_default=True,
+@click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True,
               help="Units evicted at most per eviction step (one atomic call).")
 @click.pass_obj
 def worker(opts: Opts, interval: float, step_units: int) -> None:
@@ -542,7 +542,7 @@ def worker(opts: Opts, interval: float, step_units: int) -> None:
 
 
 @cli.command()
-@click.option("--step-units", type=click.IntRange(1, 1024), default=64, show_default=True)
+@click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True)
 @click.pass_obj
 def evict(opts: Opts, step_units: int) -> None:
     """Run eviction now, in bounded steps, until every shard is at its target."""

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import redis
 
 from .errors import parse_error_reply
-from .master import Master
+from .master import EVICT_STEP_UNITS, Master
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class _ClaimLost(Exception):
 
 class Worker:
     def __init__(self, master: Master, worker_id: str | None = None, claim_ttl_ms: int = 5000,
-                 step_units: int = 64, batch: int = 256):
+                 step_units: int = EVICT_STEP_UNITS, batch: int = 32):
         if not 1 <= step_units <= MAX_BATCH or not 1 <= batch <= MAX_BATCH:
             raise ValueError(f"step_units and batch must be in [1, {MAX_BATCH}]")
         if claim_ttl_ms < 1:

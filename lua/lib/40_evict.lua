@@ -14,17 +14,25 @@ local function expire_soft_pins(P, now, limit)
 end
 
 -- The least recently leased unleased unit: ordinary tier first, then (if allowed) soft.
+-- Returns the unit and the suffix of the tier it was found in.
 local function next_candidate(P, now, allow_soft)
   local c = redis.call('ZRANGE', P .. TIER_ORDINARY, 0, 0, 'WITHSCORES')
-  if c[1] and tonumber(c[2]) <= now then return c[1] end
+  if c[1] and tonumber(c[2]) <= now then return c[1], TIER_ORDINARY end
   if allow_soft then
     c = redis.call('ZRANGE', P .. TIER_SOFT, 0, 0, 'WITHSCORES')
-    if c[1] and tonumber(c[2]) <= now then return c[1] end
+    if c[1] and tonumber(c[2]) <= now then return c[1], TIER_SOFT end
   end
   return nil
 end
 
-local function evict_object(P, tenant, key, now)
+-- Take an evicted unit out of the tier it was popped from (cheaper than unplace: eviction is the
+-- hot loop, and a unit sits in one tier only; only soft units have a deadline entry).
+local function take(P, unit, tier)
+  redis.call('ZREM', P .. tier, unit)
+  if tier == TIER_SOFT then redis.call('ZREM', P .. SOFT_DEADLINES, unit) end
+end
+
+local function evict_object(P, tenant, key, now, tier)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o or o.group then -- gone, or a stray unit of a group member: its group is the unit
@@ -37,7 +45,7 @@ local function evict_object(P, tenant, key, now)
     return 0, 0
   end
   local bytes = drop_object(P, tenant, key, okey, o, nil)
-  unplace(P, object_unit(tenant, key))
+  take(P, object_unit(tenant, key), tier)
   return 1, bytes
 end
 
@@ -60,10 +68,10 @@ local function evict_group(P, tenant, group, now)
   return objects, bytes
 end
 
--- Evict one unit if it is still evictable; returns objects and bytes freed.
-local function evict_unit(P, unit, now)
+-- Evict one unit (popped from `tier`) if it is still evictable; returns objects and bytes freed.
+local function evict_unit(P, unit, tier, now)
   local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.*)$')
-  if kind == 'o' then return evict_object(P, tenant, name, now) end
+  if kind == 'o' then return evict_object(P, tenant, name, now, tier) end
   if kind == 'g' then return evict_group(P, tenant, name, now) end
   unplace(P, unit)
   return 0, 0

@@ -23,9 +23,9 @@ local function evict(keys, args)
   local units, objects, bytes, state = 0, 0, 0, 'more'
   for _ = 1, max_units do
     if used <= target and (units > 0 or not put_failed) then state = 'target'; break end
-    local unit = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
+    local unit, tier = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
     if not unit then state = 'blocked'; break end
-    local n, b = evict_unit(P, unit, now)
+    local n, b = evict_unit(P, unit, tier, now)
     if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
   end
   if state == 'more' and used <= target and units > 0 then state = 'target' end

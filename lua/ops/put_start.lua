@@ -22,7 +22,9 @@ local function allocate(P, size, want, preferred, by_free)
   return got
 end
 
--- Evict-on-put: evict up to EVICT_ON_PUT_UNITS candidates of this shard until the put fits.
+-- Evict-on-put: a put_start call evicts at most EVICT_ON_PUT_UNITS candidates of its shard in
+-- all (shared by the keys of a batch), so the call stays short; past that, puts fail with
+-- NO_AVAILABLE_HANDLE and P.put_failed starts the workers' eviction.
 local EVICT_ON_PUT_UNITS = 16
 
 -- Could `size` fit in some segment slice of this shard if it were empty?
@@ -40,11 +42,12 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
   -- evict only for a put that eviction can help: never for one larger than every slice
   local fits = could_fit(P, size, by_free)
   if cfg.evict_on_put ~= 1 or not fits then return got, fits end
-  expire_soft_pins(P, now, EVICT_ON_PUT_UNITS)
-  for _ = 1, EVICT_ON_PUT_UNITS do
-    local unit = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
+  if a.evict_budget == EVICT_ON_PUT_UNITS then expire_soft_pins(P, now, EVICT_ON_PUT_UNITS) end
+  while a.evict_budget > 0 do
+    a.evict_budget = a.evict_budget - 1
+    local unit, tier = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
     if not unit then break end
-    if evict_unit(P, unit, now) > 0 then
+    if evict_unit(P, unit, tier, now) > 0 then
       got = allocate(P, size, a.replica_num, a.preferred, by_free)
       if #got > 0 then return got, true end
     end
@@ -134,6 +137,7 @@ local function put_start(keys, args)
   if not a then return fail(E.INVALID_PARAMS, err) end
   local now = now_ms(P)
   release_held(P, now, 16)
+  a.evict_budget = EVICT_ON_PUT_UNITS
   local by_free = redis.call('ZREVRANGE', P .. ':segs', 0, -1)
   local reply = {}
   for i = a.first_pair, #args, 2 do
