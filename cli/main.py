@@ -614,5 +614,20 @@ def bench_ops(opts: Opts, n: int, shards: int) -> None:
             server.stop()
 
 
+@bench.command("evict")
+@click.option("--sizes", default="10000,100000,1000000", show_default=True,
+              help="Comma-separated store sizes in objects.")
+@click.option("--put-mib", type=click.IntRange(1), default=256, show_default=True,
+              help="Segment size of the 4x-over-capacity put test.")
+@click.pass_obj
+def bench_evict(opts: Opts, sizes: str, put_mib: int) -> None:
+    """Eviction step cost at several store sizes, longest call, eviction throughput, and the
+    4x-over-capacity put test (bench/evict.py). Without --redis it runs on a private Valkey."""
+    from bench.evict import main as evict_main
+
+    evict_main(opts.url, sizes=[int(s) for s in sizes.split(",") if s], out=click.echo,
+               put_bytes=put_mib * 2**20)
+
+
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")

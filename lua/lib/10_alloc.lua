@@ -74,9 +74,13 @@ local function drop_segment(P, name)
   return true
 end
 
--- The mount id of a mounted segment, or nil.
-local function mount_of(P, seg)
-  return redis.call('HGET', P .. ':seg:' .. seg, 'mount')
+-- The mount id of a mounted segment, or nil. `cache` (optional, one per call) memoises the
+-- answer: a batch read touches the same few segments for every key, and each redis.call costs.
+local function mount_of(P, seg, cache)
+  if cache and cache[seg] ~= nil then return cache[seg] or nil end
+  local mount = redis.call('HGET', P .. ':seg:' .. seg, 'mount')
+  if cache then cache[seg] = mount or false end
+  return mount
 end
 
 -- Extents of preempted puts stay allocated until their release deadline (the old writer may

@@ -22,23 +22,23 @@ local function load_object(okey)
 end
 
 -- Replicas as a list of {seg=, off=, mount=, live=}, in segment-name order (stable replies).
-local function replicas_of(P, o)
+local function replicas_of(P, o, mount_cache)
   local list = {}
   for field, value in pairs(o) do
     local seg = string.match(field, '^rep:(.*)$')
     if seg then
       local off, mount = string.match(value, '^(%d+) (%d+)$')
-      list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount_of(P, seg) == mount }
+      list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount_of(P, seg, mount_cache) == mount }
     end
   end
-  table.sort(list, function(a, b) return a.seg < b.seg end)
+  if #list > 1 then table.sort(list, function(a, b) return a.seg < b.seg end) end
   return list
 end
 
 -- Live replicas; dead ones (segment unmounted) are dropped from the hash on the way.
-local function live_replicas(P, okey, o)
+local function live_replicas(P, okey, o, mount_cache)
   local live = {}
-  for _, r in ipairs(replicas_of(P, o)) do
+  for _, r in ipairs(replicas_of(P, o, mount_cache)) do
     if r.live then live[#live + 1] = r else redis.call('HDEL', okey, 'rep:' .. r.seg) end
   end
   return live

@@ -69,16 +69,22 @@ local function place_unit_of(P, tenant, key, o, now)
   if o.group then place_group(P, tenant, o.group, now) else place_object(P, tenant, key, o, now) end
 end
 
--- A read leases the object's unit: the object, or its whole group.
-local function extend_lease(P, tenant, key, okey, o, until_ms)
-  local target, unit = okey, object_unit(tenant, key)
-  if o.group then target, unit = grp_key(P, tenant, o.group), group_unit(tenant, o.group) end
-  local cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
-  if until_ms <= cur then return end
+-- A read leases the object's unit: the object, or its whole group. Only the tier the unit's
+-- soft pin points at is re-scored (XX: protected units stay out). A unit whose pin expired but
+-- that the sweep has not moved yet keeps a stale, lower score in the soft tier: harmless, since
+-- eviction re-checks the lease and re-places a leased unit instead of evicting it.
+local function extend_lease(P, tenant, key, okey, o, until_ms, now)
+  local target, unit, cur, pin = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0,
+    tonumber(o.soft_pin_until) or 0
+  if o.group then
+    target, unit = grp_key(P, tenant, o.group), group_unit(tenant, o.group)
+    local g = redis.call('HMGET', target, 'lease_until', 'soft_pin_until')
+    cur, pin = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  end
+  if until_ms <= cur then return cur end
   redis.call('HSET', target, 'lease_until', S(until_ms))
-  -- XX: only re-score a unit that is a candidate; protected units stay out
-  redis.call('ZADD', P .. TIER_ORDINARY, 'XX', until_ms, unit)
-  redis.call('ZADD', P .. TIER_SOFT, 'XX', until_ms, unit)
+  redis.call('ZADD', P .. (pin > now and TIER_SOFT or TIER_ORDINARY), 'XX', until_ms, unit)
+  return until_ms
 end
 
 local function join_group(P, tenant, key, group, hard_pin, now)

@@ -5,19 +5,18 @@
 --   or an error code.   exist_key reply, per key: 1 or 0.
 
 -- Returns the live replicas, or nil and an error code; leases the object on success.
-local function read_one(P, tenant, key, now, lease_ttl)
+local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o then return nil, E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return nil, E.REPLICA_IS_NOT_READY end
-  local live = live_replicas(P, okey, o)
+  local live = live_replicas(P, okey, o, mount_cache)
   if #live == 0 then -- every replica was on unmounted segments: the object is gone
     delete_object(P, tenant, key, okey, o, nil, now)
     return nil, E.OBJECT_NOT_FOUND
   end
-  local until_ms = now + lease_ttl
-  extend_lease(P, tenant, key, okey, o, until_ms)
-  return live, math.max(until_ms, lease_until(P, tenant, o)) - now, tonumber(o.size)
+  local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl, now)
+  return live, leased_until - now, tonumber(o.size)
 end
 
 local function batch_read(keys, args, shape)
@@ -26,9 +25,9 @@ local function batch_read(keys, args, shape)
   local cfg = config(P, { 'default_kv_lease_ttl' })
   if not cfg then return not_initialised() end
   local now = now_ms(P)
-  local reply = {}
+  local reply, mount_cache = {}, {}
   for i = 2, #args do
-    local live, ttl_or_code, size = read_one(P, tenant, args[i], now, cfg.default_kv_lease_ttl)
+    local live, ttl_or_code, size = read_one(P, tenant, args[i], now, cfg.default_kv_lease_ttl, mount_cache)
     reply[#reply + 1] = shape(live, ttl_or_code, size)
   end
   return reply
