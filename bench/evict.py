@@ -1,0 +1,426 @@
+"""Eviction benchmark: the cost of one mc_evict step as the store grows, eviction throughput, and
+puts into a store four times over capacity. See docs/bench-evict.md.
+
+For each size N: a fresh store (FLUSHALL of the private server) is bulk-loaded through the functions
+(batch_put_start + batch_put_end, 1000 keys a batch) with N objects of 1 KiB on one segment sized so
+that the store sits just under the high watermark (used = 0.899 x capacity); then it is pushed over
+the watermark and measured:
+
+  * one mc_evict step that frees STEP_UNITS units: the median (and max) of STEPS steps, server side
+    (the usec of INFO commandstats' fcall around each call, slowlog-log-slower-than SLOW_US) and
+    client side (one round trip); after each step the evicted units are put back so that every
+    step runs at the same size and over the watermark; then STEPS more steps with
+    slowlog-log-slower-than 0, timed by SLOWLOG GET (Valkey then also logs each command the
+    script runs, 18 per evicted unit, and that bookkeeping lands inside the FCALL's time);
+  * the longest single function call (SLOWLOG) of the fill (per call and per key) and of mc_evict;
+  * throughput: run_eviction from OVERSHOOT x capacity down to the target (0.85 x capacity).
+
+Then the 4x-over-capacity put test: one segment of S bytes, 4 x S / 64 KiB puts of 64 KiB
+(put_start + put_end each, no reads, evict-on-put makes the room): put failures and puts/s.
+
+    python -m bench.evict [--sizes 10000,100000,1000000] [--redis URL] [--put-mib 256]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from typing import Any
+
+import redis
+
+from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
+from mooncake_redis.master import EVICT_STEP_UNITS
+
+NAMESPACE = "bevict"
+CLIENT = "bench-evict"
+SEGMENT = "bench-seg"
+T0 = 1_700_000_000_000       # the frozen store clock
+OBJ = 1024                   # bytes per object of the fill
+BATCH = 1000                 # keys per batch_put_start / batch_put_end of the fill
+FILL_RATIO = 0.899           # the fill leaves used just under the 0.90 watermark
+OVER_RATIO = 0.905           # level of the step measurements (over the watermark)
+OVERSHOOT = 0.95             # start level of the run_eviction throughput figure
+STEP_UNITS = EVICT_STEP_UNITS  # max_units of one measured mc_evict step (the workers' default)
+STEPS = 20                   # measured steps per size (median reported)
+SMALL_UNITS = 8               # a second, smaller step size measured the same way
+PUT_OBJ = 64 * 1024          # object size of the 4x-over-capacity put test
+SLOWLOG_LEN = 100_000
+SLOW_US = 100                # slowlog-log-slower-than of the main passes: every FCALL of interest is
+                             # longer; 0 would log each command the scripts run as well (see above)
+
+_MORE_ARGS = re.compile(rb"\.\.\. \((\d+) more arguments\)$")
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} us"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _argc(command: bytes) -> int:
+    """Arguments of a SLOWLOG entry (Valkey keeps the first 31 and a "... (N more arguments)")."""
+    m = _MORE_ARGS.search(command)
+    if m:
+        return 31 + int(m.group(1))
+    return len(command.split(b" "))
+
+
+class SlowLog:
+    """Every command's server-side duration, via SLOWLOG with slowlog-log-slower-than 0."""
+
+    def __init__(self, r: redis.Redis, slower_than_us: int = SLOW_US):
+        self.r = r
+        self.saved = {k: r.config_get(k)[k] for k in ("slowlog-log-slower-than", "slowlog-max-len")}
+        r.config_set("slowlog-max-len", SLOWLOG_LEN)
+        self.threshold(slower_than_us)
+
+    def threshold(self, us: int, reset: bool = True) -> None:
+        self.r.config_set("slowlog-log-slower-than", us)
+        if reset:
+            self.r.slowlog_reset()
+
+    def take(self) -> list[tuple[bytes, int, int]]:
+        """(function name, duration us, argc) of the FCALLs since the last take; resets the log."""
+        entries = self.r.slowlog_get(SLOWLOG_LEN)
+        self.r.slowlog_reset()
+        out = []
+        for e in entries:
+            cmd = e["command"] if isinstance(e["command"], bytes) else str(e["command"]).encode()
+            parts = cmd.split(b" ", 2)
+            if parts[0].upper() == b"FCALL" and len(parts) > 1:
+                out.append((parts[1], int(e["duration"]), _argc(cmd)))
+        if len(entries) >= SLOWLOG_LEN:
+            raise RuntimeError("SLOWLOG overflowed: take() more often")
+        return out
+
+    def restore(self) -> None:
+        for k, v in self.saved.items():
+            self.r.config_set(k, v)
+
+
+def _fcall_stats(r: redis.Redis) -> tuple[int, int]:
+    """(calls, usec) of FCALL so far (INFO commandstats)."""
+    row = r.info("commandstats").get("cmdstat_fcall", {"calls": 0, "usec": 0})
+    return int(row["calls"]), int(row["usec"])
+
+
+def _fresh(r: redis.Redis, private: bool) -> None:
+    if private:
+        r.flushall()
+        return
+    batch: list[bytes] = []
+    for key in r.scan_iter(match=f"{NAMESPACE}:*", count=1000):
+        batch.append(key)
+        if len(batch) >= 1000:
+            r.delete(*batch)
+            batch = []
+    if batch:
+        r.delete(*batch)
+
+
+def _connect(url: str) -> Master:
+    m = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=1))
+    m.freeze_clock(T0)
+    return m
+
+
+def _put_batch(m: Master, keys: list[str], size: int) -> None:
+    started = m.batch_put_start(CLIENT, keys, [size] * len(keys))
+    bad = [x for x in started if not isinstance(x, list)]
+    if bad:
+        raise RuntimeError(f"batch_put_start failed: {bad[0]!r} ({len(bad)} of {len(keys)})")
+    ended = m.batch_put_end(CLIENT, keys)
+    bad = [c for c in ended if c != ErrorCode.OK]
+    if bad:
+        raise RuntimeError(f"batch_put_end failed: {bad[0]!r}")
+
+
+class Keys:
+    """Fresh object keys in put order (their zero-padded names sort in put order too)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def take(self, count: int) -> list[str]:
+        out = [f"o{i:09d}" for i in range(self.n, self.n + count)]
+        self.n += count
+        return out
+
+
+# ---- one size ------------------------------------------------------------------------------------
+
+def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[str, Any]:
+    res: dict[str, Any] = {"objects": n}
+    _fresh(r, private)
+    m = _connect(url)
+    try:
+        cap = math.ceil(n * OBJ / FILL_RATIO)
+        m.mount_segment(SEGMENT, cap, CLIENT)
+        keys = Keys()
+        slow = SlowLog(r)
+        try:
+            # ---- fill ----
+            t0 = time.perf_counter()
+            fill_calls: list[tuple[bytes, int, int]] = []
+            left = n
+            while left:
+                chunk = keys.take(min(BATCH, left))
+                _put_batch(m, chunk, OBJ)
+                m.advance_clock(1)  # each batch is a little younger than the one before
+                left -= len(chunk)
+                if keys.n % 20_000 == 0:
+                    fill_calls += slow.take()
+            fill_s = time.perf_counter() - t0
+            fill_calls += slow.take()
+            u = m.usage()
+            mem = r.info("memory")["used_memory"]
+            res.update(fill_s=fill_s, fill_keys_per_s=n / fill_s, capacity=cap, used=u.used_bytes,
+                       used_memory=mem)
+            out(f"size {n:,}: fill {n:,} x {OBJ} B in {fill_s:.1f} s ({_fmt(n / fill_s)} keys/s), "
+                f"used {u.used_bytes / cap:.2%} of {cap:,} B, server used_memory {mem / 2**20:,.0f} MiB")
+            for fn, head in ((b"mc_put_start", 12), (b"mc_put_end", 6)):
+                calls = [(d, (argc - head) // (2 if fn == b"mc_put_start" else 1)) for f, d, argc in fill_calls
+                         if f == fn]
+                if calls:
+                    d, k = max(calls)
+                    res[f"fill_{fn.decode()}_max_us"] = d
+                    res[f"fill_{fn.decode()}_max_us_per_key"] = d / max(k, 1)
+                    out(f"  slowest fill call {fn.decode():<13} {d:,} us ({k} keys, {d / max(k, 1):.1f} us/key); "
+                        f"median {statistics.median(c[0] for c in calls):,.0f} us over {len(calls)} calls")
+
+            # ---- over the watermark: STEPS measured steps of STEP_UNITS units each ----
+            over = math.ceil(OVER_RATIO * cap / OBJ) - n
+            _put_batch(m, keys.take(over), OBJ)
+            m.advance_clock(1)
+            slow.take()
+            srv, cli, used_after = _measure_steps(m, r, keys, STEP_UNITS)
+            logged = [d for f, d, _ in slow.take() if f == b"mc_evict"]
+            med_srv, max_srv = statistics.median(srv), max(srv)
+            med_cli, max_cli = statistics.median(cli), max(cli)
+            res.update(step_server_us=med_srv, step_server_max_us=max_srv, step_client_us=med_cli * 1e6,
+                       step_client_max_us=max_cli * 1e6, step_us_per_unit=med_srv / STEP_UNITS,
+                       step_slowlog_max_us=max(logged, default=0))
+            out(f"  mc_evict step ({STEP_UNITS} units, used {used_after / cap:.2%} after): "
+                f"median server {med_srv:,.0f} us ({med_srv / STEP_UNITS:.1f} us/unit), client {_us(med_cli)}; "
+                f"max server {max_srv:,} us, client {_us(max_cli)} ({STEPS} steps, commandstats; "
+                f"SLOWLOG max {res['step_slowlog_max_us']:,} us)")
+            # the same with a smaller step
+            srv, cli, _ = _measure_steps(m, r, keys, SMALL_UNITS)
+            logged = [d for f, d, _ in slow.take() if f == b"mc_evict"]
+            res.update(small_step_server_us=statistics.median(srv), small_step_server_max_us=max(srv),
+                       small_step_slowlog_max_us=max(logged, default=0), small_step_client_max_us=max(cli) * 1e6)
+            out(f"  mc_evict step ({SMALL_UNITS} units): median server {statistics.median(srv):,.0f} us, "
+                f"client {_us(statistics.median(cli))}; max server {max(srv):,} us, client {_us(max(cli))}, "
+                f"SLOWLOG max {res['small_step_slowlog_max_us']:,} us")
+            # the STEP_UNITS steps once more, timed by SLOWLOG with slowlog-log-slower-than 0; last,
+            # because the call after releasing ~20k slowlog entries is slow (seen: 15-20 ms at 1M;
+            # the refill before run_eviction absorbs it)
+            slow.take()
+            for _ in range(STEPS):
+                slow.threshold(0, reset=False)
+                step = m.evict_step(0, STEP_UNITS)
+                slow.threshold(-1, reset=False)  # the refill is not logged
+                _put_batch(m, keys.take(step.units), OBJ)
+                m.advance_clock(1)
+            logged0 = [d for f, d, _ in slow.take() if f == b"mc_evict"]
+            slow.threshold(SLOW_US)
+            res["step_slowlog0_median_us"] = statistics.median(logged0) if logged0 else None
+            if logged0:
+                out(f"  same step timed with slowlog-log-slower-than 0 (SLOWLOG GET): median "
+                    f"{res['step_slowlog0_median_us']:,.0f} us, max {max(logged0):,} us ({len(logged0)} steps)")
+
+            # ---- throughput: run_eviction from OVERSHOOT x capacity to the target ----
+            now_objs = m.usage().objects
+            _put_batch_many(m, keys, math.ceil(OVERSHOOT * cap / OBJ) - now_objs)
+            m.advance_clock(1)
+            slow.take()
+            before = m.usage().used_bytes
+            c0, u0 = _fcall_stats(r)
+            t0 = time.perf_counter()
+            report = m.run_eviction(max_units_per_step=STEP_UNITS)
+            run_s = time.perf_counter() - t0
+            c1, u1 = _fcall_stats(r)
+            run_logged = [d for f, d, _ in slow.take() if f == b"mc_evict"]
+            final = report.final[0]
+            mean_us = (u1 - u0) / max(c1 - c0, 1)
+            res.update(run_units=report.evicted_units, run_s=run_s, run_units_per_s=report.evicted_units / run_s,
+                       run_steps=report.steps, run_state=final.state, run_step_mean_us=mean_us,
+                       run_step_max_us=max(run_logged, default=0), run_server_s=(u1 - u0) / 1e6)
+            out(f"  run_eviction {before / cap:.2%} -> {final.used_bytes / cap:.2%} ({final.state}): "
+                f"{report.evicted_units:,} units in {run_s:.2f} s = {_fmt(report.evicted_units / run_s)} units/s "
+                f"({_fmt(report.evicted_units / max((u1 - u0) / 1e6, 1e-9))} units/s of server time), "
+                f"{report.steps} steps, server mean {mean_us:,.0f} us, max {res['run_step_max_us']:,} us")
+            res["max_evict_call_us"] = max(max_srv, res["step_slowlog_max_us"], res["run_step_max_us"])
+            res["max_small_step_us"] = max(res["small_step_server_max_us"], res["small_step_slowlog_max_us"])
+        finally:
+            slow.restore()
+    finally:
+        m.close()
+    return res
+
+
+def _measure_steps(m: Master, r: redis.Redis, keys: Keys, units: int) -> tuple[list[int], list[float], int]:
+    """STEPS mc_evict steps of `units` units, each followed by a refill of what it evicted (not
+    measured). Returns (server usec per step from INFO commandstats, client seconds per step,
+    used bytes after the first step)."""
+    server, client, used_after = [], [], 0
+    for i in range(STEPS):
+        c0, u0 = _fcall_stats(r)
+        t0 = time.perf_counter()
+        step = m.evict_step(0, units)
+        client.append(time.perf_counter() - t0)
+        c1, u1 = _fcall_stats(r)
+        assert c1 - c0 == 1
+        server.append(u1 - u0)
+        if step.units != units:
+            raise RuntimeError(f"a measured step evicted {step.units} units, not {units}: {step}")
+        if i == 0:
+            used_after = step.used_bytes
+        _put_batch(m, keys.take(step.units), OBJ)  # back to the same level
+        m.advance_clock(1)
+    return server, client, used_after
+
+
+def _put_batch_many(m: Master, keys: Keys, count: int) -> None:
+    while count > 0:
+        chunk = keys.take(min(BATCH, count))
+        _put_batch(m, chunk, OBJ)
+        count -= len(chunk)
+
+
+# ---- 4x over capacity ----------------------------------------------------------------------------
+
+def _bench_put_over(url: str, r: redis.Redis, private: bool, seg_bytes: int, out) -> dict[str, Any]:
+    _fresh(r, private)
+    m = _connect(url)
+    try:
+        m.mount_segment(SEGMENT, seg_bytes, CLIENT)
+        total = 4 * seg_bytes // PUT_OBJ
+        slow = SlowLog(r)
+        failures: dict[str, int] = {}
+        try:
+            ps, pe = m.put_start, m.put_end
+            t0 = time.perf_counter()
+            for i in range(total):
+                key = f"p{i:09d}"
+                try:
+                    ps(CLIENT, key, PUT_OBJ)
+                    pe(CLIENT, key)
+                except MasterError as exc:
+                    failures[exc.code.name] = failures.get(exc.code.name, 0) + 1
+            secs = time.perf_counter() - t0
+            calls = slow.take()
+        finally:
+            slow.restore()
+        u = m.usage()
+        evicted = total - sum(failures.values()) - u.objects
+        ps_us = [d for f, d, _ in calls if f == b"mc_put_start"]
+        res = {"segment_bytes": seg_bytes, "puts": total, "failures": sum(failures.values()),
+               "failure_codes": failures, "puts_per_s": total / secs, "seconds": secs, "evicted": evicted,
+               "objects_left": u.objects, "used_ratio": u.used_bytes / u.capacity_bytes,
+               "put_start_max_us": max(ps_us), "put_start_median_us": statistics.median(ps_us)}
+        out(f"4x over capacity: segment {seg_bytes / 2**20:,.0f} MiB, {total:,} puts of {PUT_OBJ // 1024} KiB "
+            f"(put_start+put_end, no reads): {res['failures']} failures{' ' + str(failures) if failures else ''}, "
+            f"{_fmt(res['puts_per_s'])} puts/s ({secs:.1f} s), {evicted:,} evicted on put, "
+            f"{u.objects:,} objects left, used {res['used_ratio']:.2%}; put_start server median "
+            f"{res['put_start_median_us']:,.0f} us, max {res['put_start_max_us']:,} us")
+        return res
+    finally:
+        m.close()
+
+
+# ---- main ----------------------------------------------------------------------------------------
+
+def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
+         put_bytes: int = 256 * 2**20) -> dict:
+    sizes = tuple(int(s) for s in sizes)
+    if not sizes or min(sizes) < 1000:
+        raise ValueError("sizes must be >= 1000 objects")
+    server = None
+    if url is None:
+        from mooncake_redis.server import EmbeddedValkey
+
+        server = EmbeddedValkey(appendonly=False).start()
+        url = server.url
+    r = redis.Redis.from_url(url)
+    try:
+        info = r.info("server")
+        version = info.get("valkey_version") or info.get("redis_version")
+        out(f"bench.evict  {datetime.datetime.now().isoformat(timespec='seconds')}  "
+            f"{'embedded valkey-server (appendonly no)' if server else url} {version}  "
+            f"CPU {_cpu_model()} x{os.cpu_count()}  load avg {os.getloadavg()[0]:.2f}  "
+            f"python {platform.python_version()}")
+        out(f"objects {OBJ} B, 1 replica, shards=1, batches of {BATCH}; fill to {FILL_RATIO:.1%} of capacity; "
+            f"steps of max_units={STEP_UNITS}, median of {STEPS}; run_eviction from {OVERSHOOT:.0%}")
+        results: dict[str, Any] = {"sizes": {}}
+        for n in sizes:
+            results["sizes"][n] = _bench_size(url, r, server is not None, n, out)
+        base_n = 10_000 if 10_000 in results["sizes"] else sizes[0]
+        base = results["sizes"][base_n]
+        for label, field in ((f"step cost ({STEP_UNITS} units, server median, refilled between steps)", "step_server_us"),
+                             (f"step cost ({STEP_UNITS} units, server mean inside run_eviction)", "run_step_mean_us"),
+                             (f"step cost ({SMALL_UNITS} units, server median)", "small_step_server_us")):
+            parts = []
+            for n, res in results["sizes"].items():
+                res[field + "_ratio"] = res[field] / base[field]
+                parts.append(f"{n:,} {res[field]:,.0f} us ({res[field + '_ratio']:.2f}x)")
+            out(f"{label} vs {base_n:,}: " + ", ".join(parts))
+        biggest = max(results["sizes"])
+        big = results["sizes"][biggest]
+        big["step_ratio"] = max(big["step_server_us_ratio"], big["run_step_mean_us_ratio"])
+        ratio_ok = big["step_ratio"] <= 2.0
+        call_ok = big["max_evict_call_us"] <= 1000
+        small_ok = big["max_small_step_us"] <= 1000
+        out(f"targets at {biggest:,}: step within 2x of {base_n:,}: {'met' if ratio_ok else 'MISSED'} "
+            f"(worst {big['step_ratio']:.2f}x); no mc_evict call over 1 ms with max_units={STEP_UNITS}: "
+            f"{'met' if call_ok else 'MISSED'} (longest {big['max_evict_call_us']:,} us server, "
+            f"{big['step_client_max_us']:,.0f} us client), with max_units={SMALL_UNITS}: "
+            f"{'met' if small_ok else 'MISSED'} (longest {big['max_small_step_us']:,} us server)")
+        results["put_over_capacity"] = _bench_put_over(url, r, server is not None, put_bytes, out)
+        return results
+    finally:
+        if server is None:
+            _fresh(r, False)
+        r.close()
+        if server is not None:
+            server.stop()
+
+
+def _cli(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.evict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="10000,100000,1000000",
+                   help="comma-separated store sizes in objects (default 10000,100000,1000000)")
+    p.add_argument("--redis", default=None,
+                   help="redis://... URL of a running server (uses namespace 'bevict', deletes bevict:* "
+                        "before each size and after; changes slowlog settings and restores them); "
+                        "default: start a private valkey-server")
+    p.add_argument("--put-mib", type=int, default=256,
+                   help="segment size in MiB of the 4x-over-capacity put test (default 256)")
+    a = p.parse_args(argv)
+    main(url=a.redis, sizes=[int(s.replace("_", "")) for s in a.sizes.split(",") if s], put_bytes=a.put_mib * 2**20)
+
+
+if __name__ == "__main__":
+    _cli(sys.argv[1:])
