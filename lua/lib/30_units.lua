@@ -69,21 +69,20 @@ local function place_unit_of(P, tenant, key, o, now)
   if o.group then place_group(P, tenant, o.group, now) else place_object(P, tenant, key, o, now) end
 end
 
--- A read leases the object's unit: the object, or its whole group. Only the tier the unit's
--- soft pin points at is re-scored (XX: protected units stay out). A unit whose pin expired but
--- that the sweep has not moved yet keeps a stale, lower score in the soft tier: harmless, since
--- eviction re-checks the lease and re-places a leased unit instead of evicting it.
-local function extend_lease(P, tenant, key, okey, o, until_ms, now)
-  local target, unit, cur, pin = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0,
-    tonumber(o.soft_pin_until) or 0
+-- A read leases the object's unit: the object, or its whole group. Both tiers are re-scored
+-- with XX (only a unit that is a candidate moves; protected units stay out): a unit whose soft
+-- pin expired may still sit in the soft tier until the sweep moves it, and its score must stay
+-- its lease.
+local function extend_lease(P, tenant, key, okey, o, until_ms)
+  local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
   if o.group then
     target, unit = grp_key(P, tenant, o.group), group_unit(tenant, o.group)
-    local g = redis.call('HMGET', target, 'lease_until', 'soft_pin_until')
-    cur, pin = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+    cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
   end
   if until_ms <= cur then return cur end
   redis.call('HSET', target, 'lease_until', S(until_ms))
-  redis.call('ZADD', P .. (pin > now and TIER_SOFT or TIER_ORDINARY), 'XX', until_ms, unit)
+  redis.call('ZADD', P .. TIER_ORDINARY, 'XX', until_ms, unit)
+  redis.call('ZADD', P .. TIER_SOFT, 'XX', until_ms, unit)
   return until_ms
 end
 

@@ -15,7 +15,7 @@ local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
     delete_object(P, tenant, key, okey, o, nil, now)
     return nil, E.OBJECT_NOT_FOUND
   end
-  local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl, now)
+  local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl)
   return live, leased_until - now, tonumber(o.size)
 end
 
