@@ -1,0 +1,375 @@
+"""Single-client operations benchmark: one Python client, one thread, one connection.
+
+Measures the Master API (put_start+put_end, get_replica_list, exist_key, batch_exist_key,
+remove) next to the raw Redis baselines it cannot beat (a no-op FCALL round trip; a pipelined
+HGET of the same keys), and the memory one stored object costs. See docs/bench.md.
+
+    python -m bench.ops [--n N] [--shards S] [--redis URL]
+
+Without --redis it starts a private valkey-server (no AOF, no RDB) and flushes it. With
+--redis it uses the namespace "bench" on that server and deletes every `bench:*` key before
+(leftovers of an interrupted run) and after the run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import time
+from typing import Any, Callable
+
+import redis
+
+from mooncake_redis import Master, MasterConfig
+from mooncake_redis.keys import object_key, shard_of
+
+NAMESPACE = "bench"
+CLIENT = "bench-client"
+SEGMENT = "bench-seg"
+SEGMENT_SIZE = 1 << 44          # 16 TiB: never the limit here
+OBJECT_SIZE = 1 << 16           # 64 KiB per object, 1 replica
+REPEATS = 3                     # each figure is the median of 3 runs
+BATCH = 100                     # keys per batch_exist_key call
+MEM_OBJECTS = 100_000           # objects stored for the memory figure
+MEM_CHUNK = 1000                # keys per batch_put_start / batch_put_end
+MOONCAKE_EXIST_KEY = 13_700     # Mooncake's C++ master, one Python client, this machine class
+MOONCAKE_BATCH_KEYS = 317_000   # the same, batch_exist_key of 100 keys, keys/s
+
+Run = Callable[[int], int]      # run(repeat index) -> ops done
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _cmdstats(r: redis.Redis) -> dict[str, tuple[int, int]]:
+    """{command: (calls, usec)} from INFO commandstats."""
+    return {name.removeprefix("cmdstat_"): (int(row["calls"]), int(row["usec"]))
+            for name, row in r.info("commandstats").items()}
+
+
+def _last_cpu(pid: int | str) -> int | None:
+    """The CPU a process last ran on (Linux /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Placement:
+    """Samples whether the client and a local server last ran on the same CPU. On a small VM
+    this decides much of the round-trip time (see docs/bench.md), so every figure reports it."""
+
+    def __init__(self, r: redis.Redis):
+        try:
+            pid = int(r.info("server")["process_id"])
+        except (KeyError, ValueError):
+            pid = None
+        self.pid = pid if pid is not None and _last_cpu(pid) is not None else None
+
+    def sample(self) -> bool | None:
+        if self.pid is None:
+            return None
+        c, s = _last_cpu("self"), _last_cpu(self.pid)
+        return None if c is None or s is None else c == s
+
+
+def _measure(r: redis.Redis, where: Placement, cases: list[tuple[str, str, Run]]) -> dict[str, dict]:
+    """Run each case REPEATS times, the cases alternating within every repeat so that an
+    operation and its baseline see the same machine. case = (name, server command, run).
+    Returns name -> {rate: median ops/s, server_us: server usec per call of that command over
+    all repeats, same_cpu: "k/m" samples (before and after each run) with client and server on
+    one CPU}."""
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+    server: dict[str, list[int]] = {name: [0, 0] for name, _, _ in cases}
+    same: dict[str, list[bool]] = {name: [] for name, _, _ in cases}
+    for rep in range(REPEATS):
+        for name, cmd, run in cases:
+            before = _cmdstats(r).get(cmd, (0, 0))
+            s0 = where.sample()
+            t0 = time.perf_counter()
+            ops = run(rep)
+            rates[name].append(ops / (time.perf_counter() - t0))
+            s1 = where.sample()
+            after = _cmdstats(r).get(cmd, (0, 0))
+            server[name][0] += after[0] - before[0]
+            server[name][1] += after[1] - before[1]
+            same[name] += [x for x in (s0, s1) if x is not None]
+    return {name: {"rate": statistics.median(rates[name]),
+                   "server_us": server[name][1] / server[name][0] if server[name][0] else None,
+                   "same_cpu": f"{sum(same[name])}/{len(same[name])}" if same[name] else None}
+            for name, _, _ in cases}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_seconds(r: redis.Redis) -> tuple[float, float, float] | None:
+    """(machine busy, this process, the server) CPU seconds so far; None when the server is not
+    a local process we can see (then other load cannot be told apart)."""
+    try:
+        pid = int(r.info("server")["process_id"])
+        if not os.path.exists(f"/proc/{pid}/stat"):
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(cpu) - cpu[3] - cpu[4]) / tick  # all but idle and iowait
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        server = (int(fields[11]) + int(fields[12])) / tick
+        t = os.times()
+        return busy, t.user + t.system, server
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def _delete_namespace(r: redis.Redis) -> int:
+    """SCAN + DEL every `bench:*` key; returns how many were deleted."""
+    deleted, doomed = 0, []
+    for key in r.scan_iter(match=f"{NAMESPACE}:*", count=1000):
+        doomed.append(key)
+        if len(doomed) >= 1000:
+            deleted += r.delete(*doomed)
+            doomed = []
+    if doomed:
+        deleted += r.delete(*doomed)
+    return deleted
+
+
+def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> dict:
+    """Run the benchmark; print one line per figure through `out`; return all figures."""
+    if n < 1 or shards < 1:
+        raise ValueError("n and shards must be >= 1")
+    server = None
+    if url is None:
+        from mooncake_redis.server import EmbeddedValkey
+
+        server = EmbeddedValkey(appendonly=False).start()
+        url = server.url
+    r = redis.Redis.from_url(url)
+    master: Master | None = None
+    try:
+        if server is not None:
+            r.flushall()
+        else:
+            left = _delete_namespace(r)
+            if left:
+                out(f"note     deleted {left} leftover {NAMESPACE}:* keys of an earlier run")
+        master = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=shards))
+        where = url if server is None else "a private valkey-server (appendonly no)"
+        return _run(master, r, where, n, shards, out)
+    finally:
+        if master is not None:
+            master.close()
+        if server is None:
+            _delete_namespace(r)
+        r.close()
+        if server is not None:
+            server.stop()
+            shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -> dict:
+    res: dict[str, Any] = {"n": n, "shards": shards, "repeats": REPEATS}
+    info = r.info("server")
+    res["server"] = f"{info.get('server_name', 'redis')} {info.get('valkey_version') or info.get('redis_version')}"
+    res["cores"] = os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    lib = master.redis.execute_command("FCALL_RO", "mc_version", 0)
+    res["library_version"] = lib.decode() if isinstance(lib, bytes) else lib
+    out(f"server   {res['server']} (malloc {r.info('memory').get('mem_allocator', '?')}), {where}")
+    out(f"machine  {res['cores']} cores, {_cpu_model()}, load average {load:.2f} at start; "
+        f"Python {platform.python_version()}, redis-py {redis.__version__}")
+    out(f"run      n={n:,} ops per figure and repeat, shards={shards}, median of {REPEATS}, "
+        f"one client/thread/connection; library {res['library_version']}")
+    cpu0, wall0 = _cpu_seconds(r), time.perf_counter()
+
+    master.mount_segment(SEGMENT, SEGMENT_SIZE, CLIENT)
+    rc = master.redis  # the Master's own client: the baselines pay the same redis-py costs
+
+    # ---- memory per stored object; these objects are also what the reads below read ----
+    mem_keys = [f"obj-{i:08d}" for i in range(MEM_OBJECTS)]
+    before = r.info("memory")
+    t0 = time.perf_counter()
+    for i in range(0, MEM_OBJECTS, MEM_CHUNK):
+        chunk = mem_keys[i:i + MEM_CHUNK]
+        started = master.batch_put_start(CLIENT, chunk, [OBJECT_SIZE] * len(chunk))
+        bad = [x for x in started if not isinstance(x, list)]
+        if bad:
+            raise RuntimeError(f"batch_put_start failed: {bad[0]!r}")
+        bad = [c for c in master.batch_put_end(CLIENT, chunk) if c != 0]
+        if bad:
+            raise RuntimeError(f"batch_put_end failed: {bad[0]!r}")
+    res["batch_put_keys_per_s"] = MEM_OBJECTS / (time.perf_counter() - t0)
+    after = r.info("memory")
+    res["bytes_per_object"] = (after["used_memory"] - before["used_memory"]) / MEM_OBJECTS
+    res["rss_bytes_per_object"] = (after["used_memory_rss"] - before["used_memory_rss"]) / MEM_OBJECTS
+    k0 = mem_keys[0].encode()
+    okey0 = object_key(NAMESPACE, shard_of(k0, shards), "default", k0)
+    res["memory_usage_one_key"] = r.memory_usage(okey0, samples=0)
+    enc = r.object("encoding", okey0)
+    res["object_hash_encoding"] = enc.decode() if isinstance(enc, bytes) else enc
+    out(f"memory   {res['bytes_per_object']:,.0f} B/object (used_memory delta over {MEM_OBJECTS:,} complete "
+        f"objects, 1 replica; target < 400: {'met' if res['bytes_per_object'] < 400 else 'MISSED'})   "
+        f"MEMORY USAGE of one object hash {res['memory_usage_one_key']} B ({res['object_hash_encoding']})   "
+        f"rss delta {res['rss_bytes_per_object']:,.0f} B/object")
+    out(f"{'batch_put x' + str(MEM_CHUNK):<22}{_fmt(res['batch_put_keys_per_s']):>10} keys/s   "
+        f"(batch_put_start + batch_put_end of {MEM_CHUNK} keys; one run, while filling the store above)")
+
+    # ---- the operations, each beside its baseline ----
+    def noop(rep: int) -> int:
+        ex = rc.execute_command
+        for _ in range(n):
+            ex("FCALL_RO", "mc_version", 0)
+        return n
+
+    put_keys = [[f"put-{rep}-{i:08d}" for i in range(n)] for rep in range(REPEATS)]
+
+    def puts(rep: int) -> int:
+        ps, pe = master.put_start, master.put_end
+        for key in put_keys[rep]:
+            ps(CLIENT, key, OBJECT_SIZE)
+            pe(CLIENT, key)
+        return n
+
+    read_keys = [mem_keys[(i * 7919) % MEM_OBJECTS] for i in range(n)]  # spread over the store
+    got = master.get_replica_list(read_keys[0])
+    assert got.replicas and got.replicas[0].size == OBJECT_SIZE, got
+    assert master.exist_key(read_keys[-1]) and not master.exist_key("no-such-key")
+
+    def gets(rep: int) -> int:
+        g = master.get_replica_list
+        for key in read_keys:
+            g(key)
+        return n
+
+    def exists(rep: int) -> int:
+        e = master.exist_key
+        hits = sum(e(key) for key in read_keys)
+        assert hits == n, hits
+        return n
+
+    calls = max(10, n // 20)  # batch calls per repeat: n=20000 -> 1000 calls, 100k keys
+    starts = [(w * BATCH) % (MEM_OBJECTS - BATCH + 1) for w in range(calls)]
+    windows = [mem_keys[s:s + BATCH] for s in starts]
+    hget_windows = [[object_key(NAMESPACE, shard_of(k.encode(), shards), "default", k.encode()) for k in w]
+                    for w in windows]
+    assert all(master.batch_exist_key(windows[0]))
+
+    def batch_exists(rep: int) -> int:
+        be = master.batch_exist_key
+        hits = sum(sum(be(w)) for w in windows)
+        assert hits == calls * BATCH, hits
+        return calls * BATCH
+
+    def hget_pipelined(rep: int) -> int:
+        for w in hget_windows:
+            pipe = rc.pipeline(transaction=False)
+            for okey in w:
+                pipe.hget(okey, "size")
+            replies = pipe.execute()
+        assert replies[0] is not None
+        return calls * BATCH
+
+    def removes(rep: int) -> int:
+        rm = master.remove
+        for key in put_keys[rep]:
+            rm(key)  # raises unless the object was removed
+        return n
+
+    where = Placement(r)
+
+    def tail(op: dict) -> str:
+        s = f"   server {op['server_us']:.1f} us/FCALL" if op["server_us"] is not None else ""
+        return s + (f"   same cpu {op['same_cpu']}" if op["same_cpu"] else "")
+
+    def line(key: str, label: str, op: dict, base_name: str, base: dict, halve: bool = False) -> None:
+        base_rate = base["rate"] / 2 if halve else base["rate"]
+        res[f"{key}_ops_per_s"], res[f"{key}_server_us_per_fcall"] = op["rate"], op["server_us"]
+        res[f"{key}_ratio"], res[f"{key}_same_cpu"] = op["rate"] / base_rate, op["same_cpu"]
+        out(f"{label:<22}{_fmt(op['rate']):>10} ops/s   baseline {base_name} {_fmt(base_rate)} ops/s   "
+            f"ratio {op['rate'] / base_rate:.2f}" + tail(op))
+
+    noop_all = []
+    m = _measure(r, where, [("noop", "fcall_ro", noop), ("put", "fcall", puts)])
+    noop_all.append(m["noop"])
+    line("put", "put_start+put_end", m["put"], "2 no-op FCALLs", m["noop"], halve=True)
+
+    m = _measure(r, where, [("noop", "fcall_ro", noop), ("get", "fcall", gets)])
+    noop_all.append(m["noop"])
+    line("get_replica_list", "get_replica_list", m["get"], "no-op FCALL", m["noop"])
+
+    m = _measure(r, where, [("noop", "fcall_ro", noop), ("exist", "fcall", exists)])
+    noop_all.append(m["noop"])
+    line("exist_key", "exist_key", m["exist"], "no-op FCALL", m["noop"])
+
+    m = _measure(r, where, [("hget", "hget", hget_pipelined), ("batch", "fcall", batch_exists)])
+    op, base = m["batch"], m["hget"]
+    rate = op["rate"]
+    res["batch_exist_key_keys_per_s"], res["batch_exist_key_calls_per_s"] = rate, rate / BATCH
+    res["batch_exist_key_server_us_per_fcall"] = op["server_us"]
+    res["batch_exist_key_same_cpu"] = op["same_cpu"]
+    res["hget_pipelined_keys_per_s"], res["hget_pipelined_calls_per_s"] = base["rate"], base["rate"] / BATCH
+    res["hget_server_us"] = base["server_us"]
+    res["batch_exist_key_ratio"] = rate / base["rate"]
+    out(f"{'batch_exist_key x' + str(BATCH):<22}{_fmt(rate):>10} keys/s ({_fmt(rate / BATCH)} calls/s)   "
+        f"baseline pipelined HGET x{BATCH} {_fmt(base['rate'])} keys/s ({_fmt(base['rate'] / BATCH)} calls/s)   "
+        f"ratio {rate / base['rate']:.2f}" + tail(op))
+
+    # remove: move the store clock past every lease first, so no remove meets OBJECT_HAS_LEASE
+    master.freeze_clock(master.now_ms())
+    master.advance_clock(master.config.default_kv_lease_ttl + 1)
+    m = _measure(r, where, [("noop", "fcall_ro", noop), ("remove", "fcall", removes)])
+    noop_all.append(m["noop"])
+    master.unfreeze_clock()
+    line("remove", "remove", m["remove"], "no-op FCALL", m["noop"])
+
+    res["noop_fcall_ops_per_s"] = statistics.median(x["rate"] for x in noop_all)
+    us = [x["server_us"] for x in noop_all if x["server_us"] is not None]
+    res["noop_fcall_server_us"] = statistics.median(us) if us else None
+    out(f"{'no-op FCALL':<22}{_fmt(res['noop_fcall_ops_per_s']):>10} ops/s   (FCALL_RO mc_version 0; "
+        f"median of the 4 baseline figures above: {', '.join(_fmt(x['rate']) for x in noop_all)})"
+        + (f"   server {res['noop_fcall_server_us']:.1f} us/FCALL" if us else ""))
+
+    cpu1, wall = _cpu_seconds(r), time.perf_counter() - wall0
+    if cpu0 and cpu1:
+        busy, client, srv_cpu = (b - a for a, b in zip(cpu0, cpu1))
+        res["cpu_client_cores"], res["cpu_server_cores"] = client / wall, srv_cpu / wall
+        res["cpu_other_cores"] = max(0.0, busy - client - srv_cpu) / wall
+        out(f"cpu      client {res['cpu_client_cores']:.2f} cores, server {res['cpu_server_cores']:.2f}, "
+            f"other processes {res['cpu_other_cores']:.2f} (of {res['cores']}) over the {wall:.0f} s run")
+
+    out(f"vs Mooncake C++ master (~{_fmt(MOONCAKE_EXIST_KEY)} exist_key/s, ~{_fmt(MOONCAKE_BATCH_KEYS)} keys/s "
+        f"in batches of 100): exist_key {res['exist_key_ops_per_s'] / MOONCAKE_EXIST_KEY:.2f}x, "
+        f"batch_exist_key {res['batch_exist_key_keys_per_s'] / MOONCAKE_BATCH_KEYS:.2f}x")
+    return res
+
+
+def _cli() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.ops",
+                                description="Single-client operations benchmark (docs/bench.md).")
+    p.add_argument("--n", type=int, default=20000, help="ops per figure and repeat (default 20000)")
+    p.add_argument("--shards", type=int, default=1, help="shards of the bench namespace (default 1)")
+    p.add_argument("--redis", default=None, metavar="URL",
+                   help="a running server (namespace 'bench'; every bench:* key is deleted before and "
+                        "after); default: a private valkey-server started and stopped here")
+    a = p.parse_args()
+    if a.n < 1 or a.shards < 1:
+        p.error("--n and --shards must be >= 1")
+    main(url=a.redis, n=a.n, shards=a.shards)
+
+
+if __name__ == "__main__":
+    _cli()
