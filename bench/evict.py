@@ -35,6 +35,7 @@ from typing import Any
 
 import redis
 
+from bench.common import cpu_model
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.master import EVICT_STEP_UNITS
 
@@ -66,17 +67,6 @@ def _fmt(x: float) -> str:
 
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f} us"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _argc(command: bytes) -> int:
@@ -370,7 +360,7 @@ def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
         version = info.get("valkey_version") or info.get("redis_version")
         out(f"bench.evict  {datetime.datetime.now().isoformat(timespec='seconds')}  "
             f"{'embedded valkey-server (appendonly no)' if server else url} {version}  "
-            f"CPU {_cpu_model()} x{os.cpu_count()}  load avg {os.getloadavg()[0]:.2f}  "
+            f"CPU {cpu_model()} x{os.cpu_count()}  load avg {os.getloadavg()[0]:.2f}  "
             f"python {platform.python_version()}")
         out(f"objects {OBJ} B, 1 replica, shards=1, batches of {BATCH}; fill to {FILL_RATIO:.1%} of capacity; "
             f"steps of max_units={STEP_UNITS}, median of {STEPS}; run_eviction from {OVERSHOOT:.0%}")

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import redis
 
+from bench.common import cpu_model
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.keys import object_key, shard_of
 
@@ -104,17 +105,6 @@ def _measure(r: redis.Redis, where: Placement, cases: list[tuple[str, str, Run]]
             for name, _, _ in cases}
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _cpu_seconds(r: redis.Redis) -> tuple[float, float, float] | None:
     """(machine busy, this process, the server) CPU seconds so far; None when the server is not
     a local process we can see (then other load cannot be told apart)."""
@@ -190,7 +180,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -
     lib = master.redis.execute_command("FCALL_RO", "mc_version", 0)
     res["library_version"] = lib.decode() if isinstance(lib, bytes) else lib
     out(f"server   {res['server']} (malloc {r.info('memory').get('mem_allocator', '?')}), {where}")
-    out(f"machine  {res['cores']} cores, {_cpu_model()}, load average {load:.2f} at start; "
+    out(f"machine  {res['cores']} cores, {cpu_model()}, load average {load:.2f} at start; "
         f"Python {platform.python_version()}, redis-py {redis.__version__}")
     out(f"run      n={n:,} ops per figure and repeat, shards={shards}, median of {REPEATS}, "
         f"one client/thread/connection; library {res['library_version']}")
