@@ -12,6 +12,17 @@ local function obj_id(tenant, key) return tenant .. ':' .. key end
 local function grp_key(P, tenant, group) return P .. ':grp:' .. tenant .. ':' .. group end
 local function grp_members_key(P, tenant, group) return P .. ':grpm:' .. tenant .. ':' .. group end
 
+-- The driver of every per-key batch function: validates the tenant, reads the clock once and
+-- replies one(P, tenant, key, now) for each key in ARGV[first..], in order.
+local function per_key(keys, args, tenant, first, one)
+  local P = keys[1]
+  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+  local now = now_ms(P)
+  local reply = {}
+  for i = first, #args do reply[#reply + 1] = one(P, tenant, args[i], now) end
+  return reply
+end
+
 -- HGETALL as a table, nil when the object does not exist.
 local function load_object(okey)
   local flat = redis.call('HGETALL', okey)

@@ -20,17 +20,12 @@ local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
 end
 
 local function batch_read(keys, args, shape)
-  local P, tenant = keys[1], args[1]
-  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
-  local cfg = config(P, { 'default_kv_lease_ttl' })
+  local cfg = config(keys[1], { 'default_kv_lease_ttl' })
   if not cfg then return not_initialised() end
-  local now = now_ms(P)
-  local reply, mount_cache = {}, {}
-  for i = 2, #args do
-    local live, ttl_or_code, size = read_one(P, tenant, args[i], now, cfg.default_kv_lease_ttl, mount_cache)
-    reply[#reply + 1] = shape(live, ttl_or_code, size)
-  end
-  return reply
+  local mount_cache = {}
+  return per_key(keys, args, args[1], 2, function(P, tenant, key, now)
+    return shape(read_one(P, tenant, key, now, cfg.default_kv_lease_ttl, mount_cache))
+  end)
 end
 
 local function replica_reply(live, ttl_or_code, size)

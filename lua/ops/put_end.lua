@@ -18,7 +18,7 @@ local function commit_soft_pin(o, now)
   return o.soft_pin_until -- preserve
 end
 
-local function end_one(P, tenant, client, key, now)
+local function end_one(P, tenant, key, now, client)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   local code = check_writer(o, client)
@@ -36,7 +36,7 @@ local function end_one(P, tenant, client, key, now)
   return E.OK
 end
 
-local function revoke_one(P, tenant, client, key, now)
+local function revoke_one(P, tenant, key, now, client)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   local code = check_writer(o, client)
@@ -47,12 +47,8 @@ local function revoke_one(P, tenant, client, key, now)
 end
 
 local function batch_writer_op(keys, args, one)
-  local P, client, tenant = keys[1], args[1], args[2]
-  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
-  local now = now_ms(P)
-  local reply = {}
-  for i = 3, #args do reply[#reply + 1] = one(P, tenant, client, args[i], now) end
-  return reply
+  local client = args[1]
+  return per_key(keys, args, args[2], 3, function(P, tenant, key, now) return one(P, tenant, key, now, client) end)
 end
 
 redis.register_function('mc_put_end', function(keys, args) return batch_writer_op(keys, args, end_one) end)

@@ -15,13 +15,11 @@ local function remove_one(P, tenant, key, force, now)
 end
 
 local function remove(keys, args)
-  local P, tenant, force = keys[1], args[1], args[2]
-  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+  local force = args[2]
   if force ~= '0' and force ~= '1' then return fail(E.INVALID_PARAMS, 'force must be 0 or 1') end
-  local now = now_ms(P)
-  local reply = {}
-  for i = 3, #args do reply[#reply + 1] = remove_one(P, tenant, args[i], force == '1', now) end
-  return reply
+  return per_key(keys, args, args[1], 3, function(P, tenant, key, now)
+    return remove_one(P, tenant, key, force == '1', now)
+  end)
 end
 
 redis.register_function('mc_remove', remove)

@@ -24,13 +24,11 @@ local function task_ref_one(P, tenant, key, delta, now)
 end
 
 local function task_ref(keys, args)
-  local P, tenant, delta = keys[1], args[1], args[2]
-  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+  local delta = args[2]
   if delta ~= '1' and delta ~= '-1' then return fail(E.INVALID_PARAMS, 'delta must be 1 or -1') end
-  local now = now_ms(P)
-  local reply = {}
-  for i = 3, #args do reply[#reply + 1] = task_ref_one(P, tenant, args[i], tonumber(delta), now) end
-  return reply
+  return per_key(keys, args, args[1], 3, function(P, tenant, key, now)
+    return task_ref_one(P, tenant, key, tonumber(delta), now)
+  end)
 end
 
 redis.register_function('mc_task_ref', task_ref)
