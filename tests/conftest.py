@@ -1,7 +1,9 @@
-"""Fixtures: every API test runs on a real Valkey (started here, free loopback port) and on
-memory:// (fakeredis), each with shards=1 and shards=4. Time is the store clock, frozen."""
+"""Fixtures: every API test runs on a real Valkey (started here, free loopback port), on a real
+Redis 7 (Debian's redis-server, when installed: .ci/run installs it) and on memory:// (fakeredis),
+each with shards=1 and shards=4. Time is the store clock, frozen."""
 from __future__ import annotations
 
+import shutil
 import uuid
 
 import pytest
@@ -12,6 +14,9 @@ from mooncake_redis.server import EmbeddedValkey
 T0 = 1_700_000_000_000  # the frozen store clock every test starts at
 
 
+REDIS_SERVER = shutil.which("redis-server")  # Redis differs from Valkey in small ways (e.g. "-0")
+
+
 @pytest.fixture(scope="session")
 def valkey():
     server = EmbeddedValkey(appendonly=False).start()
@@ -19,9 +24,18 @@ def valkey():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis7():
+    if not REDIS_SERVER:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    server = EmbeddedValkey(appendonly=False, binary=REDIS_SERVER).start()
+    yield server
+    server.stop()
+
+
 def make_master(backend: str, valkey_server, **config) -> Master:
     cfg = MasterConfig(**config)
-    if backend == "valkey":
+    if backend in ("valkey", "redis"):
         import redis
 
         redis.Redis.from_url(valkey_server.url).flushall()
@@ -29,7 +43,7 @@ def make_master(backend: str, valkey_server, **config) -> Master:
     return Master.connect(f"memory://{uuid.uuid4().hex}", cfg)
 
 
-@pytest.fixture(params=["valkey", "memory"])
+@pytest.fixture(params=["valkey", "redis", "memory"])
 def backend(request):
     return request.param
 
@@ -46,7 +60,8 @@ def new_master(backend, shards, request):
 
     def factory(**config):
         config.setdefault("shards", shards)
-        server = request.getfixturevalue("valkey") if backend == "valkey" else None
+        server = {"valkey": "valkey", "redis": "redis7"}.get(backend)
+        server = request.getfixturevalue(server) if server else None
         m = make_master(backend, server, **config)
         m.freeze_clock(T0)
         made.append(m)

@@ -139,3 +139,23 @@ def present(m: Master, keys: list[Any], tenant_id: str = "default") -> list[bool
         assert code in (ErrorCode.OK, ErrorCode.OBJECT_NOT_FOUND), code
         out.append(code == ErrorCode.OK)
     return out
+
+
+def watched_silence(m: Master, ms: int, ping: tuple[str, ...] = ()) -> None:
+    """Advance the store clock by `ms` as a running worker sees it: mc_expire_clients on every
+    shard at the start and after every step of at most client_ttl // 2 (so no gap restarts the
+    store's watch of client silence), pinging the `ping` clients before each step. Clients that
+    reach client_ttl of silence only at the very end are left for the caller's worker pass."""
+    step = max(1, m.config.client_ttl // 2)
+    while True:
+        for shard in range(m.shards):
+            m._fcall("mc_expire_clients", shard, 1024)
+        if ms <= 0:
+            return
+        for client in ping:
+            m.ping(client)
+        d = min(step, ms)
+        m.advance_clock(d)
+        ms -= d
+        if ms == 0:
+            return

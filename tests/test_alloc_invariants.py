@@ -165,6 +165,12 @@ class Run:
         md.held = kept
         old = md.objects.get(key)
         expect_exists = old is not None and (old.complete or md.now - old.started < DISCARD)
+        if expect_exists and not old.complete and old.writer == client and old.size == size and old.replicas:
+            event("put_start retried by its writer")  # answers the replicas it already has
+            replicas = self.m.put_start(client, key, size, ReplicateConfig(replica_num=replica_num,
+                                                                           preferred_segments=preferred))
+            assert {r.segment: r.offset for r in replicas} == old.replicas
+            return
         if old is not None and not expect_exists:  # preempted: its extents stay held
             event("abandoned put preempted")
             for seg, off in old.replicas.items():

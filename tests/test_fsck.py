@@ -10,6 +10,8 @@ from mooncake_redis.config import ReplicateConfig, SoftPinAction
 from mooncake_redis import fsck as fsck_module
 from mooncake_redis.fsck import KINDS, _Audit, fsck
 
+from helpers import watched_silence
+
 SEG = 1 << 18  # 256 KiB per segment (split across the shards)
 SOFT = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=5_000)
 LONG_SOFT = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=3_600_000)
@@ -551,8 +553,10 @@ def test_clean_after_a_worker_pass(store):
     from mooncake_redis.worker import Worker
 
     m = store
-    m.advance_clock(m.config.put_start_release_timeout + m.config.client_ttl + 1)
-    m.ping("client-1")  # client-2 (seg-c) stops pinging and expires
+    watched_silence(m, m.config.put_start_release_timeout, ping=("client-1", "client-2"))
+    m.ping("client-2")
+    watched_silence(m, m.config.client_ttl + 1, ping=("client-1",))  # client-2 (seg-c) expires
+    m.ping("client-1")
     done = Worker(m).run_once()
     assert done.discarded_puts >= 4 and done.segments_unmounted == m.shards, done
     assert_clean(m)

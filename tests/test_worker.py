@@ -13,6 +13,7 @@ from mooncake_redis.keys import shard_of
 from mooncake_redis.worker import Worker, WorkerPass, stop_on_signals
 
 from conftest import T0
+from helpers import watched_silence
 
 KIB = 1024
 LONG = 10**12  # a client_ttl that never runs out in these tests (writers that stop pinging are tested apart)
@@ -103,9 +104,11 @@ def test_client_ttl_expiry_unmounts_segments_and_hides_replicas(master):
         master.put_start("client-1", key, KIB, ReplicateConfig(replica_num=n, preferred_segments=prefs))
         master.put_end("client-1", key)
     worker = Worker(master)
+    assert worker.run_once().clients_expired == 0  # a worker now watches the clients' silence
 
     master.advance_clock(ttl // 2)
     assert master.ping("client-2") == "OK"
+    assert worker.run_once().clients_expired == 0
     master.advance_clock(ttl - ttl // 2)  # client-1 is exactly client_ttl old: still alive
     assert worker.run_once().clients_expired == 0
     master.advance_clock(1)
@@ -140,7 +143,7 @@ def test_sweep_owed_by_a_crashed_worker_is_done_by_the_next_pass(master):
     master.mount_segment("seg-b", 1 << 20, "client-2")
     master.put_start("client-1", "k1", KIB, ReplicateConfig(preferred_segments=("seg-a",)))
     master.put_end("client-1", "k1")
-    master.advance_clock(master.config.client_ttl + 1)
+    watched_silence(master, master.config.client_ttl + 1, ping=("client-2",))
     master.ping("client-2")
     # a worker expired the client on every shard, then died before sweeping
     for shard in range(master.shards):
@@ -164,7 +167,7 @@ def test_sweep_done_keeps_a_marker_moved_on_by_a_newer_unmount(master):
 def test_expired_client_puts_in_flight_lose_their_space(master):
     master.mount_segment("seg-a", 1 << 20, "client-1")
     master.put_start("client-1", "open", 4 * KIB)
-    master.advance_clock(master.config.client_ttl + 1)
+    watched_silence(master, master.config.client_ttl + 1)
     done = Worker(master).run_once()
     assert done.clients_expired == master.shards
     assert master.usage().used_bytes == 0 and master.usage().objects == 0
@@ -174,7 +177,7 @@ def test_client_expiry_without_segments_only_forgets_the_client(master):
     master.mount_segment("seg-a", 1 << 20, "client-1")
     master.unmount_segment("seg-a", "client-1")
     assert master.ping("client-1") == "OK"  # known, with no segment left
-    master.advance_clock(master.config.client_ttl + 1)
+    watched_silence(master, master.config.client_ttl + 1)
     done = Worker(master).run_once()
     assert (done.clients_expired, done.segments_unmounted, done.swept_objects) == (master.shards, 0, 0)
     assert master.ping("client-1") == "NEED_REMOUNT"

@@ -27,13 +27,20 @@ local function fail(code, detail)
 end
 
 -- Integers are doubles in Lua 5.1; '%.0f' prints them exactly up to 2^53 (tostring would not).
-local function S(n) return string.format('%.0f', n) end
+-- Zero is always "0": a negated zero would print "-0", which Redis 7 refuses as an integer.
+local function S(n)
+  if n == 0 then return '0' end
+  return string.format('%.0f', n)
+end
 
 local MAX_INT = 9007199254740991 -- 2^53 - 1
 
--- Parse a decimal integer argument within [lo, hi]; nil when it is not one.
+-- Parse a decimal integer argument within [lo, hi]; nil unless it is in canonical form (no sign
+-- on zero, no leading zeros, no '+'): "-0" or "007" would otherwise pass a range check and then
+-- be stored or matched in a different spelling than the one the functions write.
 local function int_arg(s, lo, hi)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^%-?%d+$') then return nil end
+  if type(s) ~= 'string' or #s > 17 then return nil end
+  if s ~= '0' and not string.match(s, '^%-?[1-9]%d*$') then return nil end
   local n = tonumber(s)
   if n < lo or n > hi then return nil end
   return n
@@ -47,19 +54,45 @@ local function now_ms(P)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Read config fields (numbers) from P:config; nil when the shard was never initialised.
+-- P:config fields the functions read, with their ranges: {lo, hi}, or {lo, hi, 'ratio'} for a
+-- finite real number. Python writes them (MasterConfig); a value out of range here means the
+-- hash was edited by hand or by another program, and every function refuses to run on it.
+local MAX_TTL = 1000000000000000 -- 10^15 ms: now + MAX_TTL stays far below 2^53
+local CONFIG_RANGES = {
+  shards = { 1, 16384 },
+  default_kv_lease_ttl = { 1, MAX_TTL },
+  default_kv_soft_pin_ttl = { 0, MAX_TTL },
+  max_kv_soft_pin_ttl = { 0, MAX_TTL },
+  eviction_high_watermark_ratio = { 0, 1, 'ratio' },
+  eviction_ratio = { 0, 1, 'ratio' },
+  allow_evict_soft_pinned_objects = { 0, 1 },
+  put_start_discard_timeout = { 1, MAX_TTL },
+  put_start_release_timeout = { 1, MAX_TTL },
+  client_ttl = { 1, MAX_TTL },
+  max_key_length = { 1, 1048576 },
+  evict_on_put = { 0, 1 },
+}
+
+local function config_value(name, raw)
+  local range = CONFIG_RANGES[name]
+  local v = tonumber(raw)
+  if not v or v ~= v or v < range[1] or v > range[2] then return nil end -- v ~= v: nan
+  if range[3] ~= 'ratio' and math.floor(v) ~= v then return nil end
+  return v
+end
+
+-- Read and check config fields from P:config. Returns the table, or nil and an error reply.
 local function config(P, names)
   local values = redis.call('HMGET', P .. ':config', unpack(names))
   local cfg = {}
   for i, name in ipairs(names) do
-    if not values[i] then return nil end
-    cfg[name] = tonumber(values[i])
+    if not values[i] then return nil, fail(E.INTERNAL_ERROR,
+      'store not initialised (' .. P .. ':config has no ' .. name .. '): connect once with Master.connect or mooncake-redis serve') end
+    cfg[name] = config_value(name, values[i])
+    if not cfg[name] then return nil, fail(E.INTERNAL_ERROR,
+      'bad configuration: ' .. P .. ':config ' .. name .. ' = ' .. values[i] .. '; rewrite it with Master.connect(url, MasterConfig(...))') end
   end
   return cfg
-end
-
-local function not_initialised()
-  return fail(E.INTERNAL_ERROR, 'store not initialised: connect once with Master.connect or mooncake-redis serve')
 end
 
 local function valid_tenant(t)
@@ -68,4 +101,37 @@ end
 
 local function valid_name(s, max_len)
   return type(s) == 'string' and #s >= 1 and #s <= max_len
+end
+
+-- The one entry check of every function that takes a shard: exactly one key, a well-formed
+-- shard key "<ns>:{<ns>:<i>}" of an initialised store with i below its shard count, and a
+-- valid configuration. Runs before anything is written, so a call under a made-up key plants
+-- nothing. Returns P and the config fields `names` (plus shards), or nil and an error reply.
+local function open_shard(keys, names)
+  local P = keys[1]
+  if #keys ~= 1 or type(P) ~= 'string' then
+    return nil, fail(E.INVALID_PARAMS, 'expected exactly one key: the shard key <ns>:{<ns>:<i>}')
+  end
+  local ns, ns2, i = string.match(P, '^([%w_%.%-]+):{([%w_%.%-]+):(%d+)}$')
+  if not ns or ns ~= ns2 or #ns > 64 or int_arg(i, 0, 16383) == nil then
+    return nil, fail(E.INVALID_PARAMS, 'bad shard key (expected <ns>:{<ns>:<i>}): ' .. P)
+  end
+  local wanted = { 'shards' }
+  for _, name in ipairs(names) do wanted[#wanted + 1] = name end
+  local cfg, err = config(P, wanted)
+  if not cfg then return nil, err end
+  if tonumber(i) >= cfg.shards then
+    return nil, fail(E.INVALID_PARAMS, 'shard ' .. i .. ' is beyond the store\'s ' .. S(cfg.shards) .. ' shards')
+  end
+  return P, cfg
+end
+
+-- Register a function of one shard: fn(P, args, cfg) runs only after open_shard passed.
+-- `names` are the config fields it reads; flags e.g. { 'no-writes' }.
+local function register(name, names, fn, flags)
+  redis.register_function { function_name = name, flags = flags, callback = function(keys, args)
+    local P, cfg = open_shard(keys, names)
+    if not P then return cfg end
+    return fn(P, args, cfg)
+  end }
 end

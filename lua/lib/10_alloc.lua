@@ -10,9 +10,9 @@ local function free_keys(P, seg)
 end
 
 local function account(P, seg, delta)
-  redis.call('HINCRBY', P .. ':seg:' .. seg, 'used', delta)
-  redis.call('ZINCRBY', P .. ':segs', -delta, seg)
-  redis.call('HINCRBY', P, 'used_bytes', delta)
+  redis.call('HINCRBY', P .. ':seg:' .. seg, 'used', S(delta))
+  redis.call('ZINCRBY', P .. ':segs', S(0 - delta), seg)
+  redis.call('HINCRBY', P, 'used_bytes', S(delta))
 end
 
 local function add_free(by_off, by_size, off, len)
@@ -34,27 +34,32 @@ local function alloc_extent(P, seg, size)
   return off
 end
 
--- Return an extent to the free lists, merging it with free neighbours on both sides.
+-- Return an extent to the free lists, merging it with free neighbours on both sides. Everything
+-- is read before anything is written: an extent that overlaps a free one (a double free: drift
+-- that fsck reports) is left alone and false is returned, so a caller never half-frees, never
+-- subtracts bytes twice, and never makes allocated bytes allocatable again.
 local function free_extent(P, seg, off, size)
   local by_off, by_size = free_keys(P, seg)
-  account(P, seg, -size)
   local stop = off + size
   local prev = redis.call('ZREVRANGEBYSCORE', by_off, '(' .. S(off), '-inf', 'LIMIT', 0, 1)[1]
-  if prev then
-    local plen = tonumber(redis.call('ZSCORE', by_size, prev))
-    if tonumber(prev) + plen == off then
-      redis.call('ZREM', by_off, prev)
-      redis.call('ZREM', by_size, prev)
-      off = tonumber(prev)
-    end
-  end
+  local plen = prev and tonumber(redis.call('ZSCORE', by_size, prev))
+  if plen and tonumber(prev) + plen > off then return false end
+  if #redis.call('ZRANGEBYSCORE', by_off, S(off), '(' .. S(stop), 'LIMIT', 0, 1) > 0 then return false end
   local nxt = redis.call('ZRANGEBYSCORE', by_off, S(stop), S(stop), 'LIMIT', 0, 1)[1]
-  if nxt then
-    stop = stop + tonumber(redis.call('ZSCORE', by_size, nxt))
+  local nlen = nxt and tonumber(redis.call('ZSCORE', by_size, nxt))
+  account(P, seg, 0 - size)
+  if plen and tonumber(prev) + plen == off then
+    redis.call('ZREM', by_off, prev)
+    redis.call('ZREM', by_size, prev)
+    off = tonumber(prev)
+  end
+  if nlen then
+    stop = stop + nlen
     redis.call('ZREM', by_off, nxt)
     redis.call('ZREM', by_size, nxt)
   end
   add_free(by_off, by_size, off, stop - off)
+  return true
 end
 
 -- Unmount a segment from this shard: its bytes leave the books and its replicas become
@@ -65,8 +70,8 @@ local function drop_segment(P, name)
   local skey = P .. ':seg:' .. name
   local cur = redis.call('HMGET', skey, 'size', 'used')
   if not cur[1] then return false end
-  redis.call('HINCRBY', P, 'capacity_bytes', -tonumber(cur[1]))
-  redis.call('HINCRBY', P, 'used_bytes', -tonumber(cur[2]))
+  redis.call('HINCRBY', P, 'capacity_bytes', S(0 - tonumber(cur[1])))
+  redis.call('HINCRBY', P, 'used_bytes', S(0 - (tonumber(cur[2]) or 0)))
   local by_off, by_size = free_keys(P, name)
   redis.call('DEL', skey, by_off, by_size)
   redis.call('ZREM', P .. ':segs', name)
@@ -92,10 +97,10 @@ end
 -- Free up to `limit` held extents whose deadline has passed (extents of unmounted segments
 -- are simply dropped: their bytes left the books at unmount).
 local function release_held(P, now, limit)
-  local due = redis.call('ZRANGEBYSCORE', P .. ':held', '-inf', now, 'LIMIT', 0, limit)
+  local due = redis.call('ZRANGEBYSCORE', P .. ':held', '-inf', S(now), 'LIMIT', 0, limit)
   for _, entry in ipairs(due) do
     local mount, off, size, seg = string.match(entry, '^(%d+) (%d+) (%d+) (.*)$')
-    if mount_of(P, seg) == mount then free_extent(P, seg, tonumber(off), tonumber(size)) end
+    if mount and mount_of(P, seg) == mount then free_extent(P, seg, tonumber(off), tonumber(size)) end
     redis.call('ZREM', P .. ':held', entry)
   end
   return #due

@@ -12,11 +12,17 @@ local function obj_id(tenant, key) return tenant .. ':' .. key end
 local function grp_key(P, tenant, group) return P .. ':grp:' .. tenant .. ':' .. group end
 local function grp_members_key(P, tenant, group) return P .. ':grpm:' .. tenant .. ':' .. group end
 
--- The driver of every per-key batch function: validates the tenant, reads the clock once and
--- replies one(P, tenant, key, now) for each key in ARGV[first..], in order.
-local function per_key(keys, args, tenant, first, one)
-  local P = keys[1]
-  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
+-- Keys one call may carry: every function bounds its own work whatever a caller sends (the
+-- Python client sends at most 32-128 keys a call, see CHUNK_OF in mooncake_redis/master.py).
+local MAX_KEYS_PER_CALL = 512
+
+-- The driver of every per-key batch function: validates the tenant and the key count, reads the
+-- clock once and replies one(P, tenant, key, now) for each key in args[first..], in order.
+local function per_key(P, args, tenant, first, one)
+  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'tenant_id must match [A-Za-z0-9_.-]{1,64}') end
+  if #args - first + 1 > MAX_KEYS_PER_CALL then
+    return fail(E.INVALID_PARAMS, 'at most ' .. MAX_KEYS_PER_CALL .. ' keys per call')
+  end
   local now = now_ms(P)
   local reply = {}
   for i = first, #args do reply[#reply + 1] = one(P, tenant, args[i], now) end
@@ -39,7 +45,7 @@ local function replicas_of(P, o, mount_cache)
     local seg = string.match(field, '^rep:(.*)$')
     if seg then
       local off, mount = string.match(value, '^(%d+) (%d+)$')
-      list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount_of(P, seg, mount_cache) == mount }
+      list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount ~= nil and mount_of(P, seg, mount_cache) == mount }
     end
   end
   if #list > 1 then table.sort(list, function(a, b) return a.seg < b.seg end) end

@@ -137,13 +137,14 @@ end
 -- Returns the bytes its live replicas occupied.
 local function drop_object(P, tenant, key, okey, o, hold_until)
   local bytes = 0
+  local size = tonumber(o.size) or 0
   for _, r in ipairs(replicas_of(P, o)) do
-    if r.live then
-      bytes = bytes + tonumber(o.size)
+    if r.live and r.off then
       if hold_until then
-        hold_extent(P, r.seg, r.mount, r.off, tonumber(o.size), hold_until)
-      else
-        free_extent(P, r.seg, r.off, tonumber(o.size))
+        hold_extent(P, r.seg, r.mount, r.off, size, hold_until)
+        bytes = bytes + size
+      elseif free_extent(P, r.seg, r.off, size) then
+        bytes = bytes + size
       end
     end
   end

@@ -6,12 +6,9 @@
 -- run is unfinished P.evicting is set, so the next step carries on below the high watermark.
 -- Reply: {state, units, objects, bytes, used_bytes, target_bytes} where state is
 --   "idle" (nothing to do), "target" (reached), "more" (call again), "blocked" (no evictable unit).
-local function evict(keys, args)
-  local P = keys[1]
+local function evict(P, args, cfg)
   local max_units = int_arg(args[1], 1, 1024)
   if not max_units then return fail(E.INVALID_PARAMS, 'max_units must be an integer in [1, 1024]') end
-  local cfg = config(P, { 'eviction_high_watermark_ratio', 'eviction_ratio', 'allow_evict_soft_pinned_objects' })
-  if not cfg then return not_initialised() end
   local now = now_ms(P)
   expire_soft_pins(P, now, 4 * max_units)
   local row = redis.call('HMGET', P, 'used_bytes', 'capacity_bytes', 'put_failed', 'evicting')
@@ -37,4 +34,4 @@ local function evict(keys, args)
   return { state, units, objects, bytes, used, target }
 end
 
-redis.register_function('mc_evict', evict)
+register('mc_evict', { 'eviction_high_watermark_ratio', 'eviction_ratio', 'allow_evict_soft_pinned_objects' }, evict)

@@ -12,28 +12,32 @@ local FSCK_MAX_EXTENTS = 8192    -- extents (+ free-list members) one mc_fsck_re
 -- mc_fsck_counters. KEYS: P. ARGV: (field, expected, delta) triples, field one of used_bytes,
 --   capacity_bytes, objects. Compare-and-add: for each triple, when the field's current value
 --   (missing = 0) equals `expected` (the value fsck read), HINCRBY field delta; otherwise leave
---   it (a write landed since fsck read it: rerun fsck). All arguments are validated first.
+--   it (a write landed since fsck read it: rerun fsck). All arguments are validated first, and a
+--   delta that would make a counter negative is refused (INVALID_PARAMS, nothing written).
 -- Reply: per triple {applied (1|0), value after the call}.
 local SHARD_COUNTERS = { used_bytes = true, capacity_bytes = true, objects = true }
 
-local function fsck_counters(keys, args)
-  local P = keys[1]
-  if #args == 0 or #args % 3 ~= 0 then return fail(E.INVALID_PARAMS, 'expected field, expected, delta triples') end
+local function fsck_counters(P, args)
+  if #args == 0 or #args % 3 ~= 0 or #args > 48 then
+    return fail(E.INVALID_PARAMS, 'expected 1-16 field, expected, delta triples')
+  end
   local todo = {}
   for i = 1, #args, 3 do
     local field = args[i]
     local expected, delta = int_arg(args[i + 1], -MAX_INT, MAX_INT), int_arg(args[i + 2], -MAX_INT, MAX_INT)
     if not SHARD_COUNTERS[field] then return fail(E.INVALID_PARAMS, 'unknown counter ' .. tostring(field)) end
     if not expected or not delta then return fail(E.INVALID_PARAMS, 'expected and delta must be integers') end
+    if expected + delta < 0 then return fail(E.INVALID_PARAMS, field .. ' would go below 0') end
     todo[#todo + 1] = { field, expected, delta }
   end
+  local cur = {}
+  for i, t in ipairs(todo) do cur[i] = tonumber(redis.call('HGET', P, t[1])) or 0 end
   local reply = {}
-  for _, t in ipairs(todo) do
-    local cur = tonumber(redis.call('HGET', P, t[1])) or 0
-    if cur == t[2] then
-      reply[#reply + 1] = { 1, redis.call('HINCRBY', P, t[1], t[3]) }
+  for i, t in ipairs(todo) do
+    if cur[i] == t[2] then
+      reply[#reply + 1] = { 1, redis.call('HINCRBY', P, t[1], S(t[3])) }
     else
-      reply[#reply + 1] = { 0, cur }
+      reply[#reply + 1] = { 0, cur[i] }
     end
   end
   return reply
@@ -43,9 +47,10 @@ end
 --   Compare-and-add on P:seg:<segment>.used (as mc_fsck_counters), then set the segment's P:segs
 --   score to size - used (the score is derived from the hash, so it is rewritten from it; this
 --   also puts back a mounted segment missing from P:segs). Nothing is written on a mismatch.
--- Reply: {applied (1|0), used, free bytes}; error SEGMENT_NOT_FOUND when the segment is not mounted.
-local function fsck_segment_used(keys, args)
-  local P, seg = keys[1], args[1]
+-- Reply: {applied (1|0), used, free bytes}; error SEGMENT_NOT_FOUND when the segment is not mounted,
+-- INVALID_PARAMS (nothing written) when used would leave [0, size].
+local function fsck_segment_used(P, args)
+  local seg = args[1]
   local expected, delta = int_arg(args[2], -MAX_INT, MAX_INT), int_arg(args[3], -MAX_INT, MAX_INT)
   if not valid_name(seg, 1024) or not expected or not delta then
     return fail(E.INVALID_PARAMS, 'expected segment, expected_used, delta')
@@ -56,8 +61,9 @@ local function fsck_segment_used(keys, args)
   if not size then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. seg .. ' is not mounted') end
   local used = tonumber(row[2]) or 0
   if used ~= expected then return { 0, used, size - used } end
-  if delta ~= 0 then used = redis.call('HINCRBY', skey, 'used', delta) end
-  redis.call('ZADD', P .. ':segs', size - used, seg)
+  if used + delta < 0 or used + delta > size then return fail(E.INVALID_PARAMS, 'used would leave [0, size]') end
+  if delta ~= 0 then used = redis.call('HINCRBY', skey, 'used', S(delta)) end
+  redis.call('ZADD', P .. ':segs', S(size - used), seg)
   return { 1, used, size - used }
 end
 
@@ -65,8 +71,8 @@ end
 --   For a segment that is NOT mounted (no P:seg:<segment> hash): drop it from P:segs and delete
 --   its free lists (unmount removes all three at once; leftovers are drift). A mounted segment is
 --   left alone. Reply: 1 when something was forgotten, 0 when the segment is mounted.
-local function fsck_forget_segment(keys, args)
-  local P, seg = keys[1], args[1]
+local function fsck_forget_segment(P, args)
+  local seg = args[1]
   if not valid_name(seg, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
   if redis.call('EXISTS', P .. ':seg:' .. seg) == 1 then return 0 end
   local by_off, by_size = free_keys(P, seg)
@@ -98,8 +104,8 @@ end
 
 -- mc_fsck_place. KEYS: P. ARGV: tenant, key.  Re-places one object (see fsck_place_object above):
 --   processing index, candidate tier and soft-pin deadline entry. Reply: 1 (object exists) | 0.
-local function fsck_place(keys, args)
-  local P, tenant, key = keys[1], args[1], args[2]
+local function fsck_place(P, args)
+  local tenant, key = args[1], args[2]
   if not valid_tenant(tenant) or type(key) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected tenant, key') end
   return fsck_place_object(P, tenant, key, now_ms(P))
 end
@@ -109,8 +115,8 @@ end
 --   is re-placed from the group's counters (fix the counters first with mc_fsck_group); anything
 --   else (a malformed unit) is removed from the tiers and the deadline index.
 -- Reply: "o", "g" or "removed".
-local function fsck_unit(keys, args)
-  local P, unit = keys[1], args[1]
+local function fsck_unit(P, args)
+  local unit = args[1]
   if type(unit) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected unit') end
   local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.+)$')
   if kind and valid_tenant(tenant) then
@@ -132,8 +138,8 @@ end
 --   when no member is left, retires the group (retire_group). lease_until is kept: it is the
 --   group's own state (reads extend it), not derived from the members.
 -- Reply: {members, processing, hard_pinned}.
-local function fsck_group(keys, args)
-  local P, tenant, group = keys[1], args[1], args[2]
+local function fsck_group(P, args)
+  local tenant, group = args[1], args[2]
   local max = int_arg(args[3], 1, FSCK_MAX_GROUP)
   if not valid_tenant(tenant) or not valid_name(group, 256) or not max then
     return fail(E.INVALID_PARAMS, 'expected tenant, group, max_members (1-' .. FSCK_MAX_GROUP .. '), key...')
@@ -169,7 +175,7 @@ local function fsck_group(keys, args)
     retire_group(P, tenant, group)
     return { 0, 0, 0 }
   end
-  redis.call('HSET', gkey, 'members', members, 'processing', processing, 'hard_pinned', hard, 'task_refs', refs)
+  redis.call('HSET', gkey, 'members', S(members), 'processing', S(processing), 'hard_pinned', S(hard), 'task_refs', S(refs))
   if soft > (tonumber(redis.call('HGET', gkey, 'soft_pin_until')) or 0) then
     redis.call('HSET', gkey, 'soft_pin_until', S(soft))
   end
@@ -180,26 +186,67 @@ end
 -- mc_fsck_rebuild_free. KEYS: P.
 -- ARGV: segment, mount, lo, hi,
 --       n_seen, (member, by_off score, by_size score) x n_seen,
---       n_alloc, (offset, length) x n_alloc,
+--       n_alloc, (offset, length, kind, ref) x n_alloc,
 --       n_drop, member x n_drop
---   Rebuilds the free lists of the window [lo, hi) of a mounted segment as the exact complement of
---   the allocated extents passed (live replicas and held extents inside the window, sorted, not
---   overlapping). fsck cuts a segment into windows whose edges are segment ends or starts of
---   allocated extents, so no free extent crosses a window edge and one call stays bounded.
---   `seen` are the free-list members fsck read for this window (a score is "" when the member is
---   missing from that list); `drop` are members found only in by_size. The call checks, before
---   writing anything, that the segment still has this mount id and that the free lists still hold
---   exactly the seen members with the seen scores (ZCOUNT of by_off over the window — over
---   (-inf, ...) / (..., +inf) for a window touching the segment's ends — equals the number of seen
---   members scored inside it): any allocation or free since fsck read them changes the free lists,
---   and then nothing is written. Otherwise it deletes the seen and dropped members and adds the
---   complement of the allocated extents within [lo, hi).
+--   Rebuilds the free lists of the window [lo, hi) of a mounted segment from the allocated extents
+--   passed (sorted, not overlapping). fsck cuts a segment into windows whose edges are segment
+--   ends or starts of allocated extents, so no free extent crosses a window edge and one call stays
+--   bounded. `seen` are the free-list members fsck read for this window (a score is "" when the
+--   member is missing from that list); `drop` are members found only in by_size.
+--   Nothing a caller passes can make allocated bytes allocatable:
+--   * every allocated extent is checked against the records: kind "r" with ref "<tenant>:<key>"
+--     is a replica of that object on this segment and mount at that offset, with the object's
+--     size; kind "h" with ref = a P:held member is that held extent. One that does not check out
+--     refuses the call (INVALID_PARAMS, nothing written);
+--   * the free lists must still hold exactly the seen members with the seen scores (ZCOUNT of
+--     by_off over the window — over (-inf, ...) / (..., +inf) for a window touching the segment's
+--     ends — equals the number of seen members scored inside it), otherwise {0, reason};
+--   * the new free extents are the complement of the allocated ones, cut down to bytes that are
+--     free now (the union of the seen extents) unless the window is the whole segment and the
+--     allocated extents add up to the segment's used bytes (then the list is complete, and bytes
+--     that are neither free nor allocated, a leak, become free again).
 --   At most 8192 seen + allocated + dropped entries per call.
 -- Reply: {1, free extents written} or {0, reason} when the state moved (rerun fsck).
-local function fsck_rebuild_free(keys, args)
-  local P, seg, mount = keys[1], args[1], args[2]
+
+-- The allocated extent at off/len on segment `seg` (mount `mount`) that `kind`/`ref` names exists.
+local function allocation_checks_out(P, seg, mount, off, len, kind, ref)
+  if kind == 'r' then
+    local tenant, key = string.match(ref, '^([^:]+):(.*)$')
+    if not tenant then return false end
+    local row = redis.call('HMGET', obj_key(P, tenant, key), 'rep:' .. seg, 'size')
+    return row[1] == S(off) .. ' ' .. mount and tonumber(row[2]) == len
+  elseif kind == 'h' then
+    return redis.call('ZSCORE', P .. ':held', ref) ~= false
+      and ref == mount .. ' ' .. S(off) .. ' ' .. S(len) .. ' ' .. seg
+  end
+  return false
+end
+
+-- The parts of the sorted, disjoint ranges `a` ({lo, hi}) that lie inside some range of `b`
+-- (sorted by lo; its ranges may overlap each other): a two-pointer walk over both lists.
+local function intersect(a, b)
+  local union = {}
+  for _, r in ipairs(b) do
+    local last = union[#union]
+    if last and r[1] <= last[2] then last[2] = math.max(last[2], r[2]) else union[#union + 1] = { r[1], r[2] } end
+  end
+  local out, j = {}, 1
+  for _, x in ipairs(a) do
+    while union[j] and union[j][2] <= x[1] do j = j + 1 end
+    local k = j
+    while union[k] and union[k][1] < x[2] do
+      local lo, hi = math.max(x[1], union[k][1]), math.min(x[2], union[k][2])
+      if lo < hi then out[#out + 1] = { lo, hi } end
+      k = k + 1
+    end
+  end
+  return out
+end
+
+local function fsck_rebuild_free(P, args)
+  local seg, mount = args[1], args[2]
   local lo, hi = int_arg(args[3], 0, MAX_INT), int_arg(args[4], 0, MAX_INT)
-  if not valid_name(seg, 1024) or not lo or not hi or lo >= hi then
+  if not valid_name(seg, 1024) or type(mount) ~= 'string' or not lo or not hi or lo >= hi then
     return fail(E.INVALID_PARAMS, 'expected segment, mount, lo < hi')
   end
   local i = 5
@@ -216,37 +263,56 @@ local function fsck_rebuild_free(keys, args)
     i = i + 3
   end
   local n_alloc = count()
-  if not n_alloc or #args < i + 2 * n_alloc then return fail(E.INVALID_PARAMS, 'bad allocated list') end
-  local alloc, cursor = {}, lo
+  if not n_alloc or #args < i + 4 * n_alloc then return fail(E.INVALID_PARAMS, 'bad allocated list') end
+  local alloc, cursor, alloc_bytes = {}, lo, 0
   for _ = 1, n_alloc do
     local off, len = int_arg(args[i], 0, MAX_INT), int_arg(args[i + 1], 1, MAX_INT)
-    if not off or not len or off < cursor or off + len > hi then
+    if not off or not len or off < cursor or off + len > hi or type(args[i + 3]) ~= 'string' then
       return fail(E.INVALID_PARAMS, 'allocated extents must be sorted, disjoint and inside [lo, hi)')
     end
-    alloc[#alloc + 1] = { off, len }
-    cursor = off + len
-    i = i + 2
+    alloc[#alloc + 1] = { off, len, args[i + 2], args[i + 3] }
+    cursor, alloc_bytes = off + len, alloc_bytes + len
+    i = i + 4
   end
   local n_drop = count()
   if not n_drop or #args ~= i - 1 + n_drop then return fail(E.INVALID_PARAMS, 'bad drop list') end
   if n_seen + n_alloc + n_drop > FSCK_MAX_EXTENTS then return fail(E.INVALID_PARAMS, 'too many extents for one call') end
 
-  local row = redis.call('HMGET', P .. ':seg:' .. seg, 'mount', 'base', 'size')
-  if row[1] ~= mount then return { 0, 'segment not mounted with mount id ' .. tostring(mount) } end
-  local base, size = tonumber(row[2]), tonumber(row[3])
+  local row = redis.call('HMGET', P .. ':seg:' .. seg, 'mount', 'base', 'size', 'used')
+  if row[1] ~= mount then return { 0, 'segment not mounted with mount id ' .. mount } end
+  local base, size, used = tonumber(row[2]), tonumber(row[3]), tonumber(row[4])
   if lo < base or hi > base + size then return fail(E.INVALID_PARAMS, 'window outside the segment') end
+  for _, a in ipairs(alloc) do
+    if not allocation_checks_out(P, seg, mount, a[1], a[2], a[3], a[4]) then
+      return fail(E.INVALID_PARAMS, 'no replica or held extent at ' .. S(a[1]) .. ' (' .. S(a[2]) .. ' bytes) as claimed')
+    end
+  end
   local by_off, by_size = free_keys(P, seg)
   local q_lo, q_hi = (lo == base) and '-inf' or S(lo), (hi == base + size) and '+inf' or ('(' .. S(hi))
-  local inside = 0
+  local inside, free_now = 0, {}
   for _, s in ipairs(seen) do
     if tonumber(redis.call('ZSCORE', by_off, s[1])) ~= s[2] or tonumber(redis.call('ZSCORE', by_size, s[1])) ~= s[3] then
       return { 0, 'free extent ' .. s[1] .. ' changed' }
     end
     if s[2] and (q_lo == '-inf' or s[2] >= lo) and (q_hi == '+inf' or s[2] < hi) then inside = inside + 1 end
+    if s[2] and s[3] and tostring(s[2]) == s[1] then free_now[#free_now + 1] = { s[2], s[2] + s[3] } end
   end
   if redis.call('ZCOUNT', by_off, q_lo, q_hi) ~= inside then return { 0, 'free extents were added in the window' } end
   for d = i, #args do
     if redis.call('ZSCORE', by_off, args[d]) then return { 0, 'free extent ' .. args[d] .. ' changed' } end
+  end
+
+  local complement = {}
+  cursor = lo
+  for _, a in ipairs(alloc) do
+    if a[1] > cursor then complement[#complement + 1] = { cursor, a[1] } end
+    cursor = a[1] + a[2]
+  end
+  if cursor < hi then complement[#complement + 1] = { cursor, hi } end
+  local complete = lo == base and hi == base + size and alloc_bytes == used
+  if not complete then
+    table.sort(free_now, function(p, q) return p[1] < q[1] end)
+    complement = intersect(complement, free_now)
   end
 
   for _, s in ipairs(seen) do
@@ -254,20 +320,14 @@ local function fsck_rebuild_free(keys, args)
     redis.call('ZREM', by_size, s[1])
   end
   for d = i, #args do redis.call('ZREM', by_size, args[d]) end
-  local written = 0
-  cursor = lo
-  for _, a in ipairs(alloc) do
-    if a[1] > cursor then add_free(by_off, by_size, cursor, a[1] - cursor); written = written + 1 end
-    cursor = a[1] + a[2]
-  end
-  if cursor < hi then add_free(by_off, by_size, cursor, hi - cursor); written = written + 1 end
-  return { 1, written }
+  for _, r in ipairs(complement) do add_free(by_off, by_size, r[1], r[2] - r[1]) end
+  return { 1, #complement }
 end
 
-redis.register_function('mc_fsck_counters', fsck_counters)
-redis.register_function('mc_fsck_segment_used', fsck_segment_used)
-redis.register_function('mc_fsck_forget_segment', fsck_forget_segment)
-redis.register_function('mc_fsck_place', fsck_place)
-redis.register_function('mc_fsck_unit', fsck_unit)
-redis.register_function('mc_fsck_group', fsck_group)
-redis.register_function('mc_fsck_rebuild_free', fsck_rebuild_free)
+register('mc_fsck_counters', {}, fsck_counters)
+register('mc_fsck_segment_used', {}, fsck_segment_used)
+register('mc_fsck_forget_segment', {}, fsck_forget_segment)
+register('mc_fsck_place', {}, fsck_place)
+register('mc_fsck_unit', {}, fsck_unit)
+register('mc_fsck_group', {}, fsck_group)
+register('mc_fsck_rebuild_free', {}, fsck_rebuild_free)

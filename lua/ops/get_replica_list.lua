@@ -19,11 +19,9 @@ local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
   return live, leased_until - now, tonumber(o.size)
 end
 
-local function batch_read(keys, args, shape)
-  local cfg = config(keys[1], { 'default_kv_lease_ttl' })
-  if not cfg then return not_initialised() end
+local function batch_read(P, args, cfg, shape)
   local mount_cache = {}
-  return per_key(keys, args, args[1], 2, function(P, tenant, key, now)
+  return per_key(P, args, args[1], 2, function(_, tenant, key, now)
     return shape(read_one(P, tenant, key, now, cfg.default_kv_lease_ttl, mount_cache))
   end)
 end
@@ -40,5 +38,7 @@ end
 
 local function exist_reply(live) return live and 1 or 0 end
 
-redis.register_function('mc_get_replica_list', function(keys, args) return batch_read(keys, args, replica_reply) end)
-redis.register_function('mc_exist_key', function(keys, args) return batch_read(keys, args, exist_reply) end)
+register('mc_get_replica_list', { 'default_kv_lease_ttl' },
+  function(P, args, cfg) return batch_read(P, args, cfg, replica_reply) end)
+register('mc_exist_key', { 'default_kv_lease_ttl' },
+  function(P, args, cfg) return batch_read(P, args, cfg, exist_reply) end)

@@ -9,9 +9,14 @@
 --   Then frees up to `max` held extents that are due (release_held).
 --   Reply: {discarded, released}.
 -- expire_clients. KEYS: P. ARGV: max.
---   Clients whose last ping (P:clients score) is more than client_ttl old (now - ping >
---   client_ttl) lose every segment they mounted on this shard, exactly as unmount_segment
---   does, and leave P:clients (their next ping replies 0: remount). Their replicas hide at
+--   Clients are expired only for silence the store and a worker both saw: P.clients_checked_at
+--   is the clock of the last expire_clients call and P.clients_watched_since the start of the
+--   current unbroken run of calls; a call more than client_ttl / 2 after the previous one (the
+--   store was down or stalled, or no worker ran) starts a new run. A client expires when both its
+--   last ping (P:clients score) and the start of the run are more than client_ttl old, so after
+--   an outage of any length every engine has a full client_ttl to ping again.
+--   An expired client loses every segment it mounted on this shard, exactly as unmount_segment
+--   does, and leaves P:clients (its next ping replies 0: remount). Their replicas hide at
 --   once (mount id); sweep_replicas then removes them from the object hashes.
 --   Cost: one pass over P:segs when any client expired (there is no client -> segments index).
 --   When it unmounted anything it INCRs P:sweep_pending, the marker that a dead-replica sweep
@@ -32,12 +37,9 @@ local function max_arg(s)
   return int_arg(s, 1, MAX_ITEMS)
 end
 
-local function discard_puts(keys, args)
-  local P = keys[1]
+local function discard_puts(P, args, cfg)
   local max = max_arg(args[1])
   if not max then return fail(E.INVALID_PARAMS, 'max must be an integer in [1, 1024]') end
-  local cfg = config(P, { 'put_start_discard_timeout', 'put_start_release_timeout' })
-  if not cfg then return not_initialised() end
   local now = now_ms(P)
   local due = redis.call('ZRANGEBYSCORE', P .. ':processing', '-inf', S(now - cfg.put_start_discard_timeout),
     'WITHSCORES', 'LIMIT', 0, max)
@@ -61,13 +63,18 @@ end
 
 -- The unmount steps of unmount_segment (segments.lua), which is local to that file: the
 -- segment's bytes leave the books, its allocator and its hash go; replicas die by mount id.
-local function expire_clients(keys, args)
-  local P = keys[1]
+local function expire_clients(P, args, cfg)
   local max = max_arg(args[1])
   if not max then return fail(E.INVALID_PARAMS, 'max must be an integer in [1, 1024]') end
-  local cfg = config(P, { 'client_ttl' })
-  if not cfg then return not_initialised() end
   local now = now_ms(P)
+  local row = redis.call('HMGET', P, 'clients_checked_at', 'clients_watched_since')
+  local checked, since = tonumber(row[1]), tonumber(row[2])
+  if not checked or not since or now - checked > cfg.client_ttl / 2 or since > now then
+    since = now
+    redis.call('HSET', P, 'clients_watched_since', S(now))
+  end
+  redis.call('HSET', P, 'clients_checked_at', S(now))
+  if now - since <= cfg.client_ttl then return { 0, 0 } end
   local dead = redis.call('ZRANGEBYSCORE', P .. ':clients', '-inf', '(' .. S(now - cfg.client_ttl),
     'LIMIT', 0, max)
   if #dead == 0 then return { 0, 0 } end
@@ -82,8 +89,8 @@ local function expire_clients(keys, args)
   return { #dead, unmounted }
 end
 
-local function sweep_done(keys, args)
-  local P = keys[1]
+local function sweep_done(P, args)
+  if type(args[1]) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected the sweep token') end
   local cur = redis.call('GET', P .. ':sweep_pending')
   if cur and cur ~= args[1] then return 0 end
   redis.call('DEL', P .. ':sweep_pending')
@@ -96,8 +103,8 @@ local function parse_claim(value)
   return id, tonumber(until_ms) or 0
 end
 
-local function claim(keys, args)
-  local P, worker = keys[1], args[1]
+local function claim(P, args)
+  local worker = args[1]
   if not valid_name(worker, 256) then return fail(E.INVALID_PARAMS, 'worker_id must be 1-256 bytes') end
   local ttl = int_arg(args[2], 1, MAX_INT)
   if not ttl then return fail(E.INVALID_PARAMS, 'ttl_ms must be an integer > 0') end
@@ -108,8 +115,8 @@ local function claim(keys, args)
   return 1
 end
 
-local function release_claim(keys, args)
-  local P, worker = keys[1], args[1]
+local function release_claim(P, args)
+  local worker = args[1]
   if not valid_name(worker, 256) then return fail(E.INVALID_PARAMS, 'worker_id must be 1-256 bytes') end
   local holder = parse_claim(redis.call('GET', P .. ':worker'))
   if holder ~= worker then return 0 end
@@ -117,8 +124,8 @@ local function release_claim(keys, args)
   return 1
 end
 
-redis.register_function('mc_discard_puts', discard_puts)
-redis.register_function('mc_expire_clients', expire_clients)
-redis.register_function('mc_sweep_done', sweep_done)
-redis.register_function('mc_claim', claim)
-redis.register_function('mc_release_claim', release_claim)
+register('mc_discard_puts', { 'put_start_discard_timeout', 'put_start_release_timeout' }, discard_puts)
+register('mc_expire_clients', { 'client_ttl' }, expire_clients)
+register('mc_sweep_done', {}, sweep_done)
+register('mc_claim', {}, claim)
+register('mc_release_claim', {}, release_claim)

@@ -46,10 +46,11 @@ local function revoke_one(P, tenant, key, now, client)
   return E.OK
 end
 
-local function batch_writer_op(keys, args, one)
+local function batch_writer_op(P, args, one)
   local client = args[1]
-  return per_key(keys, args, args[2], 3, function(P, tenant, key, now) return one(P, tenant, key, now, client) end)
+  if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
+  return per_key(P, args, args[2], 3, function(_, tenant, key, now) return one(P, tenant, key, now, client) end)
 end
 
-redis.register_function('mc_put_end', function(keys, args) return batch_writer_op(keys, args, end_one) end)
-redis.register_function('mc_put_revoke', function(keys, args) return batch_writer_op(keys, args, revoke_one) end)
+register('mc_put_end', {}, function(P, args) return batch_writer_op(P, args, end_one) end)
+register('mc_put_revoke', {}, function(P, args) return batch_writer_op(P, args, revoke_one) end)

@@ -3,6 +3,11 @@
 --   soft_pin_ttl_ms ("" = default), hard_pin (0|1), group ("" = none), n_preferred,
 --   preferred segment x n_preferred, then key, size pairs.
 -- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code.
+-- Bounds: at most MAX_PUTS_PER_CALL keys and MAX_PREFERRED preferred segments a call; the search
+-- for space looks at the preferred segments and the SEARCH_EXTRA + replica_num segments with
+-- the most free bytes, never at every segment of the shard.
+-- Retry: a put_start of a key whose put is in progress, by the same writer with the same size,
+-- answers the replicas already allocated (so a caller whose first call timed out can retry).
 
 -- Pick up to `want` distinct segments with room for `size`, preferred ones first.
 local function allocate(P, size, want, preferred, by_free)
@@ -26,13 +31,19 @@ end
 -- all (shared by the keys of a batch), so the call stays short; past that, puts fail with
 -- NO_AVAILABLE_HANDLE and P.put_failed starts the workers' eviction.
 local EVICT_ON_PUT_UNITS = 16
+local MAX_PUTS_PER_CALL, MAX_PREFERRED, SEARCH_EXTRA = 128, 64, 16
 
 -- Could `size` fit in some segment slice of this shard if it were empty?
 local function could_fit(P, size, by_free)
   for _, seg in ipairs(by_free) do
-    if tonumber(redis.call('HGET', P .. ':seg:' .. seg, 'size')) >= size then return true end
+    if (tonumber(redis.call('HGET', P .. ':seg:' .. seg, 'size')) or 0) >= size then return true end
   end
   return false
+end
+
+-- The segments an allocation looks at (besides the preferred ones): the most free first.
+local function most_free(P, a)
+  return redis.call('ZREVRANGE', P .. ':segs', 0, SEARCH_EXTRA + a.replica_num - 1)
 end
 
 -- Returns the replicas got, and whether eviction could have helped (the put fits some slice).
@@ -48,6 +59,8 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
     local unit, tier = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
     if not unit then break end
     if evict_unit(P, unit, tier, now) > 0 then
+      by_free = most_free(P, a) -- the freed bytes may sit in a segment the first search passed over
+      a.by_free = by_free
       got = allocate(P, size, a.replica_num, a.preferred, by_free)
       if #got > 0 then return got, true end
     end
@@ -55,13 +68,28 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
   return got, true
 end
 
+-- The replicas of a put in progress, as put_start first answered them (minus dead ones).
+local function retry_reply(P, o)
+  local reply = {}
+  for _, r in ipairs(replicas_of(P, o)) do
+    if r.live then
+      reply[#reply + 1] = r.seg
+      reply[#reply + 1] = r.off
+    end
+  end
+  if #reply == 0 then return E.OBJECT_ALREADY_EXISTS end
+  return reply
+end
+
 local function put_one(P, a, key, size, now, cfg, by_free)
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
   local okey = obj_key(P, a.tenant, key)
   local old = load_object(okey)
   if old then
-    local started = tonumber(old.put_started)
-    if old.status == 'complete' or now - started < cfg.put_start_discard_timeout then
+    local started = tonumber(old.put_started) or 0
+    if old.status == 'complete' then return E.OBJECT_ALREADY_EXISTS end
+    if now - started < cfg.put_start_discard_timeout then
+      if old.writer == a.client and tonumber(old.size) == size then return retry_reply(P, old) end
       return E.OBJECT_ALREADY_EXISTS
     end
     -- an abandoned put: preempt it, keeping its space until the release timeout
@@ -116,35 +144,35 @@ local function parse_put_args(args, cfg)
   else
     return nil, 'soft_pin_action must be enable, preserve or disable'
   end
-  local npref = int_arg(args[8], 0, 1024)
-  if not npref then return nil, 'n_preferred must be an integer in [0, 1024]' end
+  local npref = int_arg(args[8], 0, MAX_PREFERRED)
+  if not npref then return nil, 'n_preferred must be an integer in [0, ' .. MAX_PREFERRED .. ']' end
   a.preferred = {}
   for i = 1, npref do a.preferred[i] = args[8 + i] end
   a.first_pair = 9 + npref
   if #args < a.first_pair or (#args - a.first_pair + 1) % 2 ~= 0 then
     return nil, 'expected key, size pairs after the preferred segments'
   end
+  if (#args - a.first_pair + 1) / 2 > MAX_PUTS_PER_CALL then
+    return nil, 'at most ' .. MAX_PUTS_PER_CALL .. ' keys per call'
+  end
   return a
 end
 
-local function put_start(keys, args)
-  local P = keys[1]
-  local cfg = config(P, { 'put_start_discard_timeout', 'put_start_release_timeout',
-    'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length', 'evict_on_put',
-    'allow_evict_soft_pinned_objects' })
-  if not cfg then return not_initialised() end
+local function put_start(P, args, cfg)
   local a, err = parse_put_args(args, cfg)
   if not a then return fail(E.INVALID_PARAMS, err) end
   local now = now_ms(P)
   release_held(P, now, 16)
   a.evict_budget = EVICT_ON_PUT_UNITS
-  local by_free = redis.call('ZREVRANGE', P .. ':segs', 0, -1)
+  a.by_free = most_free(P, a)
   local reply = {}
   for i = a.first_pair, #args, 2 do
     local size = int_arg(args[i + 1], 1, MAX_INT)
-    reply[#reply + 1] = put_one(P, a, args[i], size, now, cfg, by_free)
+    reply[#reply + 1] = put_one(P, a, args[i], size, now, cfg, a.by_free)
   end
   return reply
 end
 
-redis.register_function('mc_put_start', put_start)
+register('mc_put_start', { 'put_start_discard_timeout', 'put_start_release_timeout',
+  'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length', 'evict_on_put',
+  'allow_evict_soft_pinned_objects' }, put_start)

@@ -14,12 +14,12 @@ local function remove_one(P, tenant, key, force, now)
   return E.OK
 end
 
-local function remove(keys, args)
+local function remove(P, args)
   local force = args[2]
   if force ~= '0' and force ~= '1' then return fail(E.INVALID_PARAMS, 'force must be 0 or 1') end
-  return per_key(keys, args, args[1], 3, function(P, tenant, key, now)
+  return per_key(P, args, args[1], 3, function(_, tenant, key, now)
     return remove_one(P, tenant, key, force == '1', now)
   end)
 end
 
-redis.register_function('mc_remove', remove)
+register('mc_remove', {}, remove)

@@ -4,9 +4,10 @@
 -- mounted_at. P:segs zset: segment -> free bytes. P:clients zset: client -> last ping ms.
 
 -- mount_segment. KEYS: P. ARGV: name, client_id, slice_base, slice_size. Reply: 0 (OK).
--- Idempotent: mounting the same name again with the same client, base and size is OK.
-local function mount_segment(keys, args)
-  local P, name, client = keys[1], args[1], args[2]
+-- Idempotent: mounting the same name again with the same client, base and size is OK (and counts
+-- as a ping). A refused mount writes nothing.
+local function mount_segment(P, args)
+  local name, client = args[1], args[2]
   local base, size = int_arg(args[3], 0, MAX_INT), int_arg(args[4], 1, MAX_INT)
   if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
@@ -14,20 +15,28 @@ local function mount_segment(keys, args)
     return fail(E.INVALID_PARAMS, 'base and size must be integers, size > 0, base + size < 2^53')
   end
   local skey = P .. ':seg:' .. name
-  local now = now_ms(P)
-  redis.call('ZADD', P .. ':clients', now, client)
   local cur = redis.call('HMGET', skey, 'client', 'base', 'size')
+  local now = now_ms(P)
   if cur[1] then
-    if cur[1] == client and tonumber(cur[2]) == base and tonumber(cur[3]) == size then return E.OK end
-    return fail(E.SEGMENT_ALREADY_EXISTS, 'segment ' .. name .. ' is mounted with other parameters')
+    if cur[1] ~= client or tonumber(cur[2]) ~= base or tonumber(cur[3]) ~= size then
+      return fail(E.SEGMENT_ALREADY_EXISTS, 'segment ' .. name .. ' is mounted with other parameters')
+    end
+    redis.call('ZADD', P .. ':clients', S(now), client)
+    return E.OK
   end
+  local capacity = tonumber(redis.call('HGET', P, 'capacity_bytes')) or 0
+  if capacity + size > MAX_INT then
+    return fail(E.INVALID_PARAMS, 'the shard\'s capacity would pass 2^53 bytes')
+  end
+  -- every check is done: from here on the call only writes
+  redis.call('ZADD', P .. ':clients', S(now), client)
   local mount = redis.call('INCR', P .. ':mount_seq')
   redis.call('HSET', skey, 'client', client, 'base', S(base), 'size', S(size), 'used', 0,
     'mount', mount, 'mounted_at', S(now))
   local by_off, by_size = free_keys(P, name)
   add_free(by_off, by_size, base, size)
-  redis.call('ZADD', P .. ':segs', size, name)
-  redis.call('HINCRBY', P, 'capacity_bytes', size)
+  redis.call('ZADD', P .. ':segs', S(size), name)
+  redis.call('HINCRBY', P, 'capacity_bytes', S(size))
   return E.OK
 end
 
@@ -35,10 +44,11 @@ end
 -- The segment's replicas become unreadable at once (their mount id no longer matches);
 -- sweep_replicas then removes them from the object hashes in bounded batches (the caller, or a
 -- worker when P:sweep_pending is set).
-local function unmount_segment(keys, args)
-  local P, name, client = keys[1], args[1], args[2]
-  local owner = redis.call('HGET', P .. ':seg:' .. tostring(name), 'client')
-  if not owner then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. tostring(name) .. ' is not mounted') end
+local function unmount_segment(P, args)
+  local name, client = args[1], args[2]
+  if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
+  local owner = redis.call('HGET', P .. ':seg:' .. name, 'client')
+  if not owner then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. name .. ' is not mounted') end
   if owner ~= client then return fail(E.ILLEGAL_CLIENT, 'segment ' .. name .. ' belongs to another client') end
   drop_segment(P, name)
   return E.OK
@@ -46,32 +56,33 @@ end
 
 -- sweep_replicas. KEYS: P. ARGV: tenant, key...  Drops replicas on unmounted segments;
 -- an object left with no replica is deleted. Reply: number of objects deleted.
-local function sweep_replicas(keys, args)
-  local P, tenant = keys[1], args[1]
-  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'bad tenant_id') end
-  local deleted, now = 0, now_ms(P)
-  for i = 2, #args do
-    local okey = obj_key(P, tenant, args[i])
+local function sweep_replicas(P, args)
+  local tenant = args[1]
+  local deleted = 0
+  local reply = per_key(P, args, tenant, 2, function(_, _, key, now)
+    local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
     if o and #live_replicas(P, okey, o) == 0 then
-      delete_object(P, tenant, args[i], okey, o, nil, now)
+      delete_object(P, tenant, key, okey, o, nil, now)
       deleted = deleted + 1
     end
-  end
+    return 0
+  end)
+  if reply.err then return reply end
   return deleted
 end
 
 -- ping. KEYS: P. ARGV: client_id. Reply: 1 if the client is known (has mounted and not
 -- expired) and its ping time was recorded, 0 if it must remount.
-local function ping(keys, args)
-  local P, client = keys[1], args[1]
+local function ping(P, args)
+  local client = args[1]
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
   if not redis.call('ZSCORE', P .. ':clients', client) then return 0 end
-  redis.call('ZADD', P .. ':clients', now_ms(P), client)
+  redis.call('ZADD', P .. ':clients', S(now_ms(P)), client)
   return 1
 end
 
-redis.register_function('mc_mount_segment', mount_segment)
-redis.register_function('mc_unmount_segment', unmount_segment)
-redis.register_function('mc_sweep_replicas', sweep_replicas)
-redis.register_function('mc_ping', ping)
+register('mc_mount_segment', {}, mount_segment)
+register('mc_unmount_segment', {}, unmount_segment)
+register('mc_sweep_replicas', {}, sweep_replicas)
+register('mc_ping', {}, ping)

@@ -14,7 +14,7 @@ local function task_ref_one(P, tenant, key, delta, now)
   if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   local refs = (tonumber(o.task_refs) or 0) + delta
   if refs < 0 then return E.INVALID_PARAMS end
-  if refs == 0 then redis.call('HDEL', okey, 'task_refs') else redis.call('HSET', okey, 'task_refs', refs) end
+  if refs == 0 then redis.call('HDEL', okey, 'task_refs') else redis.call('HSET', okey, 'task_refs', S(refs)) end
   o.task_refs = refs
   if o.group then
     redis.call('HINCRBY', grp_key(P, tenant, o.group), 'task_refs', delta)
@@ -23,12 +23,12 @@ local function task_ref_one(P, tenant, key, delta, now)
   return { refs }
 end
 
-local function task_ref(keys, args)
+local function task_ref(P, args)
   local delta = args[2]
   if delta ~= '1' and delta ~= '-1' then return fail(E.INVALID_PARAMS, 'delta must be 1 or -1') end
-  return per_key(keys, args, args[1], 3, function(P, tenant, key, now)
+  return per_key(P, args, args[1], 3, function(_, tenant, key, now)
     return task_ref_one(P, tenant, key, tonumber(delta), now)
   end)
 end
 
-redis.register_function('mc_task_ref', task_ref)
+register('mc_task_ref', {}, task_ref)
