@@ -10,13 +10,15 @@ carry on. Any other error is counted as unexpected. The process stops after SECO
 SIGTERM and prints one JSON line of counters.
 
 writer: puts of unique keys (single, batch, grouped, soft/hard pinned, all preferring its own
-  segment), revokes and removes of its own keys. It appends one line per outcome to
+  segment), revokes and removes of its own keys. A single put's put_start and put_end are
+  retried after a fault error (the store answers a retried put_start with the replicas it
+  already allocated). It appends one line per outcome to
   OUT_DIR/NAME.log, always after the reply arrived:
     A key  put_end answered OK: acknowledged
     r key  a remove of the key is about to be sent (its outcome is unknown until R/K/N)
     R key  remove answered OK          K key  remove refused (leased): still there
-    N key  remove answered OBJECT_NOT_FOUND (a retried remove whose first try went through,
-           or a lost object; the test counts these)
+    N key  remove answered OBJECT_NOT_FOUND: the acknowledged object was gone before its remove
+           (removes are not retried, so this is a lost object; the test reports it)
     V key  put_revoke answered OK      M      the ping said NEED_REMOUNT: remounted
 reader: reads random keys the writers acknowledged (from their logs) and missing keys."""
 from __future__ import annotations
@@ -94,6 +96,17 @@ class Client:
     def running(self) -> bool:
         return not self.stop.is_set() and time.monotonic() < self.deadline
 
+    def retried(self, call, *args):
+        """call(*args), tried again (up to 3 times) after a fault error, as an engine retries."""
+        for attempt in range(3):
+            try:
+                return call(*args)
+            except Exception as exc:  # noqa: BLE001
+                if attempt == 2 or not fault_error(exc):
+                    raise
+                self.counts["retries"] += 1
+                time.sleep(self.rng.uniform(0.05, 0.3))
+
     # ---- liveness, as an engine keeps it ----------------------------------------------------
     def mount(self) -> None:
         self.master.mount_segment(self.segment, SEG_SIZE[self.role], self.name, base=self.base)
@@ -122,8 +135,9 @@ class Client:
                               ReplicateConfig(preferred_segments=prefer, soft_pin_action=SoftPinAction.ENABLE,
                                               soft_pin_ttl_ms=rng.randrange(1_000, 60_000)),
                               ReplicateConfig(preferred_segments=prefer, with_hard_pin=True)])
-            m.put_start(me, key, rng.randrange(1, 65) * 1024, cfg)
-            m.put_end(me, key)
+            size = rng.randrange(1, 65) * 1024
+            self.retried(m.put_start, me, key, size, cfg)  # a retry answers the replicas already allocated
+            self.retried(m.put_end, me, key)               # and put_end of a complete object is OK
             self.record(f"A {key}")
             acked.append(key)
             self.counts["put"] += 1
