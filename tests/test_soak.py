@@ -14,6 +14,7 @@ Opt-in, real time (the store clock runs): MOONCAKE_SOAK=1 python -m pytest -q -s
 MOONCAKE_SOAK_SEED varies the fault timings)."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
@@ -40,6 +41,14 @@ SILENT = "silent"  # the client that stops pinging at once
 
 pytestmark = pytest.mark.skipif(os.environ.get("MOONCAKE_SOAK") != "1",
                                 reason="soak test: set MOONCAKE_SOAK=1 (and MOONCAKE_SOAK_SECONDS)")
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGKILL when the test process dies, so nothing outlives a run."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
 
 
 class Soak:
@@ -76,14 +85,14 @@ class Soak:
         self.n_workers_spawned = n + 1
         log = open(self.tmp / f"worker-{n}.log", "wb")
         return subprocess.Popen([sys.executable, "-m", "cli", "--redis", self.url, "worker", "--interval", "0.1"],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
     def spawn_client(self, role: str, index: int) -> subprocess.Popen:
-        # a generous run length: the test stops them with SIGTERM
+        # the test stops them with SIGTERM; the run length is only a bound
         return subprocess.Popen([sys.executable, str(HERE / "soak_client.py"), role, self.url, f"{role}-{index}",
-                                 str(index), "3600", str(self.ping_ms), str(self.out)],
+                                 str(index), str(SECONDS + 600), str(self.ping_ms), str(self.out)],
                                 stdout=subprocess.PIPE, stderr=open(self.tmp / f"{role}-{index}.err", "wb"),
-                                text=True)
+                                text=True, preexec_fn=die_with_parent)
 
     # ---- faults -----------------------------------------------------------------------------
     def pause(self, seconds: float) -> None:
@@ -119,6 +128,22 @@ class Soak:
         finally:
             r.close()
         self.note(f"valkey back (pid {self.valkey.proc.pid})")
+
+    def wait_silent_expired(self, timeout_s: float) -> None:
+        """Fault-free time until the silent client is expired on every shard (bounded). Each
+        fault may restart the store's watch of client silence (a killed worker's shards go
+        unwatched until its claim runs out), so the expiry may be owed to this quiet end."""
+        r = redis.Redis.from_url(self.valkey.url)
+        start = time.monotonic()
+        try:
+            while any(r.zscore(f"mc:{{mc:{i}}}:clients", SILENT) is not None for i in range(SHARDS)):
+                if time.monotonic() - start > timeout_s:
+                    self.note("silent client NOT expired")  # verify() reports it
+                    return
+                time.sleep(0.2)  # waiting for the workers to do it, not for a deadline of ours
+        finally:
+            r.close()
+        self.note(f"silent client expired (waited {time.monotonic() - start:.1f}s)")
 
     def check_alive(self) -> None:
         for p in self.workers + self.clients:
@@ -191,6 +216,9 @@ def verify(soak: Soak, summaries: list[dict]) -> None:
         print("soak events:\n  " + "\n  ".join(soak.events))
         print("soak workers:", dict(metrics))
         print("soak usage:", m.usage())
+        watch = [m.redis.hget(p, "clients_watched_since") for p in m._shard_keys]
+        print("soak: client silence watched for (s):",
+              [None if w is None else (m.now_ms() - int(w)) / 1000 for w in watch])
 
         if counts["A"] < 100:
             problems.append("the writers acknowledged almost nothing: the soak did not run")
@@ -249,7 +277,8 @@ def verify(soak: Soak, summaries: list[dict]) -> None:
 @pytest.mark.timeout(SECONDS + 300)
 def test_soak_short_faults(tmp_path):
     """Faults shorter than client_ttl (10 s): pauses of 1-4 s, worker kills, Valkey SIGKILL or
-    SIGTERM with 0.2-1.5 s down, cycled until SECONDS have passed."""
+    SIGTERM with 0.2-1.5 s down, cycled until SECONDS have passed; then quiet until the silent
+    client is expired."""
     rng = random.Random(int(os.environ.get("MOONCAKE_SOAK_SEED", "1")))
     soak = Soak(tmp_path, client_ttl_ms=10_000)
     try:
@@ -257,7 +286,7 @@ def test_soak_short_faults(tmp_path):
         faults = ["pause", "kill_worker", "restart_kill", "pause", "kill_worker", "restart_term"]
         i = 0
         time.sleep(3)  # let the clients mount and write a little first
-        while time.monotonic() < end - 5 and i < 1000:
+        while time.monotonic() < end and i < 1000:
             fault = faults[i % len(faults)]
             i += 1
             if fault == "pause":
@@ -268,7 +297,8 @@ def test_soak_short_faults(tmp_path):
                 soak.restart(signal.SIGKILL if fault == "restart_kill" else signal.SIGTERM, rng.uniform(0.2, 1.5))
             soak.check_alive()
             time.sleep(rng.uniform(2, 5))  # quiet time between faults
-        soak.note(f"{i} faults; stopping")
+        soak.note(f"{i} faults")
+        soak.wait_silent_expired(30)  # client_ttl + claim_ttl + a margin
         summaries = soak.stop()
         verify(soak, summaries)
     finally:
@@ -287,7 +317,8 @@ def test_soak_outage_longer_than_client_ttl(tmp_path):
         soak.pause(3 * ttl / 1000)
         time.sleep(4)
         soak.restart(signal.SIGKILL, 3 * ttl / 1000)
-        time.sleep(6)  # several worker passes after the outage
+        time.sleep(6)  # several worker passes after the outage, more than client_ttl
+        soak.wait_silent_expired(15)
         summaries = soak.stop()
         verify(soak, summaries)
     finally:
