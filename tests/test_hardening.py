@@ -379,3 +379,20 @@ def test_put_start_retried_by_its_writer_answers_the_same_replicas(master):
     m.put_end(WRITER, "k")
     with raises_code(ErrorCode.OBJECT_ALREADY_EXISTS):
         m.put_start(WRITER, "k", 100)
+
+
+# ---- abandoned puts of an expired writer free their bytes at once ----------------------------
+
+def test_abandoned_put_of_an_expired_writer_frees_at_once(new_master):
+    m = new_master(client_ttl=2_000, put_start_discard_timeout=5_000)
+    m.mount_segment("seg", (1 << 16) * m.shards, OWNER)
+    m.mount_segment("w-seg", 4096 * m.shards, "w-dead")    # both writers are clients of the store
+    m.mount_segment("a-seg", 4096 * m.shards, "w-alive")
+    m.put_start("w-dead", "from-dead", 1000, ReplicateConfig(preferred_segments=("seg",)))
+    m.put_start("w-alive", "from-alive", 1000, ReplicateConfig(preferred_segments=("seg",)))
+    watched_silence(m, m.config.put_start_discard_timeout + 1, ping=(OWNER, "w-alive"))
+    assert m.ping("w-dead") == "NEED_REMOUNT"  # expired on the way
+    assert Worker(m).run_once().discarded_puts == 2
+    # the expired writer's bytes are free now; the live writer's stay held (it may still write)
+    assert m.usage().used_bytes == 1000
+    assert fsck(m).ok

@@ -99,7 +99,7 @@ local function put_one(P, a, key, size, now, cfg, by_free)
       return E.OBJECT_ALREADY_EXISTS
     end
     -- an abandoned put: preempt it, keeping its space until the release timeout
-    delete_object(P, a.tenant, key, okey, old, started + cfg.put_start_release_timeout, now)
+    delete_object(P, a.tenant, key, okey, old, hold_until(P, old.writer, started, cfg.put_start_release_timeout), now)
   end
   local got, fits = allocate_evicting(P, size, a, now, cfg, by_free)
   if #got == 0 then
