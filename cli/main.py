@@ -358,7 +358,11 @@ def run_background(master: Master, stop_event: threading.Event) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether valkey-server could listen on 127.0.0.1:`port`. Bound with SO_REUSEADDR, as
+    valkey-server binds: connections of a stopped server (TIME_WAIT) do not hold the port, a
+    listener does."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
