@@ -408,17 +408,7 @@ def _start_private_valkey(data_dir: Path, port: int | None):
         try:
             server.start()
         except RuntimeError as exc:
-            server.stop()
             raise CliError(str(exc)) from None
-        # EmbeddedValkey only waits for a PING on the port: make sure it is our process answering.
-        probe = redis.Redis(host="127.0.0.1", port=server.port)
-        try:
-            answering = int(probe.info("server")["process_id"])
-        finally:
-            probe.close()
-        if answering != server.proc.pid:
-            server.stop()
-            raise CliError(f"port {server.port} is served by another process (pid {answering})")
         return server, lock
     except BaseException:
         lock.close()

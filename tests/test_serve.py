@@ -12,10 +12,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
+import mooncake_redis.server as server_module
 from mooncake_redis import Master
-from mooncake_redis.server import free_port
+from mooncake_redis.server import EmbeddedValkey, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 30.0  # bound on waiting for `serve` to come up / go down (polling, not a deadline)
@@ -91,6 +93,12 @@ def _gone(pid: int) -> bool:
             return True
         time.sleep(0.02)  # waiting for a process to exit, not for a deadline
     return False
+
+
+def unauthenticated_ping(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=START_TIMEOUT_S) as s:
+        s.sendall(b"PING\r\n")
+        return s.recv(1024)
 
 
 def serve_once(tmp: Path, data: Path, *args: str) -> subprocess.CompletedProcess:
@@ -176,3 +184,37 @@ def test_port_with_a_listener_is_refused(tmp_path):
         port = other.getsockname()[1]
         r = serve_once(tmp_path, tmp_path / "data", "--port", str(port))
     assert r.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in r.stderr
+
+
+# ---- EmbeddedValkey ----------------------------------------------------------------------
+
+def test_embedded_valkey_does_not_attach_to_another_server(tmp_path, monkeypatch, valkey):
+    """A valkey-server that has not bound its port yet (here: one that never will) while
+    another server answers there: start() fails instead of returning the other server."""
+    slow = tmp_path / "slow-valkey-server"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(server_module, "valkey_binary", lambda: str(slow))
+    mine = EmbeddedValkey(str(tmp_path / "data"), port=valkey.port, appendonly=False)
+    with pytest.raises(RuntimeError, match=f"port {valkey.port} on 127.0.0.1 is served by another process"):
+        mine.start()
+    assert mine.proc.poll() is not None, "the process started was not stopped"
+    assert redis.Redis.from_url(valkey.url).ping()  # the other server is untouched
+
+
+def test_embedded_valkey_on_a_taken_port_fails(tmp_path, valkey):
+    mine = EmbeddedValkey(str(tmp_path / "data"), port=valkey.port, appendonly=False)
+    with pytest.raises(RuntimeError, match="served by another process|Address already in use"):
+        mine.start()
+    assert mine.proc.poll() is not None
+
+
+def test_embedded_valkey_password(tmp_path):
+    with EmbeddedValkey(str(tmp_path / "data"), appendonly=False, password="pw-1_x") as server:
+        assert server.url == f"redis://:pw-1_x@127.0.0.1:{server.port}/0"
+        assert redis.Redis.from_url(server.url).ping()
+        assert unauthenticated_ping(server.port).startswith(b"-NOAUTH")
+        assert "pw-1_x" not in " ".join(server.proc.args)  # not on the command line
+        assert redis.Redis.from_url(server.url).config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+    with pytest.raises(ValueError):
+        EmbeddedValkey(password="has space")
