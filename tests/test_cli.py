@@ -19,7 +19,8 @@ T0 = 1_700_000_000_000  # the frozen store clock (as in conftest)
 
 
 def run(*args: str, env: dict | None = None):
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, **(env or {})})
+    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None,
+                                                     **(env or {})})
 
 
 @pytest.fixture
@@ -156,7 +157,8 @@ def test_bad_namespace_exit_2(valkey):
     assert "error INVALID_PARAMS (-600)" in r.stderr
 
 
-def test_usage_errors_exit_2(valkey):
+def test_usage_errors_exit_2(valkey, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./mooncake-data/url either
     assert run("status").exit_code == 2  # no URL
     assert run("--redis", valkey.url, "inspect").exit_code == 2  # no KEY
     assert run("serve", "--shards", "zero").exit_code == 2

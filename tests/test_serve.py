@@ -11,11 +11,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 import mooncake_redis.server as server_module
+from cli.main import cli, safe_url
 from mooncake_redis import Master
 from mooncake_redis.server import EmbeddedValkey, free_port
 
@@ -46,7 +49,8 @@ class Serve:
         self.lines.put(None)
 
     def wait_ready(self) -> tuple[str, str]:
-        """Wait (bounded) for the banner; returns (url, functions version) as printed."""
+        """Wait (bounded) for the banner; returns (url, functions version): the URL of the url
+        file, which the banner prints with its password masked."""
         end = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < end:
             try:
@@ -61,7 +65,9 @@ class Serve:
                 url = re.search(r"^mooncake-redis master: (redis://\S+)$", banner, re.M)
                 version = re.search(r"functions library 'mooncake' version ([0-9a-f]{16})$", banner, re.M)
                 assert url and version, banner
-                return url.group(1), version.group(1)
+                full = (self.data_dir / "url").read_text().strip()
+                assert url.group(1) == safe_url(full) != full, banner
+                return full, version.group(1)
         raise AssertionError(f"serve did not come up: {self.output} {self.err_path.read_text()}")
 
     def stop(self) -> int:
@@ -113,7 +119,8 @@ def test_serve_process(tmp_path):
     serve = Serve(tmp_path, data, "--port", str(port))
     try:
         url, version = serve.wait_ready()
-        assert url == f"redis://127.0.0.1:{port}/0"
+        password = (data / "password").read_text().strip()
+        assert url == f"redis://:{password}@127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
         assert client.execute_command("FCALL", "mc_version", 0).decode() == version
         assert client.config_get("appendonly") == {"appendonly": "yes"}
@@ -184,6 +191,102 @@ def test_port_with_a_listener_is_refused(tmp_path):
         port = other.getsockname()[1]
         r = serve_once(tmp_path, tmp_path / "data", "--port", str(port))
     assert r.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in r.stderr
+
+
+
+def run(*args: str, env: dict | None = None):
+    """The CLI in-process, without --redis: it finds the URL as an operator's shell would."""
+    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None,
+                                                     **(env or {})})
+
+
+def _modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")]}
+
+
+def test_serve_is_private_and_the_cli_finds_it(tmp_path, monkeypatch):
+    """Password (0600), URL file (0600), data directory 0700, AOF files 0600; an unauthenticated
+    client is refused; `status` run next to the data directory needs no --redis."""
+    data = tmp_path / "mooncake-data"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)  # as an earlier version left it
+    serve = Serve(tmp_path, data)
+    try:
+        url, _ = serve.wait_ready()
+        password = (data / "password").read_text().strip()
+        assert len(password) >= 32 and password in url
+        banner = "".join(serve.output)
+        assert password not in banner
+        assert f'REDISCLI_AUTH="$(cat {data / "password"})"' in banner
+        assert f"other commands: MOONCAKE_DATA_DIR={data} mooncake-redis status" in banner  # serve runs elsewhere
+        assert unauthenticated_ping(urlsplit(url).port).startswith(b"-NOAUTH")
+        client = redis.Redis.from_url(url)
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        client.close()
+        modes = _modes(data)
+        assert {"password", "url", "valkey.log", "valkey.pid", "serve.lock", "appendonlydir"} <= modes.keys()
+        assert any(name.startswith("appendonlydir/") for name in modes)
+        assert {name: mode for name, mode in modes.items() if mode & 0o077} == {}
+
+        monkeypatch.chdir(tmp_path)  # the directory that holds mooncake-data/
+        r = run("status")
+        assert r.exit_code == 0, r.output
+        assert f"store      redis://:***@127.0.0.1:{urlsplit(url).port}/0" in r.stdout and password not in r.output
+        monkeypatch.chdir(data)  # elsewhere, with MOONCAKE_DATA_DIR
+        assert run("status").exit_code == 2
+        assert run("status", env={"MOONCAKE_DATA_DIR": str(data)}).exit_code == 0
+        assert serve.stop() == 0
+    finally:
+        serve.cleanup()
+    monkeypatch.chdir(tmp_path)
+    r = run("status")  # the URL file stays; nothing answers there now
+    assert r.exit_code == 2 and password not in r.stderr
+    assert "(URL from mooncake-data/url: is `mooncake-redis serve` running?)" in r.stderr
+
+
+def test_cli_without_url_says_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run("status")
+    assert r.exit_code == 2
+    assert "no Redis: pass --redis URL, set MOONCAKE_REDIS_URL, or run where `mooncake-redis serve` " \
+           "keeps its data (mooncake-data/url not found" in r.stderr
+    r = run("inspect", "k", env={"MOONCAKE_DATA_DIR": str(tmp_path / "elsewhere")})
+    assert r.exit_code == 2 and f"({tmp_path / 'elsewhere' / 'url'} not found" in r.stderr
+
+
+def test_serve_comes_back_on_its_port(tmp_path):
+    data = tmp_path / "data"
+    first = Serve(tmp_path, data)
+    try:
+        url, _ = first.wait_ready()
+        assert first.stop() == 0
+    finally:
+        first.cleanup()
+    port = urlsplit(url).port
+    second = Serve(tmp_path, data)  # no --port: the port of the earlier serve
+    try:
+        assert second.wait_ready()[0] == url
+        assert second.stop() == 0
+    finally:
+        second.cleanup()
+
+    with socket.socket() as other:  # something else took the port meanwhile
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        refused = serve_once(tmp_path, data)
+        assert refused.returncode == 2
+        assert (f"port {port} on 127.0.0.1, where {data} was served before (see its url file), is in use "
+                f"by another process; free it, or pass --port N") in refused.stderr
+        assert (data / "url").read_text().strip() == url
+        new_port = free_port()
+        moved = Serve(tmp_path, data, "--port", str(new_port))  # the operator moves the store
+        try:
+            new_url, _ = moved.wait_ready()
+            assert new_url == url.replace(f":{port}/", f":{new_port}/")
+            assert f"port changed from {port} to {new_port} (--port)" in "".join(moved.output)
+            assert moved.stop() == 0
+        finally:
+            moved.cleanup()
 
 
 # ---- EmbeddedValkey ----------------------------------------------------------------------
