@@ -321,3 +321,28 @@ def test_embedded_valkey_password(tmp_path):
         assert redis.Redis.from_url(server.url).config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
     with pytest.raises(ValueError):
         EmbeddedValkey(password="has space")
+
+
+# ---- docker compose ----------------------------------------------------------------------
+
+def test_docker_compose_file():
+    """Valid YAML; Valkey with AOF, noeviction and the password of .env; every mooncake-redis
+    service reaches it with that password; healthchecks; .env stays out of git and images."""
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    password = "${VALKEY_PASSWORD:?"
+    valkey = services["valkey"]
+    command = " ".join(valkey["command"])
+    assert "--appendonly yes" in command and "--maxmemory-policy noeviction" in command
+    assert f"--requirepass {password}" in command
+    assert all(p.startswith("127.0.0.1:") for p in valkey["ports"])
+    for name in ("master", "worker"):
+        url = services[name]["environment"]["MOONCAKE_REDIS_URL"]
+        assert url.startswith(f"redis://:{password}") and url.endswith("@valkey:6379/0"), name
+    assert services["master"]["depends_on"]["valkey"]["condition"] == "service_healthy"
+    assert {"valkey", "master"} <= {name for name, s in services.items() if "healthcheck" in s}
+    example = (REPO / ".env.example").read_text()
+    assert re.search(r"^VALKEY_PASSWORD=$", example, re.M)
+    assert ".env" in (REPO / ".gitignore").read_text().split()
+    assert ".env" in (REPO / "docker" / "Dockerfile.dockerignore").read_text().split()
