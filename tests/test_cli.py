@@ -1,16 +1,9 @@
-"""The CLI against a real Valkey: status, inspect, errors, bench wiring, and `serve` as a process."""
+"""The CLI against a real Valkey: status, inspect, errors, bench wiring (`serve` as a process: test_serve.py)."""
 from __future__ import annotations
 
-import os
-import queue
 import re
-import signal
-import subprocess
 import sys
-import threading
-import time
 import types
-from pathlib import Path
 
 import pytest
 import redis
@@ -22,13 +15,12 @@ from mooncake_redis.functions import library_source
 from mooncake_redis.keys import shard_key, shard_of
 from mooncake_redis.server import free_port
 
-REPO = Path(__file__).resolve().parent.parent
 T0 = 1_700_000_000_000  # the frozen store clock (as in conftest)
-START_TIMEOUT_S = 30.0  # bound on waiting for `serve` to come up / go down (polling, not a deadline)
 
 
 def run(*args: str, env: dict | None = None):
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, **(env or {})})
+    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None,
+                                                     **(env or {})})
 
 
 @pytest.fixture
@@ -165,7 +157,8 @@ def test_bad_namespace_exit_2(valkey):
     assert "error INVALID_PARAMS (-600)" in r.stderr
 
 
-def test_usage_errors_exit_2(valkey):
+def test_usage_errors_exit_2(valkey, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./mooncake-data/url either
     assert run("status").exit_code == 2  # no URL
     assert run("--redis", valkey.url, "inspect").exit_code == 2  # no KEY
     assert run("serve", "--shards", "zero").exit_code == 2
@@ -221,122 +214,3 @@ def test_bench_ops_private_valkey(fake_bench):
     assert (n, shards) == (20000, 1) and url != ""
     with pytest.raises(redis.ConnectionError):  # the private server is gone
         redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-
-
-# ---- serve as a process ----------------------------------------------------------------
-
-class Serve:
-    """`python -m cli.main serve --data-dir DIR ...` as a child process."""
-
-    def __init__(self, tmp: Path, data_dir: Path, *args: str):
-        self.data_dir = data_dir
-        self.err_path = tmp / f"serve-{time.monotonic_ns()}.err"
-        env = {k: v for k, v in os.environ.items() if k != "MOONCAKE_REDIS_URL"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), *args],
-                                     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=open(self.err_path, "w"),
-                                     text=True)
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.output: list[str] = []
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def wait_ready(self) -> tuple[str, str]:
-        """Wait (bounded) for the banner; returns (url, functions version) as printed."""
-        end = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < end:
-            try:
-                line = self.lines.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            self.output.append(line)
-            if line.strip().startswith("stop with"):
-                banner = "".join(self.output)
-                url = re.search(r"^mooncake-redis master: (redis://\S+)$", banner, re.M)
-                version = re.search(r"functions library 'mooncake' version ([0-9a-f]{16})$", banner, re.M)
-                assert url and version, banner
-                return url.group(1), version.group(1)
-        raise AssertionError(f"serve did not come up: {self.output} {self.err_path.read_text()}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=START_TIMEOUT_S)
-
-    def cleanup(self) -> None:
-        """After a failed test: stop serve, and its Valkey too if serve could not."""
-        try:
-            self.stop()
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        try:
-            pid = int((self.data_dir / "valkey.pid").read_text())
-            os.kill(pid, signal.SIGTERM)
-            _gone(pid)
-        except (OSError, ValueError):
-            pass
-
-
-def _gone(pid: int) -> bool:
-    end = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.02)  # waiting for a process to exit, not for a deadline
-    return False
-
-
-def test_serve_process(tmp_path):
-    data = tmp_path / "data"
-    port = free_port()
-    serve = Serve(tmp_path, data, "--port", str(port))
-    try:
-        url, version = serve.wait_ready()
-        assert url == f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(url)
-        assert client.execute_command("FCALL", "mc_version", 0).decode() == version
-        assert client.config_get("appendonly") == {"appendonly": "yes"}
-        assert client.config_get("dir")["dir"] == str(data.resolve())
-        assert client.hget("mc:{mc:0}:config", "shards") == b"1"
-        valkey_pid = int(client.info("server")["process_id"])
-        client.close()
-        assert serve.stop() == 0
-        assert _gone(valkey_pid), "valkey-server outlived serve"
-        assert not (data / "valkey.pid").exists()
-    finally:
-        serve.cleanup()
-
-
-def test_serve_restart_keeps_the_store(tmp_path):
-    data = tmp_path / "data"
-    first = Serve(tmp_path, data, "--shards", "2")
-    try:
-        m = Master.connect(first.wait_ready()[0])
-        assert m.shards == 2
-        m.mount_segment("seg-a", 1 << 20, "client-1")
-        m.close()
-        assert first.stop() == 0
-    finally:
-        first.cleanup()
-    # a different shard count for the existing store is refused, and its Valkey stopped
-    refused = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data), "--shards", "3"],
-                             cwd=REPO, capture_output=True, text=True, timeout=START_TIMEOUT_S)
-    assert refused.returncode == 2, refused.stderr
-    assert "error INVALID_PARAMS (-600): store 'mc' has 2 shards" in refused.stderr
-    assert not (data / "valkey.pid").exists()
-    second = Serve(tmp_path, data)
-    try:
-        m = Master.connect(second.wait_ready()[0])
-        assert m.shards == 2 and [s["name"] for s in m.segments()] == ["seg-a"]
-        m.close()
-        assert second.stop() == 0
-    finally:
-        second.cleanup()

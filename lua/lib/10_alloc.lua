@@ -94,6 +94,14 @@ local function hold_extent(P, seg, mount, off, size, due)
   redis.call('ZADD', P .. ':held', due, mount .. ' ' .. S(off) .. ' ' .. S(size) .. ' ' .. seg)
 end
 
+-- Until when the extents of an abandoned put by `writer` (started at `started`) stay held: the
+-- release timeout, or nil (free them at once) when the writer was expired by the client-TTL
+-- cleanup (P:expired_clients): an expired client is no longer writing.
+local function hold_until(P, writer, started, release_timeout)
+  if writer and redis.call('ZSCORE', P .. ':expired_clients', writer) then return nil end
+  return started + release_timeout
+end
+
 -- Free up to `limit` held extents whose deadline has passed (extents of unmounted segments
 -- are simply dropped: their bytes left the books at unmount).
 local function release_held(P, now, limit)

@@ -11,9 +11,16 @@
 -- (unit -> soft_pin_until), which moves units from the soft tier to the ordinary one.
 -- Group hash P:grp:<tenant>:<group>: members, processing, hard_pinned (member counts), task_refs
 -- (sum of the members'),
--- lease_until (shared by all members), soft_pin_until (latest of the members').
+-- lease_until (shared by all members), soft_pin_until (latest of the members'), draining (1 while
+-- the group is being evicted).
+-- A group is evicted over several steps so that no call grows with its size: the step that picks
+-- it marks it draining and moves its unit to P:evict:draining (unit -> ms the drain began); each
+-- later step drops up to its budget of members. A draining group's members are gone for readers
+-- (OBJECT_NOT_FOUND), take no task references, and the group takes no new members
+-- (NO_AVAILABLE_HANDLE) until the last member is dropped and the group retires.
 
 local TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES = ':evict:ordinary', ':evict:soft', ':deadline:soft_pin'
+local DRAINING = ':evict:draining'
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
 local function group_unit(tenant, group) return 'g:' .. tenant .. ':' .. group end
@@ -22,6 +29,7 @@ local function unplace(P, unit)
   redis.call('ZREM', P .. TIER_ORDINARY, unit)
   redis.call('ZREM', P .. TIER_SOFT, unit)
   redis.call('ZREM', P .. SOFT_DEADLINES, unit)
+  redis.call('ZREM', P .. DRAINING, unit)
 end
 
 -- Put a unit into the tier its state calls for, or take it out of the candidates.
@@ -47,11 +55,20 @@ end
 
 local function group_state(P, tenant, group)
   local g = redis.call('HMGET', grp_key(P, tenant, group), 'members', 'processing', 'hard_pinned',
-    'lease_until', 'soft_pin_until', 'task_refs')
+    'lease_until', 'soft_pin_until', 'task_refs', 'draining')
   local n = {}
-  for i = 1, 6 do n[i] = tonumber(g[i]) or 0 end
+  for i = 1, 7 do n[i] = tonumber(g[i]) or 0 end
   return { members = n[1], processing = n[2], hard_pinned = n[3], lease_until = n[4], soft_pin_until = n[5],
-    task_refs = n[6] }
+    task_refs = n[6], draining = n[7] == 1 }
+end
+
+local function group_draining(P, tenant, group)
+  return redis.call('HGET', grp_key(P, tenant, group), 'draining') == '1'
+end
+
+-- An object whose group is being evicted is gone for every caller but the eviction itself.
+local function being_evicted(P, tenant, o)
+  return o.group ~= nil and group_draining(P, tenant, o.group)
 end
 
 local function group_protected(g)
@@ -60,6 +77,14 @@ end
 
 local function place_group(P, tenant, group, now)
   local g = group_state(P, tenant, group)
+  if g.draining then -- its unit stays in P:evict:draining until the last member is gone
+    local unit = group_unit(tenant, group)
+    redis.call('ZREM', P .. TIER_ORDINARY, unit)
+    redis.call('ZREM', P .. TIER_SOFT, unit)
+    redis.call('ZREM', P .. SOFT_DEADLINES, unit)
+    redis.call('ZADD', P .. DRAINING, 'NX', S(now), unit)
+    return
+  end
   place(P, group_unit(tenant, group), not group_protected(g),
     g.lease_until, g.soft_pin_until, now)
 end
@@ -115,7 +140,8 @@ local function retire_group(P, tenant, group)
   local gkey = grp_key(P, tenant, group)
   unplace(P, group_unit(tenant, group))
   redis.call('DEL', grp_members_key(P, tenant, group))
-  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'soft_pin_until', 'task_refs')
+  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'soft_pin_until', 'task_refs',
+    'draining')
 end
 
 local function leave_group(P, tenant, key, o, now)

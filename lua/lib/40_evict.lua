@@ -13,9 +13,12 @@ local function expire_soft_pins(P, now, limit)
   end
 end
 
--- The least recently leased unleased unit: ordinary tier first, then (if allowed) soft.
--- Returns the unit and the suffix of the tier it was found in.
+-- The next unit to evict: a group whose eviction is under way first, then the least recently
+-- leased unleased unit: ordinary tier first, then (if allowed) soft.
+-- Returns the unit and the suffix of the index it was found in.
 local function next_candidate(P, now, allow_soft)
+  local d = redis.call('ZRANGE', P .. DRAINING, 0, 0)[1]
+  if d then return d, DRAINING end
   local c = redis.call('ZRANGE', P .. TIER_ORDINARY, 0, 0, 'WITHSCORES')
   if c[1] and tonumber(c[2]) <= now then return c[1], TIER_ORDINARY end
   if allow_soft then
@@ -49,30 +52,49 @@ local function evict_object(P, tenant, key, now, tier)
   return 1, bytes
 end
 
-local function evict_group(P, tenant, group, now)
+-- Evict a group: decide (re-checking its protections), mark it draining, then drop up to
+-- `budget` members a call; the group retires with its last member.
+-- Returns objects and bytes freed and the budget spent (at least 1).
+local function evict_group(P, tenant, group, now, budget)
   local g = group_state(P, tenant, group)
-  if group_protected(g) or g.lease_until > now then
-    place_group(P, tenant, group, now)
-    return 0, 0
+  local unit, gkey, mkey = group_unit(tenant, group), grp_key(P, tenant, group), grp_members_key(P, tenant, group)
+  if not g.draining then
+    if group_protected(g) or g.lease_until > now then
+      place_group(P, tenant, group, now)
+      return 0, 0, 1
+    end
+    unplace(P, unit)
+    redis.call('HSET', gkey, 'draining', '1')
+    redis.call('ZADD', P .. DRAINING, S(now), unit)
   end
   local objects, bytes = 0, 0
-  for _, key in ipairs(redis.call('SMEMBERS', grp_members_key(P, tenant, group))) do
+  local keys = redis.call('SRANDMEMBER', mkey, budget)
+  for _, key in ipairs(keys) do
     local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
     if o then
       bytes = bytes + drop_object(P, tenant, key, okey, o, nil)
       objects = objects + 1
     end
+    redis.call('SREM', mkey, key)
   end
-  retire_group(P, tenant, group)
-  return objects, bytes
+  if redis.call('SCARD', mkey) == 0 then
+    retire_group(P, tenant, group)
+  elseif #keys > 0 then
+    redis.call('HINCRBY', gkey, 'members', S(0 - #keys))
+  end
+  return objects, bytes, math.max(#keys, 1)
 end
 
--- Evict one unit (popped from `tier`) if it is still evictable; returns objects and bytes freed.
-local function evict_unit(P, unit, tier, now)
+-- Evict one unit (popped from `tier`) if it is still evictable, spending at most `budget`
+-- (members of a group); returns objects and bytes freed and the budget spent.
+local function evict_unit(P, unit, tier, now, budget)
   local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.*)$')
-  if kind == 'o' then return evict_object(P, tenant, name, now, tier) end
-  if kind == 'g' then return evict_group(P, tenant, name, now) end
+  if kind == 'o' then
+    local n, b = evict_object(P, tenant, name, now, tier)
+    return n, b, 1
+  end
+  if kind == 'g' then return evict_group(P, tenant, name, now, budget or 1) end
   unplace(P, unit)
-  return 0, 0
+  return 0, 0, 1
 end

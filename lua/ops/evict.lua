@@ -1,8 +1,10 @@
 -- evict: one bounded eviction step on one shard.
 -- KEYS: P.  ARGV: max_units (1-1024).
 -- Starts when used_bytes > eviction_high_watermark_ratio x capacity, or when a put_start failed
--- for space since the last step (P.put_failed); frees units until used_bytes <=
--- (eviction_high_watermark_ratio - eviction_ratio) x capacity or max_units were tried. While a
+-- for space since the last step (P.put_failed), or while a group's eviction is under way
+-- (P:evict:draining); frees units until used_bytes <= (eviction_high_watermark_ratio -
+-- eviction_ratio) x capacity and no group is left half evicted, or max_units were spent (a
+-- unit costs 1, a group 1 per member dropped). While a
 -- run is unfinished P.evicting is set, so the next step carries on below the high watermark.
 -- Reply: {state, units, objects, bytes, used_bytes, target_bytes} where state is
 --   "idle" (nothing to do), "target" (reached), "more" (call again), "blocked" (no evictable unit).
@@ -14,18 +16,27 @@ local function evict(P, args, cfg)
   local row = redis.call('HMGET', P, 'used_bytes', 'capacity_bytes', 'put_failed', 'evicting')
   local used, cap, put_failed = tonumber(row[1]) or 0, tonumber(row[2]) or 0, row[3]
   local target = math.floor(cap * (cfg.eviction_high_watermark_ratio - cfg.eviction_ratio))
-  if used <= cap * cfg.eviction_high_watermark_ratio and not put_failed and not row[4] then
+  local draining = redis.call('ZCARD', P .. DRAINING) > 0 -- a group's eviction under way goes on
+  if used <= cap * cfg.eviction_high_watermark_ratio and not put_failed and not row[4] and not draining then
     return { 'idle', 0, 0, 0, used, target }
   end
-  local units, objects, bytes, state = 0, 0, 0, 'more'
-  for _ = 1, max_units do
-    if used <= target and (units > 0 or not put_failed) then state = 'target'; break end
+  local units, objects, bytes, state, budget = 0, 0, 0, 'more', max_units
+  while budget > 0 do
+    local at_target = used <= target and (units > 0 or not put_failed)
     local unit, tier = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
-    if not unit then state = 'blocked'; break end
-    local n, b = evict_unit(P, unit, tier, now)
+    if not unit or (at_target and tier ~= DRAINING) then
+      state = at_target and 'target' or 'blocked'
+      break
+    end
+    local n, b, spent = evict_unit(P, unit, tier, now, budget)
+    budget = budget - spent
     if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
   end
-  if state == 'more' and used <= target and units > 0 then state = 'target' end
+  if redis.call('ZCARD', P .. DRAINING) > 0 then
+    state = 'more' -- a group is half evicted: the next step goes on with it
+  elseif state == 'more' and used <= target and units > 0 then
+    state = 'target'
+  end
   if state == 'more' then
     redis.call('HSET', P, 'evicting', S(now))
   else

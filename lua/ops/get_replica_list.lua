@@ -8,7 +8,7 @@
 local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
-  if not o then return nil, E.OBJECT_NOT_FOUND end
+  if not o or being_evicted(P, tenant, o) then return nil, E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return nil, E.REPLICA_IS_NOT_READY end
   local live = live_replicas(P, okey, o, mount_cache)
   if #live == 0 then -- every replica was on unmounted segments: the object is gone

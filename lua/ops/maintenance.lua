@@ -5,7 +5,8 @@
 -- discard_puts. KEYS: P. ARGV: max.
 --   Puts whose put_start is at least put_start_discard_timeout old (P:processing score <=
 --   now - timeout, the same rule put_start uses to preempt) are deleted; their extents stay
---   held until put_started + put_start_release_timeout (the writer may still be writing).
+--   held until put_started + put_start_release_timeout (the writer may still be writing), or freed
+--   at once when the writer was expired by expire_clients (see hold_until).
 --   Then frees up to `max` held extents that are due (release_held).
 --   Reply: {discarded, released}.
 -- expire_clients. KEYS: P. ARGV: max.
@@ -51,7 +52,7 @@ local function discard_puts(P, args, cfg)
     local o = okey and load_object(okey)
     if o and o.status ~= 'complete' then
       local started = tonumber(o.put_started) or tonumber(due[i + 1])
-      delete_object(P, tenant, key, okey, o, started + cfg.put_start_release_timeout, now)
+      delete_object(P, tenant, key, okey, o, hold_until(P, o.writer, started, cfg.put_start_release_timeout), now)
       discarded = discarded + 1
     else
       redis.call('ZREM', P .. ':processing', id) -- a stale index entry
@@ -86,6 +87,9 @@ local function expire_clients(P, args, cfg)
     if owner and is_dead[owner] and drop_segment(P, name) then unmounted = unmounted + 1 end
   end
   redis.call('ZREM', P .. ':clients', unpack(dead))
+  -- remembered for put_start_release_timeout: abandoned puts of these writers free at once
+  for _, client in ipairs(dead) do redis.call('ZADD', P .. ':expired_clients', S(now), client) end
+  redis.call('ZREMRANGEBYSCORE', P .. ':expired_clients', '-inf', '(' .. S(now - cfg.put_start_release_timeout))
   return { #dead, unmounted }
 end
 
@@ -125,7 +129,7 @@ local function release_claim(P, args)
 end
 
 register('mc_discard_puts', { 'put_start_discard_timeout', 'put_start_release_timeout' }, discard_puts)
-register('mc_expire_clients', { 'client_ttl' }, expire_clients)
+register('mc_expire_clients', { 'client_ttl', 'put_start_release_timeout' }, expire_clients)
 register('mc_sweep_done', {}, sweep_done)
 register('mc_claim', {}, claim)
 register('mc_release_claim', {}, release_claim)

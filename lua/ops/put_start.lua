@@ -55,10 +55,11 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
   if cfg.evict_on_put ~= 1 or not fits then return got, fits end
   if a.evict_budget == EVICT_ON_PUT_UNITS then expire_soft_pins(P, now, EVICT_ON_PUT_UNITS) end
   while a.evict_budget > 0 do
-    a.evict_budget = a.evict_budget - 1
     local unit, tier = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
     if not unit then break end
-    if evict_unit(P, unit, tier, now) > 0 then
+    local n, _, spent = evict_unit(P, unit, tier, now, a.evict_budget)
+    a.evict_budget = a.evict_budget - spent
+    if n > 0 then
       by_free = most_free(P, a) -- the freed bytes may sit in a segment the first search passed over
       a.by_free = by_free
       got = allocate(P, size, a.replica_num, a.preferred, by_free)
@@ -83,8 +84,13 @@ end
 
 local function put_one(P, a, key, size, now, cfg, by_free)
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
+  if a.group and group_draining(P, a.tenant, a.group) then return E.NO_AVAILABLE_HANDLE end
   local okey = obj_key(P, a.tenant, key)
   local old = load_object(okey)
+  if old and being_evicted(P, a.tenant, old) then
+    delete_object(P, a.tenant, key, okey, old, nil, now) -- it was being evicted: finish it now
+    old = nil
+  end
   if old then
     local started = tonumber(old.put_started) or 0
     if old.status == 'complete' then return E.OBJECT_ALREADY_EXISTS end
@@ -93,7 +99,7 @@ local function put_one(P, a, key, size, now, cfg, by_free)
       return E.OBJECT_ALREADY_EXISTS
     end
     -- an abandoned put: preempt it, keeping its space until the release timeout
-    delete_object(P, a.tenant, key, okey, old, started + cfg.put_start_release_timeout, now)
+    delete_object(P, a.tenant, key, okey, old, hold_until(P, old.writer, started, cfg.put_start_release_timeout), now)
   end
   local got, fits = allocate_evicting(P, size, a, now, cfg, by_free)
   if #got == 0 then

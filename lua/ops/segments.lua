@@ -22,6 +22,7 @@ local function mount_segment(P, args)
       return fail(E.SEGMENT_ALREADY_EXISTS, 'segment ' .. name .. ' is mounted with other parameters')
     end
     redis.call('ZADD', P .. ':clients', S(now), client)
+    redis.call('ZREM', P .. ':expired_clients', client)
     return E.OK
   end
   local capacity = tonumber(redis.call('HGET', P, 'capacity_bytes')) or 0
@@ -30,6 +31,7 @@ local function mount_segment(P, args)
   end
   -- every check is done: from here on the call only writes
   redis.call('ZADD', P .. ':clients', S(now), client)
+  redis.call('ZREM', P .. ':expired_clients', client)
   local mount = redis.call('INCR', P .. ':mount_seq')
   redis.call('HSET', skey, 'client', client, 'base', S(base), 'size', S(size), 'used', 0,
     'mount', mount, 'mounted_at', S(now))

@@ -10,7 +10,7 @@
 local function task_ref_one(P, tenant, key, delta, now)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
-  if not o then return E.OBJECT_NOT_FOUND end
+  if not o or being_evicted(P, tenant, o) then return E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   local refs = (tonumber(o.task_refs) or 0) + delta
   if refs < 0 then return E.INVALID_PARAMS end

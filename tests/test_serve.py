@@ -1,0 +1,348 @@
+"""`serve` as a process: its private Valkey, restarts, the port and URL it remembers."""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+import mooncake_redis.server as server_module
+from cli.main import cli, safe_url
+from mooncake_redis import Master
+from mooncake_redis.server import EmbeddedValkey, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 30.0  # bound on waiting for `serve` to come up / go down (polling, not a deadline)
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("MOONCAKE_REDIS_URL", "MOONCAKE_DATA_DIR")}
+
+
+class Serve:
+    """`python -m cli.main serve --data-dir DIR ...` as a child process."""
+
+    def __init__(self, tmp: Path, data_dir: Path, *args: str):
+        self.data_dir = data_dir
+        self.err_path = tmp / f"serve-{time.monotonic_ns()}.err"
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), *args],
+                                     cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=open(self.err_path, "w"),
+                                     text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.output: list[str] = []
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_ready(self) -> tuple[str, str]:
+        """Wait (bounded) for the banner; returns (url, functions version): the URL of the url
+        file, which the banner prints with its password masked."""
+        end = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.output.append(line)
+            if line.strip().startswith("stop with"):
+                banner = "".join(self.output)
+                url = re.search(r"^mooncake-redis master: (redis://\S+)$", banner, re.M)
+                version = re.search(r"functions library 'mooncake' version ([0-9a-f]{16})$", banner, re.M)
+                assert url and version, banner
+                full = (self.data_dir / "url").read_text().strip()
+                assert url.group(1) == safe_url(full) != full, banner
+                return full, version.group(1)
+        raise AssertionError(f"serve did not come up: {self.output} {self.err_path.read_text()}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=START_TIMEOUT_S)
+
+    def cleanup(self) -> None:
+        """After a failed test: stop serve, and its Valkey too if serve could not."""
+        try:
+            self.stop()
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            pid = int((self.data_dir / "valkey.pid").read_text())
+            os.kill(pid, signal.SIGTERM)
+            _gone(pid)
+        except (OSError, ValueError):
+            pass
+
+
+def _gone(pid: int) -> bool:
+    end = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)  # waiting for a process to exit, not for a deadline
+    return False
+
+
+def unauthenticated_ping(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=START_TIMEOUT_S) as s:
+        s.sendall(b"PING\r\n")
+        return s.recv(1024)
+
+
+def serve_once(tmp: Path, data: Path, *args: str) -> subprocess.CompletedProcess:
+    """A `serve` expected to fail at start."""
+    return subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data), *args],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=START_TIMEOUT_S)
+
+
+def test_serve_process(tmp_path):
+    data = tmp_path / "data"
+    port = free_port()
+    serve = Serve(tmp_path, data, "--port", str(port))
+    try:
+        url, version = serve.wait_ready()
+        password = (data / "password").read_text().strip()
+        assert url == f"redis://:{password}@127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        assert client.execute_command("FCALL", "mc_version", 0).decode() == version
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("dir")["dir"] == str(data.resolve())
+        assert client.hget("mc:{mc:0}:config", "shards") == b"1"
+        valkey_pid = int(client.info("server")["process_id"])
+        client.close()
+        assert serve.stop() == 0
+        assert _gone(valkey_pid), "valkey-server outlived serve"
+        assert not (data / "valkey.pid").exists()
+    finally:
+        serve.cleanup()
+
+
+def test_serve_restart_keeps_the_store(tmp_path):
+    data = tmp_path / "data"
+    first = Serve(tmp_path, data, "--shards", "2")
+    try:
+        m = Master.connect(first.wait_ready()[0])
+        assert m.shards == 2
+        m.mount_segment("seg-a", 1 << 20, "client-1")
+        m.close()
+        assert first.stop() == 0
+    finally:
+        first.cleanup()
+    # a different shard count for the existing store is refused, and its Valkey stopped
+    refused = serve_once(tmp_path, data, "--shards", "3")
+    assert refused.returncode == 2, refused.stderr
+    assert "error INVALID_PARAMS (-600): store 'mc' has 2 shards" in refused.stderr
+    assert not (data / "valkey.pid").exists()
+    second = Serve(tmp_path, data)
+    try:
+        m = Master.connect(second.wait_ready()[0])
+        assert m.shards == 2 and [s["name"] for s in m.segments()] == ["seg-a"]
+        m.close()
+        assert second.stop() == 0
+    finally:
+        second.cleanup()
+
+
+def test_restart_on_the_same_port_with_a_client_left_connected(tmp_path):
+    """The connections of the stopped server (TIME_WAIT / FIN_WAIT on its side) do not hold the
+    port: only a listener does."""
+    data = tmp_path / "data"
+    port = free_port()
+    first = Serve(tmp_path, data, "--port", str(port))
+    try:
+        client = redis.Redis.from_url(first.wait_ready()[0])
+        assert client.ping()  # connected, and left connected across the stop
+        assert first.stop() == 0
+    finally:
+        first.cleanup()
+    second = Serve(tmp_path, data, "--port", str(port))
+    try:
+        url, _ = second.wait_ready()
+        assert redis.Redis.from_url(url).ping()
+        assert second.stop() == 0
+    finally:
+        second.cleanup()
+        client.close()
+
+
+def test_port_with_a_listener_is_refused(tmp_path):
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # reuse does not share a listening port
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r = serve_once(tmp_path, tmp_path / "data", "--port", str(port))
+    assert r.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in r.stderr
+
+
+
+def run(*args: str, env: dict | None = None):
+    """The CLI in-process, without --redis: it finds the URL as an operator's shell would."""
+    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None,
+                                                     **(env or {})})
+
+
+def _modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")]}
+
+
+def test_serve_is_private_and_the_cli_finds_it(tmp_path, monkeypatch):
+    """Password (0600), URL file (0600), data directory 0700, AOF files 0600; an unauthenticated
+    client is refused; `status` run next to the data directory needs no --redis."""
+    data = tmp_path / "mooncake-data"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)  # as an earlier version left it
+    serve = Serve(tmp_path, data)
+    try:
+        url, _ = serve.wait_ready()
+        password = (data / "password").read_text().strip()
+        assert len(password) >= 32 and password in url
+        banner = "".join(serve.output)
+        assert password not in banner
+        assert f'REDISCLI_AUTH="$(cat {data / "password"})"' in banner
+        assert f"other commands: MOONCAKE_DATA_DIR={data} mooncake-redis status" in banner  # serve runs elsewhere
+        assert unauthenticated_ping(urlsplit(url).port).startswith(b"-NOAUTH")
+        client = redis.Redis.from_url(url)
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        client.close()
+        modes = _modes(data)
+        assert {"password", "url", "valkey.log", "valkey.pid", "serve.lock", "appendonlydir"} <= modes.keys()
+        assert any(name.startswith("appendonlydir/") for name in modes)
+        assert {name: mode for name, mode in modes.items() if mode & 0o077} == {}
+
+        monkeypatch.chdir(tmp_path)  # the directory that holds mooncake-data/
+        r = run("status")
+        assert r.exit_code == 0, r.output
+        assert f"store      redis://:***@127.0.0.1:{urlsplit(url).port}/0" in r.stdout and password not in r.output
+        monkeypatch.chdir(data)  # elsewhere, with MOONCAKE_DATA_DIR
+        assert run("status").exit_code == 2
+        assert run("status", env={"MOONCAKE_DATA_DIR": str(data)}).exit_code == 0
+        assert serve.stop() == 0
+    finally:
+        serve.cleanup()
+    monkeypatch.chdir(tmp_path)
+    r = run("status")  # the URL file stays; nothing answers there now
+    assert r.exit_code == 2 and password not in r.stderr
+    assert "(URL from mooncake-data/url: is `mooncake-redis serve` running?)" in r.stderr
+
+
+def test_cli_without_url_says_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run("status")
+    assert r.exit_code == 2
+    assert "no Redis: pass --redis URL, set MOONCAKE_REDIS_URL, or run where `mooncake-redis serve` " \
+           "keeps its data (mooncake-data/url not found" in r.stderr
+    r = run("inspect", "k", env={"MOONCAKE_DATA_DIR": str(tmp_path / "elsewhere")})
+    assert r.exit_code == 2 and f"({tmp_path / 'elsewhere' / 'url'} not found" in r.stderr
+
+
+def test_serve_comes_back_on_its_port(tmp_path):
+    data = tmp_path / "data"
+    first = Serve(tmp_path, data)
+    try:
+        url, _ = first.wait_ready()
+        assert first.stop() == 0
+    finally:
+        first.cleanup()
+    port = urlsplit(url).port
+    second = Serve(tmp_path, data)  # no --port: the port of the earlier serve
+    try:
+        assert second.wait_ready()[0] == url
+        assert second.stop() == 0
+    finally:
+        second.cleanup()
+
+    with socket.socket() as other:  # something else took the port meanwhile
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        refused = serve_once(tmp_path, data)
+        assert refused.returncode == 2
+        assert (f"port {port} on 127.0.0.1, where {data} was served before (see its url file), is in use "
+                f"by another process; free it, or pass --port N") in refused.stderr
+        assert (data / "url").read_text().strip() == url
+        new_port = free_port()
+        moved = Serve(tmp_path, data, "--port", str(new_port))  # the operator moves the store
+        try:
+            new_url, _ = moved.wait_ready()
+            assert new_url == url.replace(f":{port}/", f":{new_port}/")
+            assert f"port changed from {port} to {new_port} (--port)" in "".join(moved.output)
+            assert moved.stop() == 0
+        finally:
+            moved.cleanup()
+
+
+# ---- EmbeddedValkey ----------------------------------------------------------------------
+
+def test_embedded_valkey_does_not_attach_to_another_server(tmp_path, monkeypatch, valkey):
+    """A valkey-server that has not bound its port yet (here: one that never will) while
+    another server answers there: start() fails instead of returning the other server."""
+    slow = tmp_path / "slow-valkey-server"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(server_module, "valkey_binary", lambda: str(slow))
+    mine = EmbeddedValkey(str(tmp_path / "data"), port=valkey.port, appendonly=False)
+    with pytest.raises(RuntimeError, match=f"port {valkey.port} on 127.0.0.1 is served by another process"):
+        mine.start()
+    assert mine.proc.poll() is not None, "the process started was not stopped"
+    assert redis.Redis.from_url(valkey.url).ping()  # the other server is untouched
+
+
+def test_embedded_valkey_on_a_taken_port_fails(tmp_path, valkey):
+    mine = EmbeddedValkey(str(tmp_path / "data"), port=valkey.port, appendonly=False)
+    with pytest.raises(RuntimeError, match="served by another process|Address already in use"):
+        mine.start()
+    assert mine.proc.poll() is not None
+
+
+def test_embedded_valkey_password(tmp_path):
+    with EmbeddedValkey(str(tmp_path / "data"), appendonly=False, password="pw-1_x") as server:
+        assert server.url == f"redis://:pw-1_x@127.0.0.1:{server.port}/0"
+        assert redis.Redis.from_url(server.url).ping()
+        assert unauthenticated_ping(server.port).startswith(b"-NOAUTH")
+        assert "pw-1_x" not in " ".join(server.proc.args)  # not on the command line
+        assert redis.Redis.from_url(server.url).config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+    with pytest.raises(ValueError):
+        EmbeddedValkey(password="has space")
+
+
+# ---- docker compose ----------------------------------------------------------------------
+
+def test_docker_compose_file():
+    """Valid YAML; Valkey with AOF, noeviction and the password of .env; every mooncake-redis
+    service reaches it with that password; healthchecks; .env stays out of git and images."""
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    password = "${VALKEY_PASSWORD:?"
+    valkey = services["valkey"]
+    command = " ".join(valkey["command"])
+    assert "--appendonly yes" in command and "--maxmemory-policy noeviction" in command
+    assert f"--requirepass {password}" in command
+    assert all(p.startswith("127.0.0.1:") for p in valkey["ports"])
+    for name in ("master", "worker"):
+        url = services[name]["environment"]["MOONCAKE_REDIS_URL"]
+        assert url.startswith(f"redis://:{password}") and url.endswith("@valkey:6379/0"), name
+    assert services["master"]["depends_on"]["valkey"]["condition"] == "service_healthy"
+    assert {"valkey", "master"} <= {name for name, s in services.items() if "healthcheck" in s}
+    example = (REPO / ".env.example").read_text()
+    assert re.search(r"^VALKEY_PASSWORD=$", example, re.M)
+    assert ".env" in (REPO / ".gitignore").read_text().split()
+    assert ".env" in (REPO / "docker" / "Dockerfile.dockerignore").read_text().split()
