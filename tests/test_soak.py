@@ -72,8 +72,8 @@ class Soak:
         m.put_start(SILENT, SILENT + "-obj", 4096, ReplicateConfig(preferred_segments=(SILENT + "-seg",)))
         m.put_end(SILENT, SILENT + "-obj")
         m.close()
+        self.n_workers_spawned = 0
         self.workers = [self.spawn_worker() for _ in range(workers)]
-        self.n_workers = workers
         self.clients = [self.spawn_client("writer", i) for i in range(writers)]
         self.clients += [self.spawn_client("reader", writers + i) for i in range(readers)]
 
@@ -81,9 +81,8 @@ class Soak:
         self.events.append(f"{time.monotonic() - self.t0:7.2f}s {what}")
 
     def spawn_worker(self) -> subprocess.Popen:
-        n = getattr(self, "n_workers_spawned", 0)
-        self.n_workers_spawned = n + 1
-        log = open(self.tmp / f"worker-{n}.log", "wb")
+        log = open(self.tmp / f"worker-{self.n_workers_spawned}.log", "wb")
+        self.n_workers_spawned += 1
         return subprocess.Popen([sys.executable, "-m", "cli", "--redis", self.url, "worker", "--interval", "0.1"],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
