@@ -93,7 +93,7 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     "group_member_missing": (ERROR, True, "an object names a group but is not in its member set"),
     "group_member_stray": (ERROR, True, "a group member set holds a key whose object is missing or elsewhere"),
     "group_counters": (ERROR, True, "members / processing / hard_pinned / task_refs differ from the members' objects"),
-    "group_soft_pin": (ERROR, True, "the group's soft_pin_until is below a complete member's"),
+    "group_soft_pin": (ERROR, True, "the group's member soft pins (P:agg:soft_pin:<unit>) differ from its complete members'"),
 }
 
 SCAN_COUNT = 1000
@@ -259,42 +259,42 @@ class _Audit:
         return tuple(res[0]) + tuple(res[1:])
 
     # ---- placement of one unit ---------------------------------------------------------
-    def placement(self, shard: int, unit: bytes, lease: int, spu: int, s_ord, s_soft, s_dl, now: int,
-                  action: tuple) -> list[Finding]:
+    def compare_unit(self, shard: int, unit: bytes, st: list, now: int, action: tuple) -> list[Finding]:
+        """Compare a unit's index entries with what the evictability rule says they should be.
+        `st` is mc_unit_state's reply ({why, expected, actual, deadline indexes}): the rule
+        itself lives in Lua only. A due deadline entry means the sweep has not re-placed the unit
+        yet: its tier may lag behind the rule, and that is not drift."""
+        why, exp_flat, act_flat, dl = st
+        expected = {exp_flat[i]: exp_flat[i + 1] for i in range(0, len(exp_flat), 2)}
+        actual = {act_flat[i]: _score(act_flat[i + 1]) for i in range(0, len(act_flat), 2)}
+        deadlines = set(dl)
+        u, why = _d(unit), _d(why) or "evictable"
+        exp_t = {i: v for i, v in expected.items() if i not in deadlines}
+        act_t = {i: v for i, v in actual.items() if i not in deadlines}
+        due = any(actual[i] <= now for i in deadlines if i in actual)
+        show = lambda d: ", ".join(f"{_d(i)}@{v}" for i, v in sorted(d.items())) or "absent"  # noqa: E731
+        if not expected and actual:
+            return [self.finding("stray_unit", shard, u, f"absent ({why})", show(actual), action)]
         out = []
-        u = _d(unit)
-        want = "soft" if spu > now else "ordinary"
-        if s_ord is None and s_soft is None:
-            return [self.finding("unit_missing", shard, u, f"in the {want} tier, score {lease}", "in no tier", action)]
-        if s_ord is not None and s_soft is not None:
-            return [self.finding("unit_in_both_tiers", shard, u, f"only in the {want} tier",
-                                 f"ordinary@{_score(s_ord)} and soft@{_score(s_soft)}", action)]
-        in_soft = s_soft is not None
-        score = _score(s_soft if in_soft else s_ord)
-        if in_soft and want == "ordinary":
-            # an expired soft pin waits in the soft tier for the sweep, which needs a due deadline entry
-            if s_dl is None or s_dl > now:
-                out.append(self.finding("unit_wrong_tier", shard, u,
-                                        f"ordinary tier (soft pin ended at {spu}) or a due deadline entry",
-                                        f"soft tier, deadline {'none' if s_dl is None else _score(s_dl)}", action))
-        elif not in_soft and want == "soft":
-            out.append(self.finding("unit_wrong_tier", shard, u, f"soft tier (soft pin until {spu})",
-                                    "ordinary tier", action))
-        elif in_soft and (s_dl is None or _score(s_dl) != spu):
-            out.append(self.finding("soft_deadline", shard, u, f"deadline entry {spu}",
-                                    "none" if s_dl is None else _score(s_dl), action))
-        if not in_soft and s_dl is not None:
-            out.append(self.finding("stray_deadline", shard, u, "no deadline entry (unit is ordinary)",
-                                    f"deadline {_score(s_dl)}", action))
-        if score != lease:
-            out.append(self.finding("unit_score", shard, u, f"score {lease} (lease_until)", f"score {score}", action))
+        if exp_t and not act_t:
+            out.append(self.finding("unit_missing", shard, u, show(exp_t), "in no tier", action))
+        elif len(act_t) > 1:
+            out.append(self.finding("unit_in_both_tiers", shard, u, show(exp_t), show(act_t), action))
+        elif set(act_t) != set(exp_t):
+            if not due:
+                out.append(self.finding("unit_wrong_tier", shard, u, show(exp_t), show(act_t), action))
+        else:
+            for i, v in exp_t.items():
+                if v != b"" and _score(v) != act_t[i]:
+                    out.append(self.finding("unit_score", shard, u, f"score {_d(v)}", f"score {act_t[i]}", action))
+        for i in sorted(deadlines):
+            want, have = expected.get(i), actual.get(i)
+            if want is not None and (have is None or _score(want) != have):
+                out.append(self.finding("soft_deadline", shard, u, f"{_d(i)} entry {_d(want)}",
+                                        "none" if have is None else have, action))
+            elif want is None and have is not None and have > now:
+                out.append(self.finding("stray_deadline", shard, u, f"no {_d(i)} entry ({why})", have, action))
         return out
-
-    @staticmethod
-    def where(s_ord, s_soft, s_dl) -> str:
-        parts = [f"{n}@{_score(s)}" for n, s in (("ordinary", s_ord), ("soft", s_soft), ("deadline", s_dl))
-                 if s is not None]
-        return ", ".join(parts) or "absent"
 
     # ---- one object --------------------------------------------------------------------
     def snapshot_objects(self, shard: int, ids: list[tuple[bytes, bytes]]) -> tuple[int, list]:
@@ -308,18 +308,16 @@ class _Audit:
             unit = b"o:" + oid
             pipe.hgetall(P + b":obj:" + oid)
             pipe.zscore(P + b":processing", oid)
-            pipe.zscore(P + b":evict:ordinary", unit)
-            pipe.zscore(P + b":evict:soft", unit)
-            pipe.zscore(P + b":deadline:soft_pin", unit)
+            pipe.execute_command("FCALL_RO", "mc_unit_state", 1, P, unit)
         res = pipe.execute(raise_on_error=False)
         for i, x in enumerate(res):
-            if isinstance(x, Exception) and not (i >= 2 and (i - 2) % 5 == 0):
+            if isinstance(x, Exception) and (i < 2 or (i - 2) % 3 == 1):
                 raise x  # only an object key of the wrong type is tolerated (reported as bad_object)
         now = self.clock(res)
-        return now, [res[2 + 5 * i: 7 + 5 * i] for i in range(len(ids))]
+        return now, [res[2 + 3 * i: 5 + 3 * i] for i in range(len(ids))]
 
     def check_object(self, shard: int, tenant: bytes, key: bytes, snap: list, now: int) -> list[Finding]:
-        h, s_proc, s_ord, s_soft, s_dl = snap
+        h, s_proc, st = snap
         oid = tenant + b":" + key
         subject = _d(oid)
         if isinstance(h, Exception):
@@ -331,10 +329,7 @@ class _Audit:
             if s_proc is not None:
                 out.append(self.finding("processing_stale", shard, subject, "no entry (object missing)",
                                         f"score {_score(s_proc)}", place))
-            if s_ord is not None or s_soft is not None or s_dl is not None:
-                out.append(self.finding("stray_unit", shard, _d(unit), "absent (object missing)",
-                                        self.where(s_ord, s_soft, s_dl), place))
-            return out
+            return out + self.compare_unit(shard, unit, st, now, place)
         status = h.get(b"status")
         complete = status == b"complete"
         bad = []
@@ -361,23 +356,8 @@ class _Audit:
         elif s_proc is not None:
             out.append(self.finding("processing_stale", shard, subject, "no entry (object complete)",
                                     f"score {_score(s_proc)}", place))
-        group = h.get(b"group")
-        any_entry = s_ord is not None or s_soft is not None or s_dl is not None
-        if group is not None:
-            if any_entry:
-                out.append(self.finding("stray_unit", shard, _d(unit),
-                                        f"absent (member of group {_d(group)}: the group is the unit)",
-                                        self.where(s_ord, s_soft, s_dl), place))
-        elif not complete or h.get(b"hard_pin") == b"1" or (_int(h.get(b"task_refs")) or 0) > 0:
-            if any_entry:
-                why = ("put in progress" if not complete else
-                       "hard-pinned" if h.get(b"hard_pin") == b"1" else "referenced by a task")
-                out.append(self.finding("stray_unit", shard, _d(unit), f"absent ({why})",
-                                        self.where(s_ord, s_soft, s_dl), place))
-        else:
-            lease = _int(h.get(b"lease_until")) or 0
-            spu = _int(h.get(b"soft_pin_until")) or 0
-            out += self.placement(shard, unit, lease, spu, s_ord, s_soft, s_dl, now, place)
+        if not isinstance(st, Exception):
+            out += self.compare_unit(shard, unit, st, now, place)
         return out
 
     # ---- one pass over a shard ---------------------------------------------------------
@@ -670,8 +650,8 @@ class _Audit:
             pipe.time()
             pipe.hgetall(gkey)
             pipe.smembers(mkey)
-            for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin", b":evict:draining"):
-                pipe.zscore(P + suffix, unit)
+            pipe.execute_command("FCALL_RO", "mc_unit_state", 1, P, unit)
+            pipe.zrange(P + b":agg:soft_pin:" + unit, 0, -1, withscores=True)
             for k in order:
                 pipe.hmget(P + b":obj:" + tenant + b":" + k, "group", "status", "hard_pin", "soft_pin_until",
                            "task_refs")
@@ -679,7 +659,7 @@ class _Audit:
             if set(res[3]) <= cand:
                 break
             cand |= set(res[3])
-        now, g, mset, (s_ord, s_soft, s_dl, s_drain), rows = self.clock(res), res[2], set(res[3]), res[4:8], res[8:]
+        now, g, mset, st, agg, rows = self.clock(res), res[2], set(res[3]), res[4], res[5], res[6:]
         members = {k: row for k, row in zip(order, rows) if row[0] == group}
         action = ("group", shard, tenant, group, tuple(sorted(members)))
         out: list[Finding] = []
@@ -702,31 +682,12 @@ class _Audit:
             out.append(self.finding("group_counters", shard, f"group {subject}",
                                     f"members={n} processing={proc} hard_pinned={hard} task_refs={refs}",
                                     "members={} processing={} hard_pinned={} task_refs={}".format(*have), action))
-        g_spu = _int(g.get(b"soft_pin_until")) or 0
-        m_spu = max([_int(r[3]) or 0 for r in members.values() if r[1] == b"complete"], default=0)
-        if n and m_spu > g_spu:
-            out.append(self.finding("group_soft_pin", shard, f"group {subject}", f"soft_pin_until >= {m_spu}",
-                                    g_spu, action))
-        draining = g.get(b"draining") == b"1"
-        if draining:  # being evicted over several steps: in the draining index, in no tier
-            if s_drain is None or s_ord is not None or s_soft is not None or s_dl is not None:
-                out.append(self.finding("unit_wrong_tier", shard, _d(unit), "only in P:evict:draining",
-                                        self.where(s_ord, s_soft, s_dl) + ("" if s_drain is None else ", draining"),
-                                        action))
-        elif s_drain is not None:
-            out.append(self.finding("unit_wrong_tier", shard, _d(unit), "not in P:evict:draining (not draining)",
-                                    "draining", action))
-        if draining:
-            return out
-        if n and proc == 0 and hard == 0 and refs == 0:
-            lease = _int(g.get(b"lease_until")) or 0
-            out += self.placement(shard, unit, lease, max(g_spu, m_spu), s_ord, s_soft, s_dl, now, action)
-        elif s_ord is not None or s_soft is not None or s_dl is not None:
-            why = ("no members" if not n else "a member's put in progress" if proc else
-                   "a member is hard-pinned" if hard else "a member is referenced by a task")
-            out.append(self.finding("stray_unit", shard, _d(unit), f"absent ({why})",
-                                    self.where(s_ord, s_soft, s_dl), action))
-        return out
+        pins = {k: _int(r[3]) for k, r in members.items() if r[1] == b"complete" and (_int(r[3]) or 0) > 0}
+        stored = {k: int(v) for k, v in agg}
+        if pins != stored and g.get(b"draining") != b"1":  # a draining group's zset goes with it
+            out.append(self.finding("group_soft_pin", shard, f"group {subject}", f"{len(pins)} member soft pins",
+                                    f"{len(stored)} entries" if len(stored) != len(pins) else "other values", action))
+        return out + self.compare_unit(shard, unit, st, now, action)
 
     def group_keys(self, shard: int) -> set[tuple[bytes, bytes]]:
         P = self.P(shard)

@@ -537,7 +537,7 @@ class Model:
         self.groups: dict[str, dict[str, int]] = {}   # group -> {lease, soft}
 
     def group(self, g: str) -> dict[str, int]:
-        return self.groups.setdefault(g, {"lease": 0, "soft": 0})
+        return self.groups.setdefault(g, {"lease": 0})
 
     def members(self, g: str) -> list[str]:
         return [k for k, o in self.objs.items() if o["group"] == g]
@@ -557,8 +557,10 @@ class Model:
             objs = [self.objs[k] for k in e["keys"]]
             e["placed"] = all(o["status"] == "complete" and not o["hard"] for o in objs)
             if e["grouped"]:
+                # a group's soft pin is its latest complete member's: it drops when that member leaves
                 g = self.group(objs[0]["group"])
-                e["lease"], e["soft"] = g["lease"], g["soft"]
+                e["lease"] = g["lease"]
+                e["soft"] = max((o["soft"] for o in objs if o["status"] == "complete"), default=0)
             else:
                 e["lease"], e["soft"] = objs[0]["lease"], objs[0]["soft"]
             e["soft_tier"] = e["soft"] > self.now
@@ -662,9 +664,6 @@ def _put_end(m: Master, model: Model, key: str) -> None:
     if o["status"] == "processing":
         o["status"], o["lease"] = "complete", max(o["lease"], model.now)
         o["soft"] = model.now + INV_TTL_SOFT if o["pin"] == "soft" else 0
-        if o["group"]:
-            g = model.group(o["group"])
-            g["soft"] = max(g["soft"], o["soft"])
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

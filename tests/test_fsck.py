@@ -238,7 +238,7 @@ def corrupt_tier_placement(m):
     m.redis.zrem(f"{p1}:evict:soft", u1)                       # soft-pinned, yet ordinary
     m.redis.zadd(f"{p1}:evict:ordinary", {u1: score})
     m.redis.zadd(f"{Pk(m, k2)}:evict:ordinary", {f"o:default:{k2}": 1})   # in both tiers
-    return {"unit_wrong_tier", "stray_deadline", "unit_in_both_tiers"}
+    return {"unit_wrong_tier", "unit_in_both_tiers"}  # the deadline entry is right: the tier is wrong
 
 
 def corrupt_deadline(m):
@@ -287,6 +287,12 @@ def corrupt_group_record(m):
     m.redis.hincrby(f"{P(m, m._shard(b'g1'))}:grp:default:g1", "processing", 1)
     m.redis.hset(f"{Pk(m, 'g3')}:grp:default:g3", "hard_pinned", 0)
     return {"group_member_stray", "group_counters"}
+
+
+def corrupt_group_soft_pin(m):
+    p = Pk(m, "g1")
+    m.redis.zadd(f"{p}:agg:soft_pin:g:default:g1", {"{g1}ghost": 2**40})  # a member that is not one
+    return {"group_soft_pin"}
 
 
 def corrupt_group_unit(m):
@@ -343,7 +349,7 @@ def corrupt_dead_object(m):
 
 CORRUPTIONS = [corrupt_used_bytes, corrupt_capacity_and_objects, corrupt_tier_entry, corrupt_bogus_units,
                corrupt_tier_score, corrupt_tier_placement, corrupt_deadline, corrupt_processing, corrupt_segment_used,
-               corrupt_segment_index, corrupt_group_member, corrupt_group_record, corrupt_group_unit,
+               corrupt_segment_index, corrupt_group_member, corrupt_group_record, corrupt_group_soft_pin, corrupt_group_unit,
                corrupt_free_extent, corrupt_free_lists, corrupt_free_over_allocated]
 
 

@@ -202,7 +202,7 @@ def test_unmount_of_an_empty_segment_works_everywhere(master):
 
 FUNCTIONS = ["mc_mount_segment", "mc_unmount_segment", "mc_sweep_replicas", "mc_ping", "mc_put_start",
              "mc_put_end", "mc_put_revoke", "mc_get_replica_list", "mc_exist_key", "mc_remove", "mc_task_ref",
-             "mc_evict", "mc_describe", "mc_now", "mc_discard_puts", "mc_expire_clients", "mc_sweep_done",
+             "mc_evict", "mc_describe", "mc_now", "mc_unit_state", "mc_discard_puts", "mc_expire_clients", "mc_sweep_done",
              "mc_claim", "mc_release_claim", "mc_fsck_counters", "mc_fsck_segment_used",
              "mc_fsck_forget_segment", "mc_fsck_place", "mc_fsck_unit", "mc_fsck_group",
              "mc_fsck_rebuild_free"]

@@ -1,65 +1,143 @@
--- Eviction units and their candidate indexes. A unit is an ungrouped object ("o:<tenant>:<key>")
--- or a whole group ("g:<tenant>:<group>"). An evictable unit sits in exactly one tier:
---   P:evict:ordinary   zset unit -> lease_until   (evicted first)
---   P:evict:soft       zset unit -> lease_until   (active soft pin: only after ordinary, and only
---                                                  when allow_evict_soft_pinned_objects)
--- Scored by lease_until, so every leased unit (lease_until > now) sits above every unleased one
--- and an eviction step pops from the low end without ever walking over a leased unit.
--- A unit is not in any tier while protected: put in progress, hard-pinned, or referenced by a
--- replication/offload task (object field task_refs > 0); a group while any member is so.
--- (Protections of later kinds plug in here: place_object / place_group decide evictability.) Soft pins expire through the deadline index P:deadline:soft_pin
--- (unit -> soft_pin_until), which moves units from the soft tier to the ordinary one.
--- Group hash P:grp:<tenant>:<group>: members, processing, hard_pinned (member counts), task_refs
--- (sum of the members'),
--- lease_until (shared by all members), soft_pin_until (latest of the members'), draining (1 while
--- the group is being evicted).
+-- Eviction units, and the one rule that decides where a unit belongs. A unit is an ungrouped
+-- object ("o:<tenant>:<key>") or a composite unit, a whole group ("g:<tenant>:<group>").
+--
+-- Indexes (all per shard, all zsets, all derived from the records by unit_rule below):
+--   tiers, in eviction order, scored by lease_until (every leased unit sits above every
+--   unleased one, so a step pops from the low end and never walks over a leased unit):
+--     P:evict:ordinary   evicted first
+--     P:evict:soft       an active soft pin; evicted only when allow_evict_soft_pinned_objects
+--   deadline indexes, one per kind of deadline, unit -> ms at which the unit's state changes by
+--   itself; sweep_deadlines re-derives the units whose deadline is due:
+--     P:deadline:soft_pin
+--   P:evict:draining     groups being evicted over several steps (unit -> ms the drain began)
+-- A unit is in no tier while protected: put in progress, hard-pinned, referenced by a task, a
+-- group without members; a group while any member is so. New protections, tiers and deadline
+-- kinds are one entry in TIERS / DEADLINES and one line in unit_rule.
+--
+-- Composite units keep counters of their members' protections (members, processing,
+-- hard_pinned, task_refs in P:grp:<tenant>:<group>) and, for each kind of member deadline, a zset
+-- of the members' values (P:agg:<kind>:<unit>, member key -> ms), so that the unit's deadline is
+-- the latest member's and drops back when that member leaves. The group's lease_until is shared
+-- by all members; draining is 1 while the group is being evicted.
 -- A group is evicted over several steps so that no call grows with its size: the step that picks
--- it marks it draining and moves its unit to P:evict:draining (unit -> ms the drain began); each
--- later step drops up to its budget of members. A draining group's members are gone for readers
--- (OBJECT_NOT_FOUND), take no task references, and the group takes no new members
--- (NO_AVAILABLE_HANDLE) until the last member is dropped and the group retires.
+-- it marks it draining and moves its unit to P:evict:draining; each later step drops up to its
+-- budget of members. A draining group's members are gone for readers (OBJECT_NOT_FOUND), take
+-- no task references, and the group takes no new members (NO_AVAILABLE_HANDLE) until the last
+-- member is dropped and the group retires.
 
 local TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES = ':evict:ordinary', ':evict:soft', ':deadline:soft_pin'
 local DRAINING = ':evict:draining'
+local TIERS = { TIER_ORDINARY, TIER_SOFT }          -- in eviction order
+local TIER_ALLOW = { [TIER_SOFT] = 'allow_evict_soft_pinned_objects' } -- config flag, if any
+local DEADLINES = { soft_pin = SOFT_DEADLINES }     -- kind -> index
+local DEADLINE_KINDS = { 'soft_pin' }
+local INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES, DRAINING } -- every index a unit can be in
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
 local function group_unit(tenant, group) return 'g:' .. tenant .. ':' .. group end
+local function agg_key(P, kind, unit) return P .. ':agg:' .. kind .. ':' .. unit end
 
 local function unplace(P, unit)
-  redis.call('ZREM', P .. TIER_ORDINARY, unit)
-  redis.call('ZREM', P .. TIER_SOFT, unit)
-  redis.call('ZREM', P .. SOFT_DEADLINES, unit)
-  redis.call('ZREM', P .. DRAINING, unit)
+  for _, index in ipairs(INDEXES) do redis.call('ZREM', P .. index, unit) end
 end
 
--- Put a unit into the tier its state calls for, or take it out of the candidates.
-local function place(P, unit, evictable, lease, soft_until, now)
-  unplace(P, unit)
-  if not evictable then return end
-  if soft_until > now then
-    redis.call('ZADD', P .. TIER_SOFT, lease, unit)
-    redis.call('ZADD', P .. SOFT_DEADLINES, soft_until, unit)
-  else
-    redis.call('ZADD', P .. TIER_ORDINARY, lease, unit)
+-- The rule. `f` holds a unit's facts: processing, hard_pinned, task_refs (counts or flags),
+-- empty (a group without members), draining, lease_until, and one deadline per kind
+-- (soft_pin). Returns why the unit is protected ('' when it is not) and the index entries it
+-- should have: { [index] = score } (score false: any, for the draining index).
+local function unit_rule(f, now)
+  if f.draining then return 'draining', { [DRAINING] = false } end
+  local why = (f.empty and 'no_members') or (f.processing > 0 and 'processing')
+    or (f.hard_pinned > 0 and 'hard_pin') or (f.task_refs > 0 and 'task_ref') or ''
+  if why ~= '' then return why, {} end
+  if f.soft_pin > now then
+    return '', { [TIER_SOFT] = f.lease_until, [SOFT_DEADLINES] = f.soft_pin }
+  end
+  return '', { [TIER_ORDINARY] = f.lease_until }
+end
+
+local function object_facts(o)
+  return { processing = o.status ~= 'complete' and 1 or 0, hard_pinned = o.hard_pin == '1' and 1 or 0,
+    task_refs = tonumber(o.task_refs) or 0, lease_until = tonumber(o.lease_until) or 0,
+    soft_pin = tonumber(o.soft_pin_until) or 0 }
+end
+
+local function group_facts(P, tenant, group)
+  local g = redis.call('HMGET', grp_key(P, tenant, group), 'members', 'processing', 'hard_pinned',
+    'lease_until', 'task_refs', 'draining')
+  local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
+    hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
+    draining = g[6] == '1' }
+  for _, kind in ipairs(DEADLINE_KINDS) do
+    local top = redis.call('ZREVRANGE', agg_key(P, kind, group_unit(tenant, group)), 0, 0, 'WITHSCORES')
+    f[kind] = tonumber(top[2]) or 0
+  end
+  return f
+end
+
+-- Write a unit's index entries as the rule says (entries it should not have are removed).
+local function apply_rule(P, unit, entries, now)
+  for _, index in ipairs(INDEXES) do
+    local score = entries[index]
+    if score == nil then
+      redis.call('ZREM', P .. index, unit)
+    elseif score == false then
+      redis.call('ZADD', P .. index, 'NX', S(now), unit)
+    else
+      redis.call('ZADD', P .. index, S(score), unit)
+    end
   end
 end
 
-local function object_protected(o)
-  return o.status ~= 'complete' or o.hard_pin == '1' or (tonumber(o.task_refs) or 0) > 0
-end
-
 local function place_object(P, tenant, key, o, now)
-  place(P, object_unit(tenant, key), not object_protected(o),
-    tonumber(o.lease_until) or 0, tonumber(o.soft_pin_until) or 0, now)
+  local _, entries = unit_rule(object_facts(o), now)
+  apply_rule(P, object_unit(tenant, key), entries, now)
 end
 
-local function group_state(P, tenant, group)
-  local g = redis.call('HMGET', grp_key(P, tenant, group), 'members', 'processing', 'hard_pinned',
-    'lease_until', 'soft_pin_until', 'task_refs', 'draining')
-  local n = {}
-  for i = 1, 7 do n[i] = tonumber(g[i]) or 0 end
-  return { members = n[1], processing = n[2], hard_pinned = n[3], lease_until = n[4], soft_pin_until = n[5],
-    task_refs = n[6], draining = n[7] == 1 }
+local function place_group(P, tenant, group, now)
+  local _, entries = unit_rule(group_facts(P, tenant, group), now)
+  apply_rule(P, group_unit(tenant, group), entries, now)
+end
+
+-- Re-place the unit an object belongs to after its state changed.
+local function place_unit_of(P, tenant, key, o, now)
+  if o.group then place_group(P, tenant, o.group, now) else place_object(P, tenant, key, o, now) end
+end
+
+-- What a unit's index entries should be at `now`, read from its records: why it is protected
+-- ('' if it is not, 'missing' for no such unit, 'grouped' for the object unit of a group member,
+-- whose group is the unit) and { [index] = score }. The audit asks this; nothing re-derives it.
+local function unit_state(P, unit, now)
+  local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.*)$')
+  if kind == 'g' and valid_tenant(tenant) then
+    local f = group_facts(P, tenant, name)
+    if f.empty and not f.draining and redis.call('EXISTS', grp_key(P, tenant, name)) == 0 then return 'missing', {} end
+    return unit_rule(f, now)
+  end
+  if kind == 'o' and valid_tenant(tenant) then
+    local o = load_object(obj_key(P, tenant, name))
+    if not o then return 'missing', {} end
+    if o.group then return 'grouped', {} end
+    return unit_rule(object_facts(o), now)
+  end
+  return 'missing', {}
+end
+
+-- Re-derive one unit's index entries from its records.
+local function replace_unit(P, unit, now)
+  local _, entries = unit_state(P, unit, now)
+  apply_rule(P, unit, entries, now)
+end
+
+-- The one sweep of every deadline index: units whose deadline is due are re-derived (bounded).
+local function sweep_deadlines(P, now, limit)
+  for _, kind in ipairs(DEADLINE_KINDS) do
+    local index = P .. DEADLINES[kind]
+    for _, unit in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', S(now), 'LIMIT', 0, limit)) do
+      redis.call('ZREM', index, unit)
+      replace_unit(P, unit, now)
+    end
+  end
 end
 
 local function group_draining(P, tenant, group)
@@ -69,29 +147,6 @@ end
 -- An object whose group is being evicted is gone for every caller but the eviction itself.
 local function being_evicted(P, tenant, o)
   return o.group ~= nil and group_draining(P, tenant, o.group)
-end
-
-local function group_protected(g)
-  return g.members == 0 or g.processing > 0 or g.hard_pinned > 0 or g.task_refs > 0
-end
-
-local function place_group(P, tenant, group, now)
-  local g = group_state(P, tenant, group)
-  if g.draining then -- its unit stays in P:evict:draining until the last member is gone
-    local unit = group_unit(tenant, group)
-    redis.call('ZREM', P .. TIER_ORDINARY, unit)
-    redis.call('ZREM', P .. TIER_SOFT, unit)
-    redis.call('ZREM', P .. SOFT_DEADLINES, unit)
-    redis.call('ZADD', P .. DRAINING, 'NX', S(now), unit)
-    return
-  end
-  place(P, group_unit(tenant, group), not group_protected(g),
-    g.lease_until, g.soft_pin_until, now)
-end
-
--- Re-place the unit an object belongs to after its state changed.
-local function place_unit_of(P, tenant, key, o, now)
-  if o.group then place_group(P, tenant, o.group, now) else place_object(P, tenant, key, o, now) end
 end
 
 -- A read leases the object's unit: the object, or its whole group. Both tiers are re-scored
@@ -106,8 +161,7 @@ local function extend_lease(P, tenant, key, okey, o, until_ms)
   end
   if until_ms <= cur then return cur end
   redis.call('HSET', target, 'lease_until', S(until_ms))
-  redis.call('ZADD', P .. TIER_ORDINARY, 'XX', until_ms, unit)
-  redis.call('ZADD', P .. TIER_SOFT, 'XX', until_ms, unit)
+  for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', S(until_ms), unit) end
   return until_ms
 end
 
@@ -123,14 +177,15 @@ end
 -- A member's put ended: it counts as complete, its soft pin extends the group's, and, as for an
 -- object at put_end, the group's lease becomes max(lease, now) (so an unread group ranks by
 -- its last completion, like an object).
-local function group_member_completed(P, tenant, group, soft_pin_until, now)
+local function group_member_completed(P, tenant, key, group, soft_pin_until, now)
   local gkey = grp_key(P, tenant, group)
   redis.call('HINCRBY', gkey, 'processing', -1)
-  local cur = redis.call('HMGET', gkey, 'soft_pin_until', 'lease_until')
-  if tonumber(soft_pin_until) > (tonumber(cur[1]) or 0) then
-    redis.call('HSET', gkey, 'soft_pin_until', soft_pin_until)
+  if (tonumber(soft_pin_until) or 0) > 0 then
+    redis.call('ZADD', agg_key(P, 'soft_pin', group_unit(tenant, group)), soft_pin_until, key)
   end
-  if now > (tonumber(cur[2]) or 0) then redis.call('HSET', gkey, 'lease_until', S(now)) end
+  if now > (tonumber(redis.call('HGET', gkey, 'lease_until')) or 0) then
+    redis.call('HSET', gkey, 'lease_until', S(now))
+  end
   place_group(P, tenant, group, now)
 end
 
@@ -138,10 +193,11 @@ end
 -- more than the counters, e.g. a retention declared ahead of members, stays).
 local function retire_group(P, tenant, group)
   local gkey = grp_key(P, tenant, group)
-  unplace(P, group_unit(tenant, group))
+  local unit = group_unit(tenant, group)
+  unplace(P, unit)
   redis.call('DEL', grp_members_key(P, tenant, group))
-  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'soft_pin_until', 'task_refs',
-    'draining')
+  for _, kind in ipairs(DEADLINE_KINDS) do redis.call('DEL', agg_key(P, kind, unit)) end
+  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining')
 end
 
 local function leave_group(P, tenant, key, o, now)
@@ -151,7 +207,8 @@ local function leave_group(P, tenant, key, o, now)
   if o.status ~= 'complete' then redis.call('HINCRBY', gkey, 'processing', -1) end
   if o.hard_pin == '1' then redis.call('HINCRBY', gkey, 'hard_pinned', -1) end
   local refs = tonumber(o.task_refs) or 0
-  if refs > 0 then redis.call('HINCRBY', gkey, 'task_refs', -refs) end
+  if refs > 0 then redis.call('HINCRBY', gkey, 'task_refs', S(0 - refs)) end
+  for _, kind in ipairs(DEADLINE_KINDS) do redis.call('ZREM', agg_key(P, kind, group_unit(tenant, group)), key) end
   if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then
     retire_group(P, tenant, group)
   else

@@ -12,7 +12,7 @@ local function evict(P, args, cfg)
   local max_units = int_arg(args[1], 1, 1024)
   if not max_units then return fail(E.INVALID_PARAMS, 'max_units must be an integer in [1, 1024]') end
   local now = now_ms(P)
-  expire_soft_pins(P, now, 4 * max_units)
+  sweep_deadlines(P, now, 4 * max_units)
   local row = redis.call('HMGET', P, 'used_bytes', 'capacity_bytes', 'put_failed', 'evicting')
   local used, cap, put_failed = tonumber(row[1]) or 0, tonumber(row[2]) or 0, row[3]
   local target = math.floor(cap * (cfg.eviction_high_watermark_ratio - cfg.eviction_ratio))
@@ -23,12 +23,12 @@ local function evict(P, args, cfg)
   local units, objects, bytes, state, budget = 0, 0, 0, 'more', max_units
   while budget > 0 do
     local at_target = used <= target and (units > 0 or not put_failed)
-    local unit, tier = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
+    local unit, tier = next_candidate(P, now, cfg)
     if not unit or (at_target and tier ~= DRAINING) then
       state = at_target and 'target' or 'blocked'
       break
     end
-    local n, b, spent = evict_unit(P, unit, tier, now, budget)
+    local n, b, spent = evict_unit(P, unit, now, budget, cfg)
     budget = budget - spent
     if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
   end

@@ -133,8 +133,8 @@ end
 --   keys passed (the objects fsck found naming the group); fails with INVALID_PARAMS, writing
 --   nothing, when there are more than max_members (<= 10000) candidates. A candidate is a member
 --   iff its object exists and its group field names this group. Rewrites the member set, sets
---   members / processing / hard_pinned / task_refs, raises soft_pin_until to the latest soft pin of a complete
---   member, removes members' own object units, then places the group unit (place_group) — or,
+--   members / processing / hard_pinned / task_refs, rebuilds the members' soft-pin deadlines
+--   (P:agg:soft_pin:<unit>: complete members with a soft pin), removes members' own object units, then places the group unit (place_group) — or,
 --   when no member is left, retires the group (retire_group). lease_until is kept: it is the
 --   group's own state (reads extend it), not derived from the members.
 -- Reply: {members, processing, hard_pinned}.
@@ -153,15 +153,17 @@ local function fsck_group(P, args)
   for _, k in ipairs(redis.call('SMEMBERS', mkey)) do add(k) end
   for i = 4, #args do add(args[i]) end
   table.sort(cand)
-  local members, processing, hard, soft, refs = 0, 0, 0, 0, 0
+  local members, processing, hard, refs = 0, 0, 0, 0
+  local soft_key = agg_key(P, 'soft_pin', group_unit(tenant, group))
+  redis.call('DEL', soft_key)
   for _, k in ipairs(cand) do
     local o = redis.call('HMGET', obj_key(P, tenant, k), 'group', 'status', 'hard_pin', 'soft_pin_until', 'task_refs')
     if o[1] == group then
       members = members + 1
       if o[2] ~= 'complete' then
         processing = processing + 1
-      else
-        soft = math.max(soft, tonumber(o[4]) or 0)
+      elseif (tonumber(o[4]) or 0) > 0 then
+        redis.call('ZADD', soft_key, o[4], k)
       end
       if o[3] == '1' then hard = hard + 1 end
       refs = refs + (tonumber(o[5]) or 0)
@@ -176,9 +178,7 @@ local function fsck_group(P, args)
     return { 0, 0, 0 }
   end
   redis.call('HSET', gkey, 'members', S(members), 'processing', S(processing), 'hard_pinned', S(hard), 'task_refs', S(refs))
-  if soft > (tonumber(redis.call('HGET', gkey, 'soft_pin_until')) or 0) then
-    redis.call('HSET', gkey, 'soft_pin_until', S(soft))
-  end
+  redis.call('HDEL', gkey, 'soft_pin_until') -- written by older versions; the members' zset replaces it
   place_group(P, tenant, group, now_ms(P))
   return { members, processing, hard }
 end

@@ -16,6 +16,34 @@ local function describe(P, args)
   return { redis.call('HGETALL', okey), lease_until(P, tenant, o), live }
 end
 
+-- unit_state. KEYS: P. ARGV: unit ("o:<tenant>:<key>" | "g:<tenant>:<group>").
+-- What the unit's index entries should be under the evictability rule at the store clock, and
+-- what they are: {why, {index, score, ...} expected, {index, score, ...} actual, {deadline index...}}
+-- where why is "" (evictable), a protection ("processing", "hard_pin", "task_ref",
+-- "no_members"), "draining", "grouped" (an object whose group is the unit) or "missing"; an
+-- index is a key suffix (":evict:soft"); an expected score "" means any. fsck compares the two.
+local function unit_state_reply(P, args)
+  local unit = args[1]
+  if type(unit) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected unit') end
+  local now = now_ms(P)
+  local why, entries = unit_state(P, unit, now)
+  local expected, actual, deadlines = {}, {}, {}
+  for _, index in ipairs(INDEXES) do
+    local score = entries[index]
+    if score ~= nil then
+      expected[#expected + 1] = index
+      expected[#expected + 1] = score and S(score) or ''
+    end
+    local have = redis.call('ZSCORE', P .. index, unit)
+    if have then
+      actual[#actual + 1] = index
+      actual[#actual + 1] = have
+    end
+  end
+  for _, kind in ipairs(DEADLINE_KINDS) do deadlines[#deadlines + 1] = DEADLINES[kind] end
+  return { why, expected, actual, deadlines }
+end
+
 -- now. KEYS: P. Reply: the store clock in ms.
 local function now(P) return now_ms(P) end
 
@@ -24,4 +52,5 @@ local function version() return LIBRARY_VERSION end
 
 register('mc_describe', {}, describe, { 'no-writes' })
 register('mc_now', {}, now, { 'no-writes' })
+register('mc_unit_state', {}, unit_state_reply, { 'no-writes' })
 redis.register_function { function_name = 'mc_version', callback = version, flags = { 'no-writes' } }

@@ -29,7 +29,7 @@ local function end_one(P, tenant, key, now, client)
   redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
   redis.call('ZREM', P .. ':processing', obj_id(tenant, key))
   if o.group then
-    group_member_completed(P, tenant, o.group, o.soft_pin_until, now)
+    group_member_completed(P, tenant, key, o.group, o.soft_pin_until, now)
   else
     place_object(P, tenant, key, o, now)
   end

@@ -53,11 +53,11 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
   -- evict only for a put that eviction can help: never for one larger than every slice
   local fits = could_fit(P, size, by_free)
   if cfg.evict_on_put ~= 1 or not fits then return got, fits end
-  if a.evict_budget == EVICT_ON_PUT_UNITS then expire_soft_pins(P, now, EVICT_ON_PUT_UNITS) end
+  if a.evict_budget == EVICT_ON_PUT_UNITS then sweep_deadlines(P, now, EVICT_ON_PUT_UNITS) end
   while a.evict_budget > 0 do
-    local unit, tier = next_candidate(P, now, cfg.allow_evict_soft_pinned_objects == 1)
+    local unit = next_candidate(P, now, cfg)
     if not unit then break end
-    local n, _, spent = evict_unit(P, unit, tier, now, a.evict_budget)
+    local n, _, spent = evict_unit(P, unit, now, a.evict_budget, cfg)
     a.evict_budget = a.evict_budget - spent
     if n > 0 then
       by_free = most_free(P, a) -- the freed bytes may sit in a segment the first search passed over
