@@ -49,7 +49,7 @@ def _as_key(key: Any) -> bytes:
 
 
 def _check_tenant(tenant_id: Any) -> str:
-    if not isinstance(tenant_id, str) or not NAME_RE.match(tenant_id):
+    if not isinstance(tenant_id, str) or not NAME_RE.fullmatch(tenant_id):
         raise MasterError(ErrorCode.INVALID_PARAMS, "tenant_id must match [A-Za-z0-9_.-]{1,64}")
     return tenant_id
 
@@ -95,11 +95,12 @@ class Master:
         client = _redis_from_url(url)
         namespace = config.namespace if config else MasterConfig.namespace
         stored = client.hgetall(f"{shard_key(namespace, 0)}:config")
+        current = MasterConfig.from_redis(namespace, stored) if stored else None
         if config is None:
-            config = MasterConfig.from_redis(namespace, stored) if stored else MasterConfig()
-        elif stored and int(stored[b"shards"]) != config.shards:
+            config = current or MasterConfig()
+        elif current and current.shards != config.shards:
             raise MasterError(ErrorCode.INVALID_PARAMS,
-                              f"store {namespace!r} has {int(stored[b'shards'])} shards, config says {config.shards}")
+                              f"store {namespace!r} has {current.shards} shards, config says {config.shards}")
         ensure_loaded(client)
         master = cls(client, config)
         wanted = {k.encode(): v.encode() for k, v in config.to_redis().items()}

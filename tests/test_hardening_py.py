@@ -1,0 +1,84 @@
+"""Python-side hardening: configuration checks, input types, timeouts and unknown outcomes,
+library reload on every call path, connect-time server checks, binary ids in displays."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import redis
+
+from helpers import WRITER, raises_code
+from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
+from mooncake_redis.keys import shard_key
+
+MAX_INT = 2**53 - 1
+
+
+# ---- 1. configuration --------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields", [
+    {"shards": 1.5}, {"shards": True}, {"shards": 0}, {"shards": 16385}, {"shards": "4"},
+    {"default_kv_lease_ttl": math.inf}, {"default_kv_lease_ttl": math.nan}, {"default_kv_lease_ttl": 1.5},
+    {"default_kv_lease_ttl": 10_000.0}, {"default_kv_lease_ttl": -1}, {"default_kv_lease_ttl": MAX_INT + 1},
+    {"default_kv_lease_ttl": None}, {"default_kv_lease_ttl": True},
+    {"max_kv_soft_pin_ttl": 0}, {"default_kv_soft_pin_ttl": 0},
+    {"default_kv_soft_pin_ttl": 2_000, "max_kv_soft_pin_ttl": 1_000},
+    {"put_start_discard_timeout": 0}, {"put_start_discard_timeout": math.inf},
+    {"put_start_discard_timeout": 30_000, "put_start_release_timeout": 30_000},
+    {"put_start_discard_timeout": 30_000, "put_start_release_timeout": 20_000},
+    {"client_ttl": 0}, {"client_ttl": 0.5}, {"max_group_retention": -1}, {"offload_queue_limit": 1e3},
+    {"max_retained_groups": -5}, {"max_key_length": 0}, {"max_key_length": 2**40},
+    {"eviction_high_watermark_ratio": math.nan}, {"eviction_high_watermark_ratio": math.inf},
+    {"eviction_high_watermark_ratio": 0}, {"eviction_high_watermark_ratio": 1.5},
+    {"eviction_high_watermark_ratio": "0.9"}, {"eviction_high_watermark_ratio": True},
+    {"eviction_ratio": math.nan}, {"eviction_ratio": -0.1}, {"eviction_ratio": 1.0},
+    {"eviction_ratio": 0.5, "eviction_high_watermark_ratio": 0.4},
+    {"allow_evict_soft_pinned_objects": 1}, {"allow_evict_soft_pinned_objects": "yes"},
+    {"evict_on_put": None},
+    {"namespace": "mc\n"}, {"namespace": 5}, {"namespace": ""}, {"namespace": "a:b"},
+], ids=repr)
+def test_bad_configuration_is_refused(fields):
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        MasterConfig(**fields)
+
+
+def test_configuration_edges_are_accepted():
+    c = MasterConfig(default_kv_lease_ttl=0, eviction_high_watermark_ratio=1, eviction_ratio=0,
+                     max_group_retention=0, offload_queue_limit=0, client_ttl=MAX_INT, shards=16384,
+                     put_start_discard_timeout=1, put_start_release_timeout=2)
+    assert c.eviction_high_watermark_ratio == 1.0 and isinstance(c.eviction_high_watermark_ratio, float)
+    assert c.eviction_ratio == 0.0 and isinstance(c.eviction_ratio, float)
+
+
+def test_stored_floats_read_back_exactly():
+    c = MasterConfig(eviction_high_watermark_ratio=0.1 + 0.2, eviction_ratio=1e-300)
+    stored = c.to_redis()
+    assert float(stored["eviction_high_watermark_ratio"]) == 0.1 + 0.2
+    assert float(stored["eviction_ratio"]) == 1e-300
+    assert MasterConfig.from_redis("mc", {k.encode(): v.encode() for k, v in stored.items()}) == c
+
+
+@pytest.mark.parametrize("field,raw", [
+    ("default_kv_lease_ttl", b"abc"), ("default_kv_lease_ttl", b"1.5"), ("default_kv_lease_ttl", b"inf"),
+    ("default_kv_lease_ttl", b"-1"), ("default_kv_lease_ttl", b"10000\n"), ("shards", b"x"), ("shards", b"0"),
+    ("eviction_ratio", b"nan"), ("eviction_high_watermark_ratio", b"inf"), ("evict_on_put", b"2"),
+    ("max_key_length", b"\xff"), ("put_start_release_timeout", b"1"),
+], ids=repr)
+def test_corrupt_stored_configuration_is_a_clear_error(backend, valkey, field, raw):
+    if backend == "valkey":
+        url = valkey.url
+        redis.Redis.from_url(url).flushall()
+    else:
+        url = f"memory://corrupt-{field}-{raw.hex()}"
+    Master.connect(url, MasterConfig(shards=2)).redis.hset(f"{shard_key('mc', 0)}:config", field, raw)
+    for config in (None, MasterConfig(shards=2)):  # the stored one, or a new one to write
+        with pytest.raises(MasterError) as info:
+            Master.connect(url, config)
+        assert info.value.code == ErrorCode.INTERNAL_ERROR and field in info.value.message, info.value
+
+
+def test_names_with_a_trailing_newline_are_refused(master):
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        master.remove_all(tenant_id="default\n")  # scans in Python: never reaches a function's check
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        master.exist_key("k", tenant_id="default\n")
