@@ -40,9 +40,16 @@ def _redis_from_url(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
 
 
+def _utf8(value: str, what: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: not text, so not sendable as a str
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} is not valid Unicode text (pass bytes)") from None
+
+
 def _as_key(key: Any) -> bytes:
     if isinstance(key, str):
-        return key.encode()
+        return _utf8(key, "key")
     if isinstance(key, (bytes, bytearray)):
         return bytes(key)
     raise MasterError(ErrorCode.INVALID_PARAMS, f"key must be str or bytes, not {type(key).__name__}")
@@ -55,8 +62,14 @@ def _check_tenant(tenant_id: Any) -> str:
 
 
 def _check_name(value: Any, what: str, max_len: int = 256) -> str:
-    if not isinstance(value, str) or not 1 <= len(value.encode()) <= max_len:
+    if not isinstance(value, str) or not 1 <= len(_utf8(value, what)) <= max_len:
         raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a non-empty string of at most {max_len} bytes")
+    return value
+
+
+def _check_bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a bool, not {type(value).__name__}")
     return value
 
 
@@ -240,13 +253,15 @@ class Master:
         except ValueError:
             raise MasterError(ErrorCode.INVALID_PARAMS, f"unknown soft_pin_action {c.soft_pin_action!r}") from None
         ttl = "" if c.soft_pin_ttl_ms is None else _check_int(c.soft_pin_ttl_ms, "soft_pin_ttl_ms", 0)
-        group = "" if c.group_id is None else _check_name(c.group_id, "group_id")
+        group = "" if c.group_id in (None, "") else _check_name(c.group_id, "group_id")  # "": ungrouped
+        if not isinstance(c.preferred_segments, (list, tuple)):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "preferred_segments must be a list or tuple of names")
         prefs = [_check_name(s, "preferred segment", 1024) for s in c.preferred_segments]
-        return [client_id, tenant_id, c.replica_num, action.value, ttl, int(bool(c.with_hard_pin)),
-                group, len(prefs), *prefs]
+        hard_pin = _check_bool(c.with_hard_pin, "with_hard_pin")
+        return [client_id, tenant_id, c.replica_num, action.value, ttl, int(hard_pin), group, len(prefs), *prefs]
 
     def _group_shard_ok(self, key: bytes, config: ReplicateConfig | None) -> bool:
-        if config is None or config.group_id is None or self.shards == 1:
+        if config is None or config.group_id in (None, "") or self.shards == 1:
             return True
         return self._shard(key) == self._shard(config.group_id.encode())
 
@@ -338,11 +353,12 @@ class Master:
 
     # ---- removal ---------------------------------------------------------------------
     def _remove(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> list[ErrorCode]:
-        head = [tenant_id, int(bool(force))]
+        head = [tenant_id, int(force)]
         return [ErrorCode(r) for r in self._batch("mc_remove", head, [(k,) for k in keys], keys)]
 
     def remove(self, key: Any, force: bool = False, tenant_id: str = "default") -> None:
         _check_tenant(tenant_id)
+        _check_bool(force, "force")
         self._single(self._remove([_as_key(key)], force, tenant_id)[0], "remove", key)
 
     def _scan_objects(self, shard: int, tenant_glob: str) -> Iterable[tuple[str, list[bytes]]]:
@@ -366,6 +382,7 @@ class Master:
 
     def _remove_matching(self, keep: Callable[[bytes], bool], force: bool, tenant_id: str) -> int:
         _check_tenant(tenant_id)
+        _check_bool(force, "force")
         removed = 0
         for shard in range(self.shards):
             for _, keys in self._scan_objects(shard, tenant_id):
@@ -453,6 +470,8 @@ class Master:
 
     # ---- eviction --------------------------------------------------------------------
     def evict_step(self, shard: int, max_units: int = EVICT_STEP_UNITS) -> EvictionStep:
+        _check_int(shard, "shard", 0, self.shards - 1)
+        _check_int(max_units, "max_units", 1, 1024)
         state, units, objects, nbytes, used, target = self._fcall("mc_evict", shard, max_units)
         return EvictionStep(shard, state.decode(), int(units), int(objects), int(nbytes), int(used), int(target))
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import redis
 
-from helpers import WRITER, raises_code
-from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
+from helpers import WRITER, mount, put, raises_code, store_snapshot
+from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig
 from mooncake_redis.keys import shard_key
 
 MAX_INT = 2**53 - 1
@@ -82,3 +82,84 @@ def test_names_with_a_trailing_newline_are_refused(master):
         master.remove_all(tenant_id="default\n")  # scans in Python: never reaches a function's check
     with raises_code(ErrorCode.INVALID_PARAMS):
         master.exist_key("k", tenant_id="default\n")
+
+
+# ---- 2. Python input gaps ----------------------------------------------------------------
+
+@pytest.fixture
+def m(master):
+    mount(master, "seg", 1 << 16)
+    return master
+
+
+def test_booleans_must_be_bools(m):
+    put(m, "leased", 10)
+    m.get_replica_list("leased")
+    before = store_snapshot(m)
+    for call in (lambda: m.remove("leased", force="no"),
+                 lambda: m.remove_all(force="no"),
+                 lambda: m.remove_by_regex("leased", force=1),
+                 lambda: m.put_start(WRITER, "k", 10, ReplicateConfig(with_hard_pin="no")),
+                 lambda: m.put_start(WRITER, "k", 10, ReplicateConfig(with_hard_pin=0))):
+        with raises_code(ErrorCode.INVALID_PARAMS):
+            call()
+    assert store_snapshot(m) == before
+
+
+@pytest.mark.parametrize("prefs", ["seg", b"seg", ["seg", 5], {"seg"}, None], ids=repr)
+def test_preferred_segments_must_be_a_list_of_names(m, prefs):
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.put_start(WRITER, "k", 10, ReplicateConfig(preferred_segments=prefs))
+    assert not m.exist_key("k")
+
+
+def test_preferred_segments_as_list_or_tuple(m):
+    assert m.put_start(WRITER, "a", 10, ReplicateConfig(preferred_segments=["seg"]))[0].segment == "seg"
+    assert m.put_start(WRITER, "b", 10, ReplicateConfig(preferred_segments=("seg",)))[0].segment == "seg"
+
+
+def test_empty_group_id_means_ungrouped(m):
+    put(m, "k", 10, config=ReplicateConfig(group_id=""))
+    assert m.describe("k").group_id is None
+    assert m.batch_put_start(WRITER, ["x", "y"], [1, 1], ReplicateConfig(group_id="")) != [
+        ErrorCode.INVALID_PARAMS] * 2
+
+
+@pytest.mark.parametrize("args", [(-1,), ("SHARDS",), (0.0,), (None,), (True,), (0, 0), (0, 1025), (0, 2.0),
+                                  (0, None), (0, "16")], ids=repr)
+def test_evict_step_arguments_are_checked(m, args):
+    args = tuple(m.shards if a == "SHARDS" else a for a in args)
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.evict_step(*args)
+    if len(args) == 2:
+        with raises_code(ErrorCode.INVALID_PARAMS):
+            m.run_eviction(args[1])
+
+
+def test_evict_step_accepts_every_shard(m):
+    for shard in range(m.shards):
+        assert m.evict_step(shard, 1024).shard == shard
+
+
+LONE = "k\udcff"  # a lone surrogate: a str that is not encodable text
+
+
+def test_lone_surrogates_are_invalid_params(m):
+    put(m, "k", 10)
+    before = store_snapshot(m)
+    for call in (lambda: m.put_start(WRITER, LONE, 10),
+                 lambda: m.batch_put_start(WRITER, ["ok", LONE], [10, 10]),
+                 lambda: m.put_end(WRITER, LONE),
+                 lambda: m.get_replica_list(LONE),
+                 lambda: m.batch_exist_key(["k", LONE]),
+                 lambda: m.remove(LONE),
+                 lambda: m.describe(LONE),
+                 lambda: m.add_task_ref(LONE),
+                 lambda: m.put_start("w\udcff", "k2", 10),
+                 lambda: m.put_start(WRITER, "k2", 10, ReplicateConfig(group_id="g\udcff")),
+                 lambda: m.put_start(WRITER, "k2", 10, ReplicateConfig(preferred_segments=["s\udcff"])),
+                 lambda: m.mount_segment("seg\udcff", 1 << 16, "owner"),
+                 lambda: m.ping("c\udcff")):
+        with raises_code(ErrorCode.INVALID_PARAMS):
+            call()
+    assert store_snapshot(m) == before
