@@ -103,12 +103,7 @@ def cli(ctx: click.Context, redis_url: str | None, namespace: str) -> None:
 # ---- helpers ---------------------------------------------------------------------------
 
 def _client(url: str) -> redis.Redis:
-    if url.startswith("memory://"):
-        return _redis_from_url(url)
-    try:
-        return redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
-    except ValueError as exc:
-        raise CliError(f"bad Redis URL {safe_url(url)!r}: {exc}") from None
+    return _redis_from_url(url, connect_timeout=CONNECT_TIMEOUT_S)  # a bad URL is INVALID_PARAMS
 
 
 def _stored_config(client: redis.Redis, namespace: str) -> MasterConfig | None:

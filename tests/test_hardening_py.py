@@ -3,13 +3,21 @@ library reload on every call path, connect-time server checks, binary ids in dis
 from __future__ import annotations
 
 import math
+import os
+import signal
+import threading
+import time
 
 import pytest
 import redis
 
-from helpers import WRITER, mount, put, raises_code, store_snapshot
+from conftest import T0
+from helpers import OWNER, WRITER, mount, put, raises_code, store_snapshot
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig
+from mooncake_redis.fsck import fsck
 from mooncake_redis.keys import shard_key
+from mooncake_redis.server import EmbeddedValkey
+from mooncake_redis.worker import Worker
 
 MAX_INT = 2**53 - 1
 
@@ -163,3 +171,131 @@ def test_lone_surrogates_are_invalid_params(m):
         with raises_code(ErrorCode.INVALID_PARAMS):
             call()
     assert store_snapshot(m) == before
+
+
+# ---- 3. timeouts: a call without a reply has an unknown outcome -------------------------------
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+@pytest.fixture
+def private_valkey():
+    server = EmbeddedValkey(appendonly=False).start()
+    yield server
+    if server.proc.poll() is None:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    server.stop()
+
+
+def test_a_stalled_server_is_outcome_unknown_and_the_count_tells_what_happened(private_valkey):
+    pid = private_valkey.proc.pid
+    m = Master.connect(private_valkey.url, MasterConfig(shards=1), socket_timeout=0.5)
+    m.freeze_clock(T0)
+    mount(m, "seg", 1 << 16)
+    put(m, "k", 10)
+    os.kill(pid, signal.SIGSTOP)
+    while not _stopped(pid):  # waiting for the process to stop, not for a deadline
+        time.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(MasterError) as info:
+        m.add_task_ref("k")  # sent, but no reply within the read timeout
+    assert info.value.code == ErrorCode.OUTCOME_UNKNOWN and "may or may not" in info.value.message
+    assert time.monotonic() - started < 5
+    os.kill(pid, signal.SIGCONT)
+    # The documented way to find out: task references are counts, so read the count and
+    # reconcile instead of retrying blindly. Here the stalled call did run once Valkey resumed.
+    assert m.task_refs("k") == 1
+    assert m.release_task_ref("k") == 0
+    assert m.task_refs("k") == 0
+
+
+def test_a_lost_server_is_outcome_unknown(private_valkey):
+    m = Master.connect(private_valkey.url, MasterConfig(shards=2), connect_timeout=1, socket_timeout=1)
+    private_valkey.stop()
+    for call in (lambda: m.exist_key("k"), lambda: m.batch_exist_key(["a", "b", "c"]), m.usage, m.segments,
+                 lambda: m.ping("c"), lambda: m.mount_segment("s", 100, "c"), lambda: m.sweep_shard(0)):
+        with raises_code(ErrorCode.OUTCOME_UNKNOWN):
+            call()
+    with raises_code(ErrorCode.OUTCOME_UNKNOWN):
+        Master.connect(private_valkey.url, connect_timeout=1)
+
+
+@pytest.mark.parametrize("timeouts", [{"socket_timeout": 0}, {"socket_timeout": -1}, {"connect_timeout": math.nan},
+                                      {"socket_timeout": "5"}, {"connect_timeout": True}], ids=repr)
+def test_timeouts_are_checked(timeouts):
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        Master.connect("memory://timeouts", **timeouts)
+
+
+def test_task_refs(master):
+    mount(master, "seg", 1 << 16)
+    put(master, "k", 10)
+    assert master.task_refs("k") == 0
+    master.add_task_ref("k")
+    master.add_task_ref("k")
+    assert master.task_refs("k") == 2
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        master.task_refs("missing")
+
+
+def test_worker_loop_survives_master_errors(master, monkeypatch):
+    stop = threading.Event()
+    calls = []
+
+    def failing_pass():
+        calls.append(1)
+        if len(calls) == 2:
+            stop.set()
+        raise MasterError(ErrorCode.OUTCOME_UNKNOWN, "no reply")
+
+    worker = Worker(master)
+    monkeypatch.setattr(worker, "run_once", failing_pass)
+    assert worker.run(stop, interval_s=0) == 2
+
+
+# ---- 4. the library is reloaded on every call path ------------------------------------------
+
+def _flush_functions(m: Master) -> None:
+    m.redis.execute_command("FUNCTION", "FLUSH")
+
+
+def test_every_call_path_reloads_a_flushed_library(valkey):
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=4))
+    m.freeze_clock(T0)
+    mount(m, "seg", 1 << 16)
+    keys = [f"k{i}" for i in range(16)]
+    assert len({m._shard(k.encode()) for k in keys}) > 1
+    _flush_functions(m)
+    assert m.batch_put_start(WRITER, keys, [10] * 16) and m.batch_put_end(WRITER, keys) == [ErrorCode.OK] * 16
+    _flush_functions(m)
+    assert m.ping(OWNER) == "OK"
+    _flush_functions(m)
+    m.mount_segment("seg2", 1 << 16, OWNER)
+    _flush_functions(m)
+    assert Worker(m).run_once().shards_claimed == 4
+    _flush_functions(m)
+    m.unmount_segment("seg2", OWNER)
+    m.redis.hincrby(m._shard_keys[0], "objects", 5)  # a drift for fsck to repair through a function
+    _flush_functions(m)
+    report = fsck(m, repair=True)
+    assert report.findings and all(f.repaired for f in report.findings)
+    m.close()
+
+
+def test_a_library_that_will_not_load_is_an_error_not_a_recursion(valkey, monkeypatch):
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=1))
+    import mooncake_redis.functions
+    import mooncake_redis.master
+
+    monkeypatch.setattr(mooncake_redis.functions, "ensure_loaded", lambda *a, **k: "x")
+    monkeypatch.setattr(mooncake_redis.master, "ensure_loaded", lambda *a, **k: "x", raising=False)
+    _flush_functions(m)
+    with raises_code(ErrorCode.INTERNAL_ERROR):
+        m.exist_key("k")
+    with raises_code(ErrorCode.INTERNAL_ERROR):
+        m.ping("c")
+    m.close()
