@@ -15,6 +15,7 @@ from redis.retry import Retry
 from .config import NAME_RE, MasterConfig, ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
 from .functions import load, run
+from .preflight import check_server
 from .keys import segment_slice, shard_key, shard_of
 from .models import (EvictionReport, EvictionStep, ObjectInfo, Replica, ReplicaListResult, ReplicaStatus,
                      ShardUsage, Usage)
@@ -115,16 +116,24 @@ class Master:
     @classmethod
     def connect(cls, url: str = "memory://", config: MasterConfig | None = None, *,
                 socket_timeout: float | None = SOCKET_TIMEOUT_S,
-                connect_timeout: float | None = CONNECT_TIMEOUT_S) -> "Master":
+                connect_timeout: float | None = CONNECT_TIMEOUT_S, require_noeviction: bool = True) -> "Master":
         """Connect, load the functions if needed, and make sure the store has a configuration:
         an explicit `config` is written to every shard; with none, the stored one is used
         (or the defaults, on a new store). `socket_timeout` bounds the wait for each reply and
         `connect_timeout` the opening of a connection (seconds; None waits forever); a call
-        that gets no reply raises OUTCOME_UNKNOWN."""
+        that gets no reply raises OUTCOME_UNKNOWN.
+
+        On a real server it first checks (mooncake_redis.preflight) that maxmemory-policy is
+        noeviction (require_noeviction=False accepts another, for operators who know no store
+        key can be evicted) and, with ACLs, that the user may run every command needed on the
+        namespace's keys."""
         if config is not None and not isinstance(config, MasterConfig):
             raise MasterError(ErrorCode.INVALID_PARAMS, "config must be a MasterConfig")
+        _check_bool(require_noeviction, "require_noeviction")
         client = _redis_from_url(url, socket_timeout, connect_timeout)
         try:
+            if not url.startswith("memory://"):
+                check_server(client, config.namespace if config else MasterConfig.namespace, require_noeviction)
             return cls._open(client, config)
         except BaseException:
             client.close()

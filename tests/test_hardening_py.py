@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
 from conftest import T0
 from helpers import OWNER, WRITER, mount, put, raises_code, store_snapshot
-from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig
+from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig, preflight
 from mooncake_redis.fsck import fsck
+from mooncake_redis.functions import library_source
 from mooncake_redis.keys import shard_key
 from mooncake_redis.server import EmbeddedValkey
 from mooncake_redis.worker import Worker
@@ -299,3 +302,72 @@ def test_a_library_that_will_not_load_is_an_error_not_a_recursion(valkey, monkey
     with raises_code(ErrorCode.INTERNAL_ERROR):
         m.ping("c")
     m.close()
+
+
+# ---- 5. connect-time checks of a real server ------------------------------------------------
+
+def test_evicting_maxmemory_policy_is_refused(private_valkey):
+    admin = redis.Redis.from_url(private_valkey.url)
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    with pytest.raises(MasterError) as info:
+        Master.connect(private_valkey.url, MasterConfig())
+    assert info.value.code == ErrorCode.INTERNAL_ERROR and "allkeys-lru" in info.value.message
+    assert not admin.keys("mc:*")  # refused before writing anything
+    Master.connect(private_valkey.url, MasterConfig(), require_noeviction=False).close()  # the opt-out
+    admin.config_set("maxmemory-policy", "noeviction")
+    Master.connect(private_valkey.url, MasterConfig()).close()
+
+
+def _acl_user(admin: redis.Redis, name: str, pattern: str, commands: set[str], extra: tuple = ()) -> str:
+    admin.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", pattern, "-@all",
+                          *[f"+{c.lower()}" for c in sorted(commands)], *extra)
+    return name
+
+
+def test_acl_user_limited_to_its_namespace(private_valkey, caplog):
+    admin = redis.Redis.from_url(private_valkey.url)
+    for ns in ("ns1", "ns2"):
+        Master.connect(private_valkey.url, MasterConfig(namespace=ns, shards=2)).close()  # the admin sets up
+    url = f"redis://tenant1:pw@127.0.0.1:{private_valkey.port}/0"
+    _acl_user(admin, "tenant1", "~ns1:*", preflight.needed_commands(), ("+acl|whoami", "+acl|dryrun"))
+    m = Master.connect(url, MasterConfig(namespace="ns1", shards=2))
+    assert "maxmemory-policy" in caplog.text  # no CONFIG GET for this user: a warning, not a refusal
+    m.freeze_clock(T0)
+    mount(m, "seg", 1 << 16)
+    put(m, "k", 10)
+    assert m.get_replica_list("k").replicas and m.add_task_ref("k") == 1 and m.release_task_ref("k") == 0
+    m.remove("k", force=True)
+    assert Worker(m).run_once().shards_claimed == 2
+    assert fsck(m).findings == []
+    m.unmount_segment("seg", OWNER)
+    m.close()
+    with pytest.raises(MasterError) as info:  # the other tenant's namespace
+        Master.connect(url, MasterConfig(namespace="ns2", shards=2))
+    assert info.value.code == ErrorCode.INTERNAL_ERROR and "'ns2:{ns2:0}'" in info.value.message, info.value
+    # a user missing one command the functions run is refused at connect, the command named
+    _acl_user(admin, "tenant1", "~ns1:*", preflight.needed_commands() - {"ZREVRANGEBYSCORE"},
+              ("+acl|whoami", "+acl|dryrun"))
+    with pytest.raises(MasterError) as info:
+        Master.connect(url, MasterConfig(namespace="ns1", shards=2))
+    assert "'zrevrangebyscore'" in info.value.message, info.value
+
+
+def test_acl_user_that_may_not_check_itself_gets_a_warning(private_valkey, caplog):
+    admin = redis.Redis.from_url(private_valkey.url)
+    Master.connect(private_valkey.url, MasterConfig(namespace="ns1")).close()
+    _acl_user(admin, "tenant1", "~ns1:*", preflight.needed_commands())
+    Master.connect(f"redis://tenant1:pw@127.0.0.1:{private_valkey.port}/0", MasterConfig(namespace="ns1")).close()
+    assert "cannot check" in caplog.text
+
+
+def test_acl_check_covers_every_command_of_the_functions():
+    source = library_source()[0]
+    used = set(re.findall(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]", source))
+    assert used and {c.upper() for c in used} <= set(preflight.DRYRUN_ARGS)
+
+
+def test_readme_acl_line_lists_every_needed_command():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if "ACL SETUSER mc-master" in x)
+    granted = {w[1:].upper() for w in line.split() if w.startswith("+")}
+    assert granted - {"ACL|WHOAMI", "ACL|DRYRUN"} == preflight.needed_commands()
