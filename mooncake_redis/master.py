@@ -373,7 +373,9 @@ class Master:
             by_tenant: dict[str, list[bytes]] = defaultdict(list)
             for rkey in batch:
                 tenant, _, key = rkey[len(prefix):].partition(b":")
-                by_tenant[tenant.decode()].append(key)
+                name = tenant.decode(errors="replace")
+                if NAME_RE.fullmatch(name):  # a stray key is not an object of any tenant
+                    by_tenant[name].append(key)
             yield from by_tenant.items()
 
     def _scan(self, match: bytes) -> Iterable[list[bytes]]:

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 import redis
+from click.testing import CliRunner
 
+from cli.main import cli
 from conftest import T0
 from helpers import OWNER, WRITER, mount, put, raises_code, store_snapshot
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig, preflight
 from mooncake_redis.fsck import fsck
 from mooncake_redis.functions import library_source
 from mooncake_redis.keys import shard_key
-from mooncake_redis.server import EmbeddedValkey
+from mooncake_redis.server import EmbeddedValkey, free_port
 from mooncake_redis.worker import Worker
 
 MAX_INT = 2**53 - 1
@@ -371,3 +373,45 @@ def test_readme_acl_line_lists_every_needed_command():
     line = next(x for x in readme.splitlines() if "ACL SETUSER mc-master" in x)
     granted = {w[1:].upper() for w in line.split() if w.startswith("+")}
     assert granted - {"ACL|WHOAMI", "ACL|DRYRUN"} == preflight.needed_commands()
+
+
+# ---- 6. binary ids in displays, passwords in CLI messages ----------------------------------
+
+BIN_CLIENT = b"\xff\xfeclient"
+
+
+def test_segments_and_status_show_binary_ids(valkey):
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=2))
+    m.freeze_clock(T0)
+    for p in m._shard_keys:  # wire-legal: any bytes
+        m.redis.execute_command("FCALL", "mc_mount_segment", 1, p, b"seg\xff", BIN_CLIENT, 0, 1000)
+        m.redis.execute_command("FCALL", "mc_claim", 1, p, b"\xffworker", 5000)
+        m.redis.hset(f"{p}:metrics", mapping={"last_pass_ms": T0, "last_worker": b"\xffworker"})
+    assert m.segments() == [{"name": "seg\\xff", "client": "\\xff\\xfeclient", "size": 2000, "used": 0}]
+    r = CliRunner().invoke(cli, ["--redis", valkey.url, "status"], env={"MOONCAKE_REDIS_URL": None})
+    assert r.exit_code == 0, r.output
+    assert "\\xff\\xfeclient" in r.stdout and "\\xffworker" in r.stdout
+    m.close()
+
+
+def test_stray_keys_with_a_binary_tenant_are_skipped(master):
+    master.redis.hset(f"{master._shard_keys[0]}:obj:\xff:k".encode("latin-1"), "size", 1)
+    assert master.remove_all() == 0
+    for shard in range(master.shards):
+        master.sweep_shard(shard)
+
+
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:{port}/0?password=s3cr3t",
+    "redis://user:s3cr3t@127.0.0.1:{port}/0",
+    "redis://user:s3cr3t@127.0.0.1:notaport/0",
+    "redis://user:s3@cr3t@127.0.0.1:{port}/0",
+    "unix:///nonexistent/redis.sock?password=s3cr3t",
+])
+@pytest.mark.parametrize("command", [["status"], ["inspect", "k"], ["serve"], ["worker"], ["fsck"]])
+def test_passwords_are_never_printed(url, command):
+    url = url.format(port=free_port())
+    r = CliRunner().invoke(cli, ["--redis", url, *command], env={"MOONCAKE_REDIS_URL": None})
+    assert r.exit_code == 2, r.output
+    assert "cr3t" not in r.output, r.output
