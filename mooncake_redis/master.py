@@ -15,10 +15,10 @@ from redis.retry import Retry
 from .config import NAME_RE, MasterConfig, ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
 from .functions import load, run
-from .preflight import check_server
 from .keys import segment_slice, shard_key, shard_of
 from .models import (EvictionReport, EvictionStep, ObjectInfo, Replica, ReplicaListResult, ReplicaStatus,
                      ShardUsage, Usage)
+from .preflight import check_server
 
 # Keys per FCALL, by function: sized so one call stays well under a millisecond of server time
 # (a put_start allocates, a read touches a few fields). Larger batches become several calls.
