@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -20,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import click
 import redis
@@ -75,18 +76,42 @@ class Opts:
         return self.url
 
 
+_QUERY_PASSWORD = re.compile(r"([?&;]password=)([^&;#]*)", re.IGNORECASE)
+
+
+def _split_userinfo(url: str) -> tuple[str, str, str]:
+    """(text up to the user name, "user:password" or "", the rest), splitting as urlsplit does:
+    the netloc ends at the first / ? #, the user info at its last @."""
+    head, sep, rest = url.partition("//")
+    if not sep:
+        return url, "", ""
+    end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0] or [len(rest)])
+    userinfo, at, host = rest[:end].rpartition("@")
+    if not at:
+        return url, "", ""
+    return head + sep, userinfo, "@" + host + rest[end:]
+
+
 def safe_url(url: str) -> str:
-    """The URL with its password masked, for messages."""
-    try:
-        parts = urlsplit(url)
-        if parts.password:
-            user = parts.username or ""
-            host = parts.hostname or ""
-            netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-            return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        pass
-    return url
+    """The URL with its passwords (user info and ?password=) masked, for messages; works on
+    URLs that do not parse, too."""
+    head, userinfo, rest = _split_userinfo(url)
+    if ":" in userinfo:
+        url = head + userinfo.partition(":")[0] + ":***" + rest
+    return _QUERY_PASSWORD.sub(r"\1***", url)
+
+
+def redact(text: str, url: str | None) -> str:
+    """`text` without the passwords of `url` (error messages may quote the URL or parts of it)."""
+    if not url:
+        return text
+    _, userinfo, _ = _split_userinfo(url)
+    hidden = [userinfo.partition(":")[2]] if ":" in userinfo else []
+    hidden += [m.group(2) for m in _QUERY_PASSWORD.finditer(url)]
+    hidden += [unquote(x) for x in hidden]
+    for secret in sorted({x for x in hidden if x}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 class _Cli(click.Group):
@@ -97,17 +122,23 @@ class _Cli(click.Group):
             return super().invoke(ctx)
         except MasterError as exc:
             detail = f": {exc.message}" if exc.message else ""
-            click.echo(f"error {exc.code.name} ({int(exc.code)}){detail}", err=True)
-            ctx.exit(2)
+            message = f"error {exc.code.name} ({int(exc.code)}){detail}"
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             opts = ctx.obj if isinstance(ctx.obj, Opts) else Opts(None, "")
             hint = (f" (URL from {opts.url_file}: is `mooncake-redis serve` running?)"
                     if opts.url_file else "")
-            click.echo(f"error: cannot reach Redis at {safe_url(opts.url or '?')}{hint}: {exc}", err=True)
-            ctx.exit(2)
+            message = f"error: cannot reach Redis at {safe_url(opts.url or '?')}{hint}: {exc}"
         except redis.RedisError as exc:
-            click.echo(f"error from Redis: {exc}", err=True)
-            ctx.exit(2)
+            message = f"error from Redis: {exc}"
+        except click.ClickException as exc:
+            exc.message = redact(exc.message, _url(ctx))
+            raise
+        click.echo(redact(message, _url(ctx)), err=True)  # messages may quote the URL
+        ctx.exit(2)
+
+
+def _url(ctx: click.Context) -> str | None:
+    return ctx.obj.url if isinstance(ctx.obj, Opts) else None
 
 
 @click.group(cls=_Cli)
@@ -127,12 +158,7 @@ def cli(ctx: click.Context, redis_url: str | None, namespace: str) -> None:
 # ---- helpers ---------------------------------------------------------------------------
 
 def _client(url: str) -> redis.Redis:
-    if url.startswith("memory://"):
-        return _redis_from_url(url)
-    try:
-        return redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
-    except ValueError as exc:
-        raise CliError(f"bad Redis URL {safe_url(url)!r}: {exc}") from None
+    return _redis_from_url(url, connect_timeout=CONNECT_TIMEOUT_S)  # a bad URL is INVALID_PARAMS
 
 
 def _stored_config(client: redis.Redis, namespace: str) -> MasterConfig | None:
@@ -293,9 +319,10 @@ def status(opts: Opts) -> None:
     rows = []
     for i in range(master.shards):
         ordinary, soft, claim, metrics = workers[4 * i:4 * i + 4]
-        m = {k.decode(): v.decode() for k, v in metrics.items()}
+        m = {k.decode(errors="backslashreplace"): v.decode(errors="backslashreplace") for k, v in metrics.items()}
         last = int(m["last_pass_ms"]) if "last_pass_ms" in m else None
-        rows.append([i, ordinary, soft, claim.decode().rsplit(" ", 1)[0] if claim else "-",
+        # ids are bytes on the wire: show any byte, never fail on one
+        rows.append([i, ordinary, soft, claim.decode(errors="backslashreplace").rsplit(" ", 1)[0] if claim else "-",
                      span(now - last) + " ago" if last is not None else "never",
                      m.get("evicted_objects_total", 0), human(int(m.get("evicted_bytes_total", 0))),
                      m.get("discarded_puts_total", 0), m.get("clients_expired_total", 0)])

@@ -1,13 +1,14 @@
 """Configuration: MasterConfig (store-wide, kept in Redis) and ReplicateConfig (per put)."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
 
 from .errors import ErrorCode, MasterError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # namespaces and tenant ids
+NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # namespaces and tenant ids: use fullmatch
 
 
 class SoftPinAction(str, Enum):
@@ -24,6 +25,32 @@ class ReplicateConfig:
     with_hard_pin: bool = False
     preferred_segments: tuple[str, ...] = ()
     group_id: str | None = None
+
+
+MAX_INT = 2**53 - 1  # integers travel as Lua doubles: exact up to here
+MAX_KEY_LENGTH = 1 << 20
+
+# Integer fields: (lowest, highest) accepted value. Durations are ms; 0 is allowed only where it
+# means something (a lease of 0 = reads grant none; a retention or limit of 0 = none).
+INT_RANGES = {
+    "shards": (1, 16384),
+    "default_kv_lease_ttl": (0, MAX_INT),
+    "default_kv_soft_pin_ttl": (1, MAX_INT),
+    "max_kv_soft_pin_ttl": (1, MAX_INT),
+    "put_start_discard_timeout": (1, MAX_INT),
+    "put_start_release_timeout": (1, MAX_INT),
+    "client_ttl": (1, MAX_INT),
+    "offload_queue_limit": (0, MAX_INT),
+    "max_retained_groups": (0, MAX_INT),
+    "max_group_retention": (0, MAX_INT),
+    "max_key_length": (1, MAX_KEY_LENGTH),
+}
+_INT_TEXT = re.compile(r"-?[0-9]{1,17}")  # stored numbers: only forms Lua's tonumber reads the same
+_FLOAT_TEXT = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+
+
+def _bad(message: str) -> MasterError:
+    return MasterError(ErrorCode.INVALID_PARAMS, message)
 
 
 @dataclass(frozen=True)
@@ -51,31 +78,73 @@ class MasterConfig:
     evict_on_put: bool = True  # a put_start that finds no space evicts candidates of its shard first
 
     def __post_init__(self) -> None:
-        if not NAME_RE.match(str(self.namespace)):
-            raise MasterError(ErrorCode.INVALID_PARAMS, "namespace must match [A-Za-z0-9_.-]{1,64}")
+        if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):
+            raise _bad("namespace must match [A-Za-z0-9_.-]{1,64}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise MasterError(ErrorCode.INVALID_PARAMS, f"{f.name} must be a number")
-        if not 1 <= self.shards <= 16384:
-            raise MasterError(ErrorCode.INVALID_PARAMS, "shards must be in [1, 16384]")
-        if not 0 < self.eviction_high_watermark_ratio <= 1 or not 0 <= self.eviction_ratio < 1:
-            raise MasterError(ErrorCode.INVALID_PARAMS, "eviction ratios out of range")
+            if f.type == "bool":
+                if not isinstance(value, bool):
+                    raise _bad(f"{f.name} must be a bool, not {type(value).__name__}")
+            elif f.type == "int":
+                lo, hi = INT_RANGES[f.name]
+                if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                    raise _bad(f"{f.name} must be an integer in [{lo}, {hi}], not {value!r}")
+            elif f.type == "float":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise _bad(f"{f.name} must be a finite number, not {value!r}")
+                object.__setattr__(self, f.name, float(value))
+        if not 0 < self.eviction_high_watermark_ratio <= 1:
+            raise _bad("eviction_high_watermark_ratio must be in (0, 1]")
+        if not 0 <= self.eviction_ratio <= self.eviction_high_watermark_ratio or self.eviction_ratio >= 1:
+            raise _bad("eviction_ratio must be in [0, 1) and at most eviction_high_watermark_ratio")
+        # as Mooncake's master
+        if self.default_kv_soft_pin_ttl > self.max_kv_soft_pin_ttl:
+            raise _bad("default_kv_soft_pin_ttl must not exceed max_kv_soft_pin_ttl")
+        if self.put_start_release_timeout <= self.put_start_discard_timeout:
+            raise _bad("put_start_release_timeout must be greater than put_start_discard_timeout")
 
     def to_redis(self) -> dict[str, str]:
+        """The stored form: integers in decimal, booleans as 0/1, ratios as repr (finite, so
+        Lua's tonumber reads back the same double)."""
         out = {}
         for name, value in asdict(self).items():
             if name != "namespace":
-                out[name] = str(int(value)) if isinstance(value, bool) else str(value)
+                out[name] = str(int(value)) if isinstance(value, bool) else repr(value)
         return out
 
     @classmethod
     def from_redis(cls, namespace: str, stored: dict) -> "MasterConfig":
-        kwargs = {}
+        """The configuration stored in `<ns>:{<ns>:0}:config` (fields missing there keep their
+        defaults); a corrupt value is INTERNAL_ERROR naming the field."""
+        where = f"stored configuration {namespace}:{{{namespace}:0}}:config"
+        kwargs: dict = {}
         for f in fields(cls):
             raw = stored.get(f.name.encode()) if f.name != "namespace" else None
             if raw is None:
                 continue
-            raw = raw.decode()
-            kwargs[f.name] = bool(int(raw)) if f.type == "bool" else (float(raw) if f.type == "float" else int(raw))
-        return cls(namespace=namespace, **kwargs)
+            try:
+                kwargs[f.name] = _parse_stored(f.type, raw.decode())
+            except (UnicodeDecodeError, ValueError):
+                raise MasterError(ErrorCode.INTERNAL_ERROR,
+                                  f"{where}: field {f.name} has a corrupt value {raw!r}") from None
+        try:
+            return cls(namespace=namespace, **kwargs)
+        except MasterError as exc:
+            raise MasterError(ErrorCode.INTERNAL_ERROR, f"{where} is invalid: {exc.message}") from None
+
+
+def _parse_stored(kind: str, text: str):
+    if kind == "bool":
+        if text not in ("0", "1"):
+            raise ValueError(text)
+        return text == "1"
+    if kind == "int":
+        if not _INT_TEXT.fullmatch(text):
+            raise ValueError(text)
+        return int(text)
+    if not _FLOAT_TEXT.fullmatch(text):
+        raise ValueError(text)
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value

@@ -1,4 +1,5 @@
-"""Error codes (Mooncake's numbers) and the exception single calls raise."""
+"""Error codes (Mooncake's numbers, plus this project's own below -10000) and the exception
+single calls raise."""
 from __future__ import annotations
 
 from enum import IntEnum
@@ -23,6 +24,8 @@ class ErrorCode(IntEnum):
     OBJECT_HAS_LEASE = -706
     LEASE_EXPIRED = -707
     OBJECT_HAS_REPLICATION_TASK = -708
+    # This project's own codes, clear of Mooncake's ranges (-1 to -1799 so far).
+    OUTCOME_UNKNOWN = -10000  # no reply (timeout, lost connection): the call may or may not have run
 
 
 class MasterError(Exception):

@@ -49,6 +49,8 @@ from typing import Any, Callable, Iterator
 
 import redis
 
+from .errors import MasterError
+
 CRITICAL, ERROR, WARNING = "critical", "error", "warning"
 
 # kind -> (severity, repairable, what it means)
@@ -835,7 +837,7 @@ class _Audit:
         for action in sorted(by_action, key=lambda a: (self.ORDER[a[0]], a[1])):
             try:
                 ok, note = self.apply(action)
-            except redis.ResponseError as exc:
+            except MasterError as exc:
                 ok, note = False, f"repair failed: {exc}"
             for f in by_action[action]:
                 f.repaired = ok
@@ -845,7 +847,7 @@ class _Audit:
                     self.report.repaired.append(f)
 
     def fcall(self, fn: str, shard: int, *args: Any) -> Any:
-        return self.r.execute_command("FCALL", fn, 1, self.m._shard_keys[shard], *args)
+        return self.m._fcall(fn, shard, *args)  # reloads the library if it is gone
 
     def apply(self, action: tuple) -> tuple[bool, str]:
         kind, shard = action[0], action[1]

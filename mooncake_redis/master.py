@@ -2,19 +2,23 @@
 (batches: one FCALL per shard, pipelined); Python keeps no state of its own."""
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .config import NAME_RE, MasterConfig, ReplicateConfig, SoftPinAction
-from .errors import ErrorCode, MasterError, parse_error_reply
-from .functions import ensure_loaded
+from .errors import ErrorCode, MasterError
+from .functions import load, run
 from .keys import segment_slice, shard_key, shard_of
 from .models import (EvictionReport, EvictionStep, ObjectInfo, Replica, ReplicaListResult, ReplicaStatus,
                      ShardUsage, Usage)
+from .preflight import check_server
 
 # Keys per FCALL, by function: sized so one call stays well under a millisecond of server time
 # (a put_start allocates, a read touches a few fields). Larger batches become several calls.
@@ -22,6 +26,8 @@ BATCH_CHUNK = 128
 CHUNK_OF = {"mc_put_start": 32, "mc_put_revoke": 32, "mc_remove": 32, "mc_sweep_replicas": 32, "mc_put_end": 64}
 EVICT_STEP_UNITS = 16  # units per eviction step (about 25-40 us of server time each)
 SCAN_COUNT = 1000      # keys per SCAN step in remove_by_regex / remove_all / unmount sweeps
+CONNECT_TIMEOUT_S = 5.0  # default: seconds to open a connection
+SOCKET_TIMEOUT_S = 10.0  # default: seconds to wait for a reply (a function call takes well under 1 ms)
 
 _memory_servers: dict[str, Any] = {}
 _memory_lock = threading.Lock()
@@ -29,7 +35,17 @@ _memory_lock = threading.Lock()
 Result = Any  # a value, or an ErrorCode
 
 
-def _redis_from_url(url: str) -> redis.Redis:
+def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
+                    connect_timeout: float | None = CONNECT_TIMEOUT_S) -> redis.Redis:
+    """A client for `url`; memory://<name> is an in-process fakeredis server. Timeouts are
+    seconds (None: wait forever); redis-py never resends a command by itself, since a resent
+    FCALL could run twice."""
+    for value, what in ((socket_timeout, "socket_timeout"), (connect_timeout, "connect_timeout")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value < math.inf):
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a positive number of seconds or None")
+    if not isinstance(url, str):
+        raise MasterError(ErrorCode.INVALID_PARAMS, "url must be a str")
     if url.startswith("memory://"):
         import fakeredis
 
@@ -37,26 +53,43 @@ def _redis_from_url(url: str) -> redis.Redis:
         with _memory_lock:
             server = _memory_servers.setdefault(name, fakeredis.FakeServer())
         return fakeredis.FakeRedis(server=server)
-    return redis.Redis.from_url(url)
+    try:
+        return redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
+                                    retry=Retry(NoBackoff(), 0))
+    except ValueError as exc:
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
+
+
+def _utf8(value: str, what: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: not text, so not sendable as a str
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} is not valid Unicode text (pass bytes)") from None
 
 
 def _as_key(key: Any) -> bytes:
     if isinstance(key, str):
-        return key.encode()
+        return _utf8(key, "key")
     if isinstance(key, (bytes, bytearray)):
         return bytes(key)
     raise MasterError(ErrorCode.INVALID_PARAMS, f"key must be str or bytes, not {type(key).__name__}")
 
 
 def _check_tenant(tenant_id: Any) -> str:
-    if not isinstance(tenant_id, str) or not NAME_RE.match(tenant_id):
+    if not isinstance(tenant_id, str) or not NAME_RE.fullmatch(tenant_id):
         raise MasterError(ErrorCode.INVALID_PARAMS, "tenant_id must match [A-Za-z0-9_.-]{1,64}")
     return tenant_id
 
 
 def _check_name(value: Any, what: str, max_len: int = 256) -> str:
-    if not isinstance(value, str) or not 1 <= len(value.encode()) <= max_len:
+    if not isinstance(value, str) or not 1 <= len(_utf8(value, what)) <= max_len:
         raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a non-empty string of at most {max_len} bytes")
+    return value
+
+
+def _check_bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a bool, not {type(value).__name__}")
     return value
 
 
@@ -64,13 +97,6 @@ def _check_int(value: Any, what: str, lo: int, hi: int = 2**53 - 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be an integer in [{lo}, {hi}]")
     return value
-
-
-def _raise_for(exc: redis.ResponseError) -> None:
-    err = parse_error_reply(str(exc))
-    if err is not None:
-        raise err
-    raise exc
 
 
 def _code(value: Any) -> ErrorCode | None:
@@ -88,19 +114,42 @@ class Master:
 
     # ---- connection -------------------------------------------------------------------
     @classmethod
-    def connect(cls, url: str = "memory://", config: MasterConfig | None = None) -> "Master":
+    def connect(cls, url: str = "memory://", config: MasterConfig | None = None, *,
+                socket_timeout: float | None = SOCKET_TIMEOUT_S,
+                connect_timeout: float | None = CONNECT_TIMEOUT_S, require_noeviction: bool = True) -> "Master":
         """Connect, load the functions if needed, and make sure the store has a configuration:
         an explicit `config` is written to every shard; with none, the stored one is used
-        (or the defaults, on a new store)."""
-        client = _redis_from_url(url)
+        (or the defaults, on a new store). `socket_timeout` bounds the wait for each reply and
+        `connect_timeout` the opening of a connection (seconds; None waits forever); a call
+        that gets no reply raises OUTCOME_UNKNOWN.
+
+        On a real server it first checks (mooncake_redis.preflight) that maxmemory-policy is
+        noeviction (require_noeviction=False accepts another, for operators who know no store
+        key can be evicted) and, with ACLs, that the user may run every command needed on the
+        namespace's keys."""
+        if config is not None and not isinstance(config, MasterConfig):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "config must be a MasterConfig")
+        _check_bool(require_noeviction, "require_noeviction")
+        client = _redis_from_url(url, socket_timeout, connect_timeout)
+        try:
+            if not url.startswith("memory://"):
+                check_server(client, config.namespace if config else MasterConfig.namespace, require_noeviction)
+            return cls._open(client, config)
+        except BaseException:
+            client.close()
+            raise
+
+    @classmethod
+    def _open(cls, client: redis.Redis, config: MasterConfig | None) -> "Master":
         namespace = config.namespace if config else MasterConfig.namespace
-        stored = client.hgetall(f"{shard_key(namespace, 0)}:config")
+        stored = run(client, [("HGETALL", f"{shard_key(namespace, 0)}:config")])[0]
+        current = MasterConfig.from_redis(namespace, stored) if stored else None
         if config is None:
-            config = MasterConfig.from_redis(namespace, stored) if stored else MasterConfig()
-        elif stored and int(stored[b"shards"]) != config.shards:
+            config = current or MasterConfig()
+        elif current and current.shards != config.shards:
             raise MasterError(ErrorCode.INVALID_PARAMS,
-                              f"store {namespace!r} has {int(stored[b'shards'])} shards, config says {config.shards}")
-        ensure_loaded(client)
+                              f"store {namespace!r} has {current.shards} shards, config says {config.shards}")
+        load(client)
         master = cls(client, config)
         wanted = {k.encode(): v.encode() for k, v in config.to_redis().items()}
         if any(stored.get(k) != v for k, v in wanted.items()):  # new store, new settings or new fields
@@ -108,35 +157,22 @@ class Master:
         return master
 
     def _write_config(self) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        for p in self._shard_keys:
-            pipe.hset(f"{p}:config", mapping=self.config.to_redis())
-        pipe.execute()
+        fields = [x for kv in self.config.to_redis().items() for x in kv]
+        self._run([("HSET", f"{p}:config", *fields) for p in self._shard_keys])
 
     def close(self) -> None:
         self.redis.close()
 
     # ---- low-level calls -------------------------------------------------------------
+    def _run(self, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> list[Any]:
+        """Every command goes through functions.run (library reload, errors as MasterError)."""
+        return run(self.redis, commands, raise_on_error)
+
     def _fcall(self, fn: str, shard: int, *args: Any) -> Any:
-        try:
-            return self.redis.execute_command("FCALL", fn, 1, self._shard_keys[shard], *args)
-        except redis.ResponseError as exc:
-            if "Function not found" in str(exc):  # e.g. a restarted server without persistence
-                ensure_loaded(self.redis, force=True)
-                return self._fcall(fn, shard, *args)
-            _raise_for(exc)
+        return self._run([("FCALL", fn, 1, self._shard_keys[shard], *args)])[0]
 
     def _each_shard(self, fn: str, *args: Any) -> list[Any]:
-        pipe = self.redis.pipeline(transaction=False)
-        for p in self._shard_keys:
-            pipe.execute_command("FCALL", fn, 1, p, *args)
-        try:
-            return pipe.execute()
-        except redis.ResponseError as exc:
-            if "Function not found" in str(exc):
-                ensure_loaded(self.redis, force=True)
-                return self._each_shard(fn, *args)
-            _raise_for(exc)
+        return self._run([("FCALL", fn, 1, p, *args) for p in self._shard_keys])
 
     def _shard(self, key: bytes) -> int:
         return shard_of(key, self.shards)
@@ -154,16 +190,7 @@ class Master:
                 chunk = idx[start:start + size]
                 argv = [a for i in chunk for a in items[i]]
                 calls.append((shard, chunk, argv))
-        if len(calls) == 1:
-            replies = [self._fcall(fn, calls[0][0], *head, *calls[0][2])]
-        else:
-            pipe = self.redis.pipeline(transaction=False)
-            for shard, _, argv in calls:
-                pipe.execute_command("FCALL", fn, 1, self._shard_keys[shard], *head, *argv)
-            try:
-                replies = pipe.execute()
-            except redis.ResponseError as exc:
-                _raise_for(exc)
+        replies = self._run([("FCALL", fn, 1, self._shard_keys[shard], *head, *argv) for shard, _, argv in calls])
         out: list[Any] = [None] * len(keys)
         for (_, chunk, _), reply in zip(calls, replies):
             for i, value in zip(chunk, reply):
@@ -177,14 +204,8 @@ class Master:
         _check_int(size, "size", self.shards)
         _check_int(base, "base", 0)
         _check_int(base + size, "base + size", 1)
-        pipe = self.redis.pipeline(transaction=False)
-        for shard, p in enumerate(self._shard_keys):
-            lo, length = segment_slice(base, size, shard, self.shards)
-            pipe.execute_command("FCALL", "mc_mount_segment", 1, p, name, client_id, lo, length)
-        try:
-            pipe.execute()
-        except redis.ResponseError as exc:
-            _raise_for(exc)
+        self._run([("FCALL", "mc_mount_segment", 1, p, name, client_id, *segment_slice(base, size, shard, self.shards))
+                   for shard, p in enumerate(self._shard_keys)])
 
     def unmount_segment(self, name: str, client_id: str,
                         progress: Callable[[int], None] | None = None) -> int:
@@ -193,13 +214,11 @@ class Master:
         and deleted."""
         _check_name(name, "segment name", 1024)
         _check_name(client_id, "client_id")
-        pipe = self.redis.pipeline(transaction=False)
-        for p in self._shard_keys:
-            pipe.execute_command("FCALL", "mc_unmount_segment", 1, p, name, client_id)
-        results = pipe.execute(raise_on_error=False)
-        errors = [parse_error_reply(str(r)) for r in results if isinstance(r, Exception)]
+        results = self._run([("FCALL", "mc_unmount_segment", 1, p, name, client_id) for p in self._shard_keys],
+                            raise_on_error=False)
+        errors = [r for r in results if isinstance(r, MasterError)]
         if len(errors) == len(results):
-            raise errors[0] or MasterError(ErrorCode.INTERNAL_ERROR, str(results[0]))
+            raise errors[0]
         return sum(self.sweep_shard(shard, progress) for shard in range(self.shards))
 
     def sweep_shard(self, shard: int, on_batch: Callable[[int], Any] | None = None) -> int:
@@ -207,7 +226,7 @@ class Master:
         bounded mc_sweep_replicas calls), then clear the shard's sweep marker unless another
         unmount happened meanwhile. `on_batch(objects scanned)` returning False stops early and
         leaves the marker set, so a worker sweeps again later. Returns objects deleted."""
-        token = self.redis.get(f"{self._shard_keys[shard]}:sweep_pending") or b""
+        token = self._run([("GET", f"{self._shard_keys[shard]}:sweep_pending")])[0] or b""
         deleted = scanned = 0
         for tenant, keys in self._scan_objects(shard, "*"):
             size = CHUNK_OF["mc_sweep_replicas"]
@@ -239,13 +258,15 @@ class Master:
         except ValueError:
             raise MasterError(ErrorCode.INVALID_PARAMS, f"unknown soft_pin_action {c.soft_pin_action!r}") from None
         ttl = "" if c.soft_pin_ttl_ms is None else _check_int(c.soft_pin_ttl_ms, "soft_pin_ttl_ms", 0)
-        group = "" if c.group_id is None else _check_name(c.group_id, "group_id")
+        group = "" if c.group_id in (None, "") else _check_name(c.group_id, "group_id")  # "": ungrouped
+        if not isinstance(c.preferred_segments, (list, tuple)):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "preferred_segments must be a list or tuple of names")
         prefs = [_check_name(s, "preferred segment", 1024) for s in c.preferred_segments]
-        return [client_id, tenant_id, c.replica_num, action.value, ttl, int(bool(c.with_hard_pin)),
-                group, len(prefs), *prefs]
+        hard_pin = _check_bool(c.with_hard_pin, "with_hard_pin")
+        return [client_id, tenant_id, c.replica_num, action.value, ttl, int(hard_pin), group, len(prefs), *prefs]
 
     def _group_shard_ok(self, key: bytes, config: ReplicateConfig | None) -> bool:
-        if config is None or config.group_id is None or self.shards == 1:
+        if config is None or config.group_id in (None, "") or self.shards == 1:
             return True
         return self._shard(key) == self._shard(config.group_id.encode())
 
@@ -337,11 +358,12 @@ class Master:
 
     # ---- removal ---------------------------------------------------------------------
     def _remove(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> list[ErrorCode]:
-        head = [tenant_id, int(bool(force))]
+        head = [tenant_id, int(force)]
         return [ErrorCode(r) for r in self._batch("mc_remove", head, [(k,) for k in keys], keys)]
 
     def remove(self, key: Any, force: bool = False, tenant_id: str = "default") -> None:
         _check_tenant(tenant_id)
+        _check_bool(force, "force")
         self._single(self._remove([_as_key(key)], force, tenant_id)[0], "remove", key)
 
     def _scan_objects(self, shard: int, tenant_glob: str) -> Iterable[tuple[str, list[bytes]]]:
@@ -351,13 +373,15 @@ class Master:
             by_tenant: dict[str, list[bytes]] = defaultdict(list)
             for rkey in batch:
                 tenant, _, key = rkey[len(prefix):].partition(b":")
-                by_tenant[tenant.decode()].append(key)
+                name = tenant.decode(errors="replace")
+                if NAME_RE.fullmatch(name):  # a stray key is not an object of any tenant
+                    by_tenant[name].append(key)
             yield from by_tenant.items()
 
     def _scan(self, match: bytes) -> Iterable[list[bytes]]:
         cursor = 0
         while True:
-            cursor, batch = self.redis.scan(cursor, match=match, count=SCAN_COUNT)
+            cursor, batch = self._run([("SCAN", cursor, "MATCH", match, "COUNT", SCAN_COUNT)])[0]
             if batch:
                 yield batch
             if int(cursor) == 0:
@@ -365,6 +389,7 @@ class Master:
 
     def _remove_matching(self, keep: Callable[[bytes], bool], force: bool, tenant_id: str) -> int:
         _check_tenant(tenant_id)
+        _check_bool(force, "force")
         removed = 0
         for shard in range(self.shards):
             for _, keys in self._scan_objects(shard, tenant_id):
@@ -406,6 +431,12 @@ class Master:
     def release_task_ref(self, key: Any, tenant_id: str = "default") -> int:
         return self._task_ref(key, -1, tenant_id)
 
+    def task_refs(self, key: Any, tenant_id: str = "default") -> int:
+        """The object's current task reference count (OBJECT_NOT_FOUND if there is no object).
+        add/release_task_ref change a count, so after an OUTCOME_UNKNOWN read it here and
+        reconcile instead of retrying blindly."""
+        return int(self.describe(key, tenant_id).fields.get("task_refs", 0))
+
     # ---- inspection ------------------------------------------------------------------
     def describe(self, key: Any, tenant_id: str = "default") -> ObjectInfo:
         """The object as stored; an inspection, not a read: no lease is granted."""
@@ -428,30 +459,31 @@ class Master:
                           group_id=f.get("group"), replicas=replicas, fields=f)
 
     def usage(self) -> Usage:
-        pipe = self.redis.pipeline(transaction=False)
-        for p in self._shard_keys:
-            pipe.hmget(p, "used_bytes", "capacity_bytes", "objects")
-        per = [ShardUsage(i, *(int(v or 0) for v in row)) for i, row in enumerate(pipe.execute())]
+        rows = self._run([("HMGET", p, "used_bytes", "capacity_bytes", "objects") for p in self._shard_keys])
+        per = [ShardUsage(i, *(int(v or 0) for v in row)) for i, row in enumerate(rows)]
         return Usage(sum(s.used_bytes for s in per), sum(s.capacity_bytes for s in per),
                      sum(s.objects for s in per), per)
 
     def segments(self) -> list[dict[str, Any]]:
         """Mounted segments with per-shard slices summed: name, client, size, used."""
+        names = self._run([("ZRANGE", f"{p}:segs", 0, -1) for p in self._shard_keys])
+        wanted = [(p, name) for p, shard_names in zip(self._shard_keys, names) for name in shard_names]
+        rows = self._run([("HGETALL", f"{p}:seg:".encode() + name) for p, name in wanted]) if wanted else []
         merged: dict[str, dict[str, Any]] = {}
-        for p in self._shard_keys:
-            for name in self.redis.zrange(f"{p}:segs", 0, -1):
-                row = self.redis.hgetall(f"{p}:seg:".encode() + name)
-                if not row:
-                    continue
-                seg = merged.setdefault(name.decode(errors="replace"),
-                                        {"name": name.decode(errors="replace"), "client": row[b"client"].decode(),
-                                         "size": 0, "used": 0})
-                seg["size"] += int(row[b"size"])
-                seg["used"] += int(row[b"used"])
+        for (_, name), row in zip(wanted, rows):
+            if not row:
+                continue
+            text = name.decode(errors="backslashreplace")  # names and ids are bytes on the wire
+            seg = merged.setdefault(text, {"name": text, "client": row[b"client"].decode(errors="backslashreplace"),
+                                           "size": 0, "used": 0})
+            seg["size"] += int(row[b"size"])
+            seg["used"] += int(row[b"used"])
         return list(merged.values())
 
     # ---- eviction --------------------------------------------------------------------
     def evict_step(self, shard: int, max_units: int = EVICT_STEP_UNITS) -> EvictionStep:
+        _check_int(shard, "shard", 0, self.shards - 1)
+        _check_int(max_units, "max_units", 1, 1024)
         state, units, objects, nbytes, used, target = self._fcall("mc_evict", shard, max_units)
         return EvictionStep(shard, state.decode(), int(units), int(objects), int(nbytes), int(used), int(target))
 
@@ -477,19 +509,13 @@ class Master:
     def freeze_clock(self, now_ms: int) -> None:
         """Make every shard's functions read `now_ms` instead of the server's TIME."""
         _check_int(now_ms, "now_ms", 0)
-        pipe = self.redis.pipeline(transaction=False)
-        for p in self._shard_keys:
-            pipe.set(f"{p}:clock", now_ms)
-        pipe.execute()
+        self._run([("SET", f"{p}:clock", now_ms) for p in self._shard_keys])
 
     def advance_clock(self, delta_ms: int) -> int:
         _check_int(delta_ms, "delta_ms", 0)
-        if self.redis.get(f"{self._shard_keys[0]}:clock") is None:
+        if self._run([("GET", f"{self._shard_keys[0]}:clock")])[0] is None:
             raise MasterError(ErrorCode.INVALID_PARAMS, "the clock is not frozen")
-        pipe = self.redis.pipeline(transaction=False)
-        for p in self._shard_keys:
-            pipe.incrby(f"{p}:clock", delta_ms)
-        return int(pipe.execute()[0])
+        return int(self._run([("INCRBY", f"{p}:clock", delta_ms) for p in self._shard_keys])[0])
 
     def unfreeze_clock(self) -> None:
-        self.redis.delete(*[f"{p}:clock" for p in self._shard_keys])
+        self._run([("DEL", *[f"{p}:clock" for p in self._shard_keys])])

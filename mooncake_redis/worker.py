@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 import redis
 
-from .errors import parse_error_reply
+from .errors import MasterError
 from .master import EVICT_STEP_UNITS, Master
 
 log = logging.getLogger(__name__)
@@ -82,10 +82,15 @@ class _ClaimLost(Exception):
 
 
 class Worker:
-    def __init__(self, master: Master, worker_id: str | None = None, claim_ttl_ms: int = 5000,
+    def __init__(self, master: Master, worker_id: str | None = None, claim_ttl_ms: int | None = None,
                  step_units: int = EVICT_STEP_UNITS, batch: int = 32):
         if not 1 <= step_units <= MAX_BATCH or not 1 <= batch <= MAX_BATCH:
             raise ValueError(f"step_units and batch must be in [1, {MAX_BATCH}]")
+        if claim_ttl_ms is None:
+            # a dead worker's shards are taken over within its claim TTL: keep that below
+            # client_ttl / 2, or the store would restart its watch of client silence
+            # (mc_expire_clients) at every takeover and never expire a dead client
+            claim_ttl_ms = max(100, min(5000, master.config.client_ttl // 4))
         if claim_ttl_ms < 1:
             raise ValueError("claim_ttl_ms must be > 0")
         self.master = master
@@ -104,12 +109,9 @@ class Worker:
     def _claim_all(self) -> dict[int, tuple[int, bytes | None]]:
         """{shard: (store clock ms, sweep_pending marker)} for the shards we hold."""
         m = self.master
-        pipe = m.redis.pipeline(transaction=False)
-        for p in m._shard_keys:
-            pipe.execute_command("FCALL", "mc_claim", 1, p, self.worker_id, self.claim_ttl_ms)
-            pipe.execute_command("FCALL", "mc_now", 1, p)
-            pipe.get(f"{p}:sweep_pending")
-        r = self._execute(pipe)
+        r = m._run([c for p in m._shard_keys for c in (("FCALL", "mc_claim", 1, p, self.worker_id, self.claim_ttl_ms),
+                                                        ("FCALL", "mc_now", 1, p),
+                                                        ("GET", f"{p}:sweep_pending"))])
         return {shard: (int(r[3 * shard + 1]), r[3 * shard + 2])
                 for shard in range(m.shards) if r[3 * shard] == 1}
 
@@ -195,16 +197,13 @@ class Worker:
 
     def _publish(self, shard: int, now: int, done: WorkerPass) -> None:
         key = f"{self.master._shard_keys[shard]}:metrics"
-        pipe = self.master.redis.pipeline(transaction=False)
-        pipe.hset(key, mapping={"last_pass_ms": now, "last_worker": self.worker_id})
-        pipe.hincrby(key, "passes_total", 1)
-        for field, attr in _TOTALS.items():
-            value = getattr(done, attr)
-            if value:
-                pipe.hincrby(key, field, value)
+        commands = [("HSET", key, "last_pass_ms", now, "last_worker", self.worker_id),
+                    ("HINCRBY", key, "passes_total", 1)]
+        commands += [("HINCRBY", key, field, getattr(done, attr)) for field, attr in _TOTALS.items()
+                     if getattr(done, attr)]
         try:
-            pipe.execute()
-        except redis.RedisError:  # metrics are best effort
+            self.master._run(commands)
+        except MasterError:  # metrics are best effort
             log.exception("shard %d: could not publish metrics", shard)
 
     # ---- the loop --------------------------------------------------------------------
@@ -219,7 +218,7 @@ class Worker:
             while not stop.is_set():
                 try:
                     self.run_once()
-                except redis.RedisError:
+                except (MasterError, redis.RedisError):
                     log.exception("worker %s: pass failed; retrying", self.worker_id)
                 passes += 1
                 stop.wait(interval_s)
@@ -227,20 +226,13 @@ class Worker:
             self._stop = None
             try:
                 self.release_all()
-            except redis.RedisError:
+            except (MasterError, redis.RedisError):
                 log.exception("worker %s: could not release its claims", self.worker_id)
             log.info("worker %s stopped after %d pass(es)", self.worker_id, passes)
         return passes
 
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()
-
-    def _execute(self, pipe: Any) -> list[Any]:
-        try:
-            return pipe.execute()
-        except redis.ResponseError as exc:
-            err = parse_error_reply(str(exc))
-            raise err if err is not None else exc
 
 
 def stop_on_signals(stop: threading.Event,

@@ -72,8 +72,9 @@ def test_put_start_with_wrong_types_is_refused(m):
     ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=2**60),
     ReplicateConfig(preferred_segments=(1,)),
     ReplicateConfig(preferred_segments=("",)),
-    ReplicateConfig(group_id=""),
     ReplicateConfig(group_id=5),
+    ReplicateConfig(with_hard_pin="no"),
+    ReplicateConfig(preferred_segments="seg"),
     {"replica_num": 1},
 ], ids=repr)
 def test_put_start_with_bad_config_is_refused(m, config):

@@ -396,3 +396,22 @@ def test_abandoned_put_of_an_expired_writer_frees_at_once(new_master):
     # the expired writer's bytes are free now; the live writer's stay held (it may still write)
     assert m.usage().used_bytes == 1000
     assert fsck(m).ok
+
+
+def test_a_worker_taking_over_from_a_dead_one_keeps_the_watch(new_master):
+    """A dead worker's shards are taken over once its claim runs out; that gap must not restart
+    the watch of client silence, or dead clients would never expire while workers crash."""
+    m = new_master()
+    ttl = m.config.client_ttl
+    _engine_store(m)
+    dead = Worker(m, worker_id="dead")
+    dead.run_once()                      # claims every shard, then dies without releasing them
+    m.advance_clock(dead.claim_ttl_ms + 1)
+    alive = Worker(m, worker_id="alive")
+    assert alive.run_once().shards_claimed == m.shards
+    m.advance_clock(ttl // 2 - dead.claim_ttl_ms - 1)
+    assert alive.run_once().clients_expired == 0
+    m.advance_clock(ttl // 2)  # the engine is silent for exactly client_ttl
+    assert alive.run_once().clients_expired == 0
+    m.advance_clock(1)
+    assert alive.run_once().clients_expired == m.shards

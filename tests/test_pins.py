@@ -38,7 +38,7 @@ def test_enable_ttl_is_bounded_by_max_kv_soft_pin_ttl(m):
 
 
 def test_configured_max_soft_pin_ttl_is_enforced(new_master):
-    m = new_master(max_kv_soft_pin_ttl=60_000)
+    m = new_master(max_kv_soft_pin_ttl=60_000, default_kv_soft_pin_ttl=60_000)
     mount(m, "seg", 1 << 16)
     with raises_code(ErrorCode.INVALID_PARAMS):
         m.put_start(WRITER, "k", 10, soft(SoftPinAction.ENABLE, 60_001))

@@ -1,0 +1,103 @@
+"""Connect-time checks of a real Redis/Valkey server (Master.connect; not for memory://).
+
+1. maxmemory-policy must be noeviction: any other policy may delete store keys under memory
+   pressure, which corrupts the store (a half-deleted object, a lost free list).
+2. With ACLs, the user must be allowed every command the functions and this package run, on
+   the store's keys: a command refused inside a function fails it half way, after some of its
+   writes. Checked with ACL DRYRUN when the user may run ACL WHOAMI and ACL DRYRUN.
+A user that may not run CONFIG GET or the ACL commands gets a warning, not a refusal.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+import redis
+
+from .errors import ErrorCode, MasterError
+from .functions import library_source, run
+from .keys import shard_key
+
+log = logging.getLogger(__name__)
+
+# ACL DRYRUN arguments (K = the store's shard key) of every command the functions (lua/) and
+# this package (client, worker, fsck, CLI) run. FUNCTION LOAD is not needed when an
+# administrator loads the library.
+DRYRUN_ARGS = {
+    "DEL": "K", "EXISTS": "K", "GET": "K", "SET": "K v", "INCR": "K", "INCRBY": "K 1",
+    "HDEL": "K f", "HGET": "K f", "HGETALL": "K", "HINCRBY": "K f 1", "HMGET": "K f", "HSET": "K f v",
+    "SADD": "K m", "SREM": "K m", "SCARD": "K", "SMEMBERS": "K", "SRANDMEMBER": "K 1",
+    "ZADD": "K 1 m", "ZCARD": "K", "ZCOUNT": "K 0 1", "ZINCRBY": "K 1 m", "ZRANGE": "K 0 1",
+    "ZRANGEBYSCORE": "K 0 1", "ZREM": "K m", "ZREVRANGE": "K 0 1", "ZREVRANGEBYSCORE": "K 1 0",
+    "ZREMRANGEBYSCORE": "K 0 1", "ZSCORE": "K m", "ZSCAN": "K 0", "SCAN": "0", "TIME": "", "MULTI": "", "EXEC": "",
+    "FCALL": "mc_now 1 K", "FCALL_RO": "mc_now 1 K",
+}
+_LUA_CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
+
+
+def needed_commands() -> set[str]:
+    """Every command a master user must be allowed (those the functions run read from lua/)."""
+    return set(DRYRUN_ARGS) | {c.upper() for c in _LUA_CALL.findall(library_source()[0])}
+
+
+def check_server(client: redis.Redis, namespace: str, require_noeviction: bool = True) -> None:
+    _check_policy(client, require_noeviction)
+    _check_acl(client, namespace)
+
+
+def _reply(client: redis.Redis, *command: str) -> tuple[object, str]:
+    """(reply, "") or, when Redis refuses the command itself (NOPERM, unknown), (None, why)."""
+    try:
+        return run(client, [command])[0], ""
+    except MasterError as exc:
+        if exc.code == ErrorCode.OUTCOME_UNKNOWN:
+            raise
+        return None, exc.message
+
+
+def _check_policy(client: redis.Redis, require_noeviction: bool) -> None:
+    reply, _ = _reply(client, "CONFIG", "GET", "maxmemory-policy")
+    if isinstance(reply, list):
+        reply = dict(zip(reply[::2], reply[1::2]))
+    policy = (reply or {}).get(b"maxmemory-policy")
+    if policy is None:
+        log.warning("cannot read the server's maxmemory-policy (CONFIG GET refused): make sure it is "
+                    "noeviction, any other policy may delete store keys")
+        return
+    policy = policy.decode(errors="replace")
+    if policy != "noeviction" and require_noeviction:
+        raise MasterError(ErrorCode.INTERNAL_ERROR,
+                          f"Redis runs with maxmemory-policy {policy}, which may delete store keys and corrupt "
+                          f"the store; set it to noeviction (CONFIG SET maxmemory-policy noeviction) or "
+                          f"connect with require_noeviction=False")
+
+
+def _check_acl(client: redis.Redis, namespace: str) -> None:
+    user, why = _reply(client, "ACL", "WHOAMI")
+    if user is None:
+        if "unknown" in why.lower():  # a server without ACLs (before Redis 6)
+            return
+        log.warning("cannot check this Redis user's permissions (ACL WHOAMI refused); a user lacking a "
+                    "command the functions run makes calls fail half way (see README, Running against "
+                    "your own Redis)")
+        return
+    user = user.decode() if isinstance(user, bytes) else user
+    key = shard_key(namespace, 0)
+    names = sorted(needed_commands())
+    replies = run(client, [("ACL", "DRYRUN", user, name,
+                            *[key if a == "K" else a for a in DRYRUN_ARGS.get(name, "K").split()])
+                           for name in names], raise_on_error=False)
+    denied = []
+    for name, reply in zip(names, replies):
+        if isinstance(reply, MasterError):  # DRYRUN itself refused (NOPERM, Redis 6), or odd arguments
+            if "dryrun" in reply.message.lower():
+                log.warning("cannot check the permissions of Redis user %r (ACL DRYRUN refused): %s",
+                            user, reply.message)
+                return
+            log.debug("ACL DRYRUN %s: %s", name, reply.message)
+        elif reply not in (b"OK", "OK"):
+            denied.append(reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply))
+    if denied:
+        raise MasterError(ErrorCode.INTERNAL_ERROR,
+                          f"Redis user {user!r} may not run what a master of namespace {namespace!r} needs "
+                          f"(see README, Running against your own Redis): " + "; ".join(dict.fromkeys(denied)))
