@@ -2,6 +2,17 @@
 -- Every function receives KEYS[1] = the shard key P ("<ns>:{<ns>:<shard>}"); all other
 -- keys of the call are P .. ":<suffix>" and so live in the same hash slot.
 
+-- The key schema: every key of shard P is P followed by one of these suffixes (the README's key
+-- schema table; mooncake_redis/keys.py holds the same table and a test checks that they agree).
+local K = {
+  config = ':config', clock = ':clock', mount_seq = ':mount_seq',
+  segment = ':seg:', segments = ':segs', free = ':free:', free_by_off = ':by_off', free_by_size = ':by_size',
+  held = ':held', processing = ':processing', clients = ':clients', expired_clients = ':expired_clients',
+  object = ':obj:', group = ':grp:', group_members = ':grpm:', aggregate = ':agg:',
+  tier_ordinary = ':evict:ordinary', tier_soft = ':evict:soft', draining = ':evict:draining',
+  deadline_soft_pin = ':deadline:soft_pin', sweep_pending = ':sweep_pending', worker = ':worker',
+}
+
 local E = {
   OK = 0, INTERNAL_ERROR = -1,
   SEGMENT_NOT_FOUND = -101, SEGMENT_ALREADY_EXISTS = -102,
@@ -48,7 +59,7 @@ end
 
 -- The store clock: the test hook P:clock (absolute ms) when set, else the server's TIME.
 local function now_ms(P)
-  local frozen = redis.call('GET', P .. ':clock')
+  local frozen = redis.call('GET', P .. K.clock)
   if frozen then return tonumber(frozen) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -83,7 +94,7 @@ end
 
 -- Read and check config fields from P:config. Returns the table, or nil and an error reply.
 local function config(P, names)
-  local values = redis.call('HMGET', P .. ':config', unpack(names))
+  local values = redis.call('HMGET', P .. K.config, unpack(names))
   local cfg = {}
   for i, name in ipairs(names) do
     if not values[i] then return nil, fail(E.INTERNAL_ERROR,

@@ -5,13 +5,13 @@
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
 
 local function free_keys(P, seg)
-  local base = P .. ':free:' .. seg
-  return base .. ':by_off', base .. ':by_size'
+  local base = P .. K.free .. seg
+  return base .. K.free_by_off, base .. K.free_by_size
 end
 
 local function account(P, seg, delta)
-  redis.call('HINCRBY', P .. ':seg:' .. seg, 'used', S(delta))
-  redis.call('ZINCRBY', P .. ':segs', S(0 - delta), seg)
+  redis.call('HINCRBY', P .. K.segment .. seg, 'used', S(delta))
+  redis.call('ZINCRBY', P .. K.segments, S(0 - delta), seg)
   redis.call('HINCRBY', P, 'used_bytes', S(delta))
 end
 
@@ -67,15 +67,15 @@ end
 -- worker removes the dead replicas from the object hashes even if the caller dies first.
 -- Returns false when the segment is not mounted here.
 local function drop_segment(P, name)
-  local skey = P .. ':seg:' .. name
+  local skey = P .. K.segment .. name
   local cur = redis.call('HMGET', skey, 'size', 'used')
   if not cur[1] then return false end
   redis.call('HINCRBY', P, 'capacity_bytes', S(0 - tonumber(cur[1])))
   redis.call('HINCRBY', P, 'used_bytes', S(0 - (tonumber(cur[2]) or 0)))
   local by_off, by_size = free_keys(P, name)
   redis.call('DEL', skey, by_off, by_size)
-  redis.call('ZREM', P .. ':segs', name)
-  redis.call('INCR', P .. ':sweep_pending')
+  redis.call('ZREM', P .. K.segments, name)
+  redis.call('INCR', P .. K.sweep_pending)
   return true
 end
 
@@ -83,7 +83,7 @@ end
 -- answer: a batch read touches the same few segments for every key, and each redis.call costs.
 local function mount_of(P, seg, cache)
   if cache and cache[seg] ~= nil then return cache[seg] or nil end
-  local mount = redis.call('HGET', P .. ':seg:' .. seg, 'mount')
+  local mount = redis.call('HGET', P .. K.segment .. seg, 'mount')
   if cache then cache[seg] = mount or false end
   return mount
 end
@@ -91,25 +91,25 @@ end
 -- Extents of preempted puts stay allocated until their release deadline (the old writer may
 -- still be writing into them). P:held: member "<mount> <offset> <size> <segment>", score = due ms.
 local function hold_extent(P, seg, mount, off, size, due)
-  redis.call('ZADD', P .. ':held', due, mount .. ' ' .. S(off) .. ' ' .. S(size) .. ' ' .. seg)
+  redis.call('ZADD', P .. K.held, due, mount .. ' ' .. S(off) .. ' ' .. S(size) .. ' ' .. seg)
 end
 
 -- Until when the extents of an abandoned put by `writer` (started at `started`) stay held: the
 -- release timeout, or nil (free them at once) when the writer was expired by the client-TTL
 -- cleanup (P:expired_clients): an expired client is no longer writing.
 local function hold_until(P, writer, started, release_timeout)
-  if writer and redis.call('ZSCORE', P .. ':expired_clients', writer) then return nil end
+  if writer and redis.call('ZSCORE', P .. K.expired_clients, writer) then return nil end
   return started + release_timeout
 end
 
 -- Free up to `limit` held extents whose deadline has passed (extents of unmounted segments
 -- are simply dropped: their bytes left the books at unmount).
 local function release_held(P, now, limit)
-  local due = redis.call('ZRANGEBYSCORE', P .. ':held', '-inf', S(now), 'LIMIT', 0, limit)
+  local due = redis.call('ZRANGEBYSCORE', P .. K.held, '-inf', S(now), 'LIMIT', 0, limit)
   for _, entry in ipairs(due) do
     local mount, off, size, seg = string.match(entry, '^(%d+) (%d+) (%d+) (.*)$')
     if mount and mount_of(P, seg) == mount then free_extent(P, seg, tonumber(off), tonumber(size)) end
-    redis.call('ZREM', P .. ':held', entry)
+    redis.call('ZREM', P .. K.held, entry)
   end
   return #due
 end

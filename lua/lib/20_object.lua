@@ -7,10 +7,10 @@
 -- Indexes: P:processing (zset, member "<tenant>:<key>", score = put_started).
 -- Groups: P:grp:<tenant>:<group> hash, P:grpm:<tenant>:<group> set of member keys (30_units.lua).
 
-local function obj_key(P, tenant, key) return P .. ':obj:' .. tenant .. ':' .. key end
+local function obj_key(P, tenant, key) return P .. K.object .. tenant .. ':' .. key end
 local function obj_id(tenant, key) return tenant .. ':' .. key end
-local function grp_key(P, tenant, group) return P .. ':grp:' .. tenant .. ':' .. group end
-local function grp_members_key(P, tenant, group) return P .. ':grpm:' .. tenant .. ':' .. group end
+local function grp_key(P, tenant, group) return P .. K.group .. tenant .. ':' .. group end
+local function grp_members_key(P, tenant, group) return P .. K.group_members .. tenant .. ':' .. group end
 
 -- Keys one call may carry: every function bounds its own work whatever a caller sends (the
 -- Python client sends at most 32-128 keys a call, see CHUNK_OF in mooncake_redis/master.py).

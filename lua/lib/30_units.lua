@@ -25,8 +25,8 @@
 -- no task references, and the group takes no new members (NO_AVAILABLE_HANDLE) until the last
 -- member is dropped and the group retires.
 
-local TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES = ':evict:ordinary', ':evict:soft', ':deadline:soft_pin'
-local DRAINING = ':evict:draining'
+local TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES = K.tier_ordinary, K.tier_soft, K.deadline_soft_pin
+local DRAINING = K.draining
 local TIERS = { TIER_ORDINARY, TIER_SOFT }          -- in eviction order
 local TIER_ALLOW = { [TIER_SOFT] = 'allow_evict_soft_pinned_objects' } -- config flag, if any
 local DEADLINES = { soft_pin = SOFT_DEADLINES }     -- kind -> index
@@ -35,7 +35,7 @@ local INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES, DRAINING } -- every 
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
 local function group_unit(tenant, group) return 'g:' .. tenant .. ':' .. group end
-local function agg_key(P, kind, unit) return P .. ':agg:' .. kind .. ':' .. unit end
+local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. unit end
 
 local function unplace(P, unit)
   for _, index in ipairs(INDEXES) do redis.call('ZREM', P .. index, unit) end
@@ -231,7 +231,7 @@ local function drop_object(P, tenant, key, okey, o, hold_until)
       end
     end
   end
-  if o.status ~= 'complete' then redis.call('ZREM', P .. ':processing', obj_id(tenant, key)) end
+  if o.status ~= 'complete' then redis.call('ZREM', P .. K.processing, obj_id(tenant, key)) end
   redis.call('DEL', okey)
   redis.call('HINCRBY', P, 'objects', -1)
   return bytes

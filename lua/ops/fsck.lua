@@ -55,7 +55,7 @@ local function fsck_segment_used(P, args)
   if not valid_name(seg, 1024) or not expected or not delta then
     return fail(E.INVALID_PARAMS, 'expected segment, expected_used, delta')
   end
-  local skey = P .. ':seg:' .. seg
+  local skey = P .. K.segment .. seg
   local row = redis.call('HMGET', skey, 'size', 'used')
   local size = tonumber(row[1])
   if not size then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. seg .. ' is not mounted') end
@@ -63,7 +63,7 @@ local function fsck_segment_used(P, args)
   if used ~= expected then return { 0, used, size - used } end
   if used + delta < 0 or used + delta > size then return fail(E.INVALID_PARAMS, 'used would leave [0, size]') end
   if delta ~= 0 then used = redis.call('HINCRBY', skey, 'used', S(delta)) end
-  redis.call('ZADD', P .. ':segs', S(size - used), seg)
+  redis.call('ZADD', P .. K.segments, S(size - used), seg)
   return { 1, used, size - used }
 end
 
@@ -74,9 +74,9 @@ end
 local function fsck_forget_segment(P, args)
   local seg = args[1]
   if not valid_name(seg, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
-  if redis.call('EXISTS', P .. ':seg:' .. seg) == 1 then return 0 end
+  if redis.call('EXISTS', P .. K.segment .. seg) == 1 then return 0 end
   local by_off, by_size = free_keys(P, seg)
-  redis.call('ZREM', P .. ':segs', seg)
+  redis.call('ZREM', P .. K.segments, seg)
   redis.call('DEL', by_off, by_size)
   return 1
 end
@@ -89,14 +89,14 @@ local function fsck_place_object(P, tenant, key, now)
   local id, unit = obj_id(tenant, key), object_unit(tenant, key)
   local o = load_object(obj_key(P, tenant, key))
   if not o then
-    redis.call('ZREM', P .. ':processing', id)
+    redis.call('ZREM', P .. K.processing, id)
     unplace(P, unit)
     return 0
   end
   if o.status == 'complete' then
-    redis.call('ZREM', P .. ':processing', id)
+    redis.call('ZREM', P .. K.processing, id)
   else
-    redis.call('ZADD', P .. ':processing', tonumber(o.put_started) or 0, id)
+    redis.call('ZADD', P .. K.processing, tonumber(o.put_started) or 0, id)
   end
   if o.group then unplace(P, unit) else place_object(P, tenant, key, o, now) end
   return 1
@@ -216,7 +216,7 @@ local function allocation_checks_out(P, seg, mount, off, len, kind, ref)
     local row = redis.call('HMGET', obj_key(P, tenant, key), 'rep:' .. seg, 'size')
     return row[1] == S(off) .. ' ' .. mount and tonumber(row[2]) == len
   elseif kind == 'h' then
-    return redis.call('ZSCORE', P .. ':held', ref) ~= false
+    return redis.call('ZSCORE', P .. K.held, ref) ~= false
       and ref == mount .. ' ' .. S(off) .. ' ' .. S(len) .. ' ' .. seg
   end
   return false
@@ -278,7 +278,7 @@ local function fsck_rebuild_free(P, args)
   if not n_drop or #args ~= i - 1 + n_drop then return fail(E.INVALID_PARAMS, 'bad drop list') end
   if n_seen + n_alloc + n_drop > FSCK_MAX_EXTENTS then return fail(E.INVALID_PARAMS, 'too many extents for one call') end
 
-  local row = redis.call('HMGET', P .. ':seg:' .. seg, 'mount', 'base', 'size', 'used')
+  local row = redis.call('HMGET', P .. K.segment .. seg, 'mount', 'base', 'size', 'used')
   if row[1] ~= mount then return { 0, 'segment not mounted with mount id ' .. mount } end
   local base, size, used = tonumber(row[2]), tonumber(row[3]), tonumber(row[4])
   if lo < base or hi > base + size then return fail(E.INVALID_PARAMS, 'window outside the segment') end

@@ -42,7 +42,7 @@ local function discard_puts(P, args, cfg)
   local max = max_arg(args[1])
   if not max then return fail(E.INVALID_PARAMS, 'max must be an integer in [1, 1024]') end
   local now = now_ms(P)
-  local due = redis.call('ZRANGEBYSCORE', P .. ':processing', '-inf', S(now - cfg.put_start_discard_timeout),
+  local due = redis.call('ZRANGEBYSCORE', P .. K.processing, '-inf', S(now - cfg.put_start_discard_timeout),
     'WITHSCORES', 'LIMIT', 0, max)
   local discarded = 0
   for i = 1, #due, 2 do
@@ -55,7 +55,7 @@ local function discard_puts(P, args, cfg)
       delete_object(P, tenant, key, okey, o, hold_until(P, o.writer, started, cfg.put_start_release_timeout), now)
       discarded = discarded + 1
     else
-      redis.call('ZREM', P .. ':processing', id) -- a stale index entry
+      redis.call('ZREM', P .. K.processing, id) -- a stale index entry
     end
   end
   local released = release_held(P, now, max)
@@ -76,28 +76,28 @@ local function expire_clients(P, args, cfg)
   end
   redis.call('HSET', P, 'clients_checked_at', S(now))
   if now - since <= cfg.client_ttl then return { 0, 0 } end
-  local dead = redis.call('ZRANGEBYSCORE', P .. ':clients', '-inf', '(' .. S(now - cfg.client_ttl),
+  local dead = redis.call('ZRANGEBYSCORE', P .. K.clients, '-inf', '(' .. S(now - cfg.client_ttl),
     'LIMIT', 0, max)
   if #dead == 0 then return { 0, 0 } end
   local is_dead = {}
   for _, client in ipairs(dead) do is_dead[client] = true end
   local unmounted = 0
-  for _, name in ipairs(redis.call('ZRANGE', P .. ':segs', 0, -1)) do
-    local owner = redis.call('HGET', P .. ':seg:' .. name, 'client')
+  for _, name in ipairs(redis.call('ZRANGE', P .. K.segments, 0, -1)) do
+    local owner = redis.call('HGET', P .. K.segment .. name, 'client')
     if owner and is_dead[owner] and drop_segment(P, name) then unmounted = unmounted + 1 end
   end
-  redis.call('ZREM', P .. ':clients', unpack(dead))
+  redis.call('ZREM', P .. K.clients, unpack(dead))
   -- remembered for put_start_release_timeout: abandoned puts of these writers free at once
-  for _, client in ipairs(dead) do redis.call('ZADD', P .. ':expired_clients', S(now), client) end
-  redis.call('ZREMRANGEBYSCORE', P .. ':expired_clients', '-inf', '(' .. S(now - cfg.put_start_release_timeout))
+  for _, client in ipairs(dead) do redis.call('ZADD', P .. K.expired_clients, S(now), client) end
+  redis.call('ZREMRANGEBYSCORE', P .. K.expired_clients, '-inf', '(' .. S(now - cfg.put_start_release_timeout))
   return { #dead, unmounted }
 end
 
 local function sweep_done(P, args)
   if type(args[1]) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected the sweep token') end
-  local cur = redis.call('GET', P .. ':sweep_pending')
+  local cur = redis.call('GET', P .. K.sweep_pending)
   if cur and cur ~= args[1] then return 0 end
-  redis.call('DEL', P .. ':sweep_pending')
+  redis.call('DEL', P .. K.sweep_pending)
   return 1
 end
 
@@ -113,18 +113,18 @@ local function claim(P, args)
   local ttl = int_arg(args[2], 1, MAX_INT)
   if not ttl then return fail(E.INVALID_PARAMS, 'ttl_ms must be an integer > 0') end
   local now = now_ms(P)
-  local holder, until_ms = parse_claim(redis.call('GET', P .. ':worker'))
+  local holder, until_ms = parse_claim(redis.call('GET', P .. K.worker))
   if holder and holder ~= worker and until_ms > now then return 0 end
-  redis.call('SET', P .. ':worker', worker .. ' ' .. S(now + ttl))
+  redis.call('SET', P .. K.worker, worker .. ' ' .. S(now + ttl))
   return 1
 end
 
 local function release_claim(P, args)
   local worker = args[1]
   if not valid_name(worker, 256) then return fail(E.INVALID_PARAMS, 'worker_id must be 1-256 bytes') end
-  local holder = parse_claim(redis.call('GET', P .. ':worker'))
+  local holder = parse_claim(redis.call('GET', P .. K.worker))
   if holder ~= worker then return 0 end
-  redis.call('DEL', P .. ':worker')
+  redis.call('DEL', P .. K.worker)
   return 1
 end
 

@@ -27,7 +27,7 @@ local function end_one(P, tenant, key, now, client)
   o.soft_pin_until = commit_soft_pin(o, now)
   redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until)
   redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
-  redis.call('ZREM', P .. ':processing', obj_id(tenant, key))
+  redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
   if o.group then
     group_member_completed(P, tenant, key, o.group, o.soft_pin_until, now)
   else

@@ -36,14 +36,14 @@ local MAX_PUTS_PER_CALL, MAX_PREFERRED, SEARCH_EXTRA = 128, 64, 16
 -- Could `size` fit in some segment slice of this shard if it were empty?
 local function could_fit(P, size, by_free)
   for _, seg in ipairs(by_free) do
-    if (tonumber(redis.call('HGET', P .. ':seg:' .. seg, 'size')) or 0) >= size then return true end
+    if (tonumber(redis.call('HGET', P .. K.segment .. seg, 'size')) or 0) >= size then return true end
   end
   return false
 end
 
 -- The segments an allocation looks at (besides the preferred ones): the most free first.
 local function most_free(P, a)
-  return redis.call('ZREVRANGE', P .. ':segs', 0, SEARCH_EXTRA + a.replica_num - 1)
+  return redis.call('ZREVRANGE', P .. K.segments, 0, SEARCH_EXTRA + a.replica_num - 1)
 end
 
 -- Returns the replicas got, and whether eviction could have helped (the put fits some slice).
@@ -119,7 +119,7 @@ local function put_one(P, a, key, size, now, cfg, by_free)
     reply[#reply + 1] = r.off
   end
   redis.call('HSET', okey, unpack(fields))
-  redis.call('ZADD', P .. ':processing', now, obj_id(a.tenant, key))
+  redis.call('ZADD', P .. K.processing, now, obj_id(a.tenant, key))
   redis.call('HINCRBY', P, 'objects', 1)
   if a.group then join_group(P, a.tenant, key, a.group, a.hard_pin, now) end
   return reply

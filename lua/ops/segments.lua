@@ -14,15 +14,15 @@ local function mount_segment(P, args)
   if not base or not size or base + size > MAX_INT then
     return fail(E.INVALID_PARAMS, 'base and size must be integers, size > 0, base + size < 2^53')
   end
-  local skey = P .. ':seg:' .. name
+  local skey = P .. K.segment .. name
   local cur = redis.call('HMGET', skey, 'client', 'base', 'size')
   local now = now_ms(P)
   if cur[1] then
     if cur[1] ~= client or tonumber(cur[2]) ~= base or tonumber(cur[3]) ~= size then
       return fail(E.SEGMENT_ALREADY_EXISTS, 'segment ' .. name .. ' is mounted with other parameters')
     end
-    redis.call('ZADD', P .. ':clients', S(now), client)
-    redis.call('ZREM', P .. ':expired_clients', client)
+    redis.call('ZADD', P .. K.clients, S(now), client)
+    redis.call('ZREM', P .. K.expired_clients, client)
     return E.OK
   end
   local capacity = tonumber(redis.call('HGET', P, 'capacity_bytes')) or 0
@@ -30,14 +30,14 @@ local function mount_segment(P, args)
     return fail(E.INVALID_PARAMS, 'the shard\'s capacity would pass 2^53 bytes')
   end
   -- every check is done: from here on the call only writes
-  redis.call('ZADD', P .. ':clients', S(now), client)
-  redis.call('ZREM', P .. ':expired_clients', client)
-  local mount = redis.call('INCR', P .. ':mount_seq')
+  redis.call('ZADD', P .. K.clients, S(now), client)
+  redis.call('ZREM', P .. K.expired_clients, client)
+  local mount = redis.call('INCR', P .. K.mount_seq)
   redis.call('HSET', skey, 'client', client, 'base', S(base), 'size', S(size), 'used', 0,
     'mount', mount, 'mounted_at', S(now))
   local by_off, by_size = free_keys(P, name)
   add_free(by_off, by_size, base, size)
-  redis.call('ZADD', P .. ':segs', S(size), name)
+  redis.call('ZADD', P .. K.segments, S(size), name)
   redis.call('HINCRBY', P, 'capacity_bytes', S(size))
   return E.OK
 end
@@ -49,7 +49,7 @@ end
 local function unmount_segment(P, args)
   local name, client = args[1], args[2]
   if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
-  local owner = redis.call('HGET', P .. ':seg:' .. name, 'client')
+  local owner = redis.call('HGET', P .. K.segment .. name, 'client')
   if not owner then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. name .. ' is not mounted') end
   if owner ~= client then return fail(E.ILLEGAL_CLIENT, 'segment ' .. name .. ' belongs to another client') end
   drop_segment(P, name)
@@ -79,8 +79,8 @@ end
 local function ping(P, args)
   local client = args[1]
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
-  if not redis.call('ZSCORE', P .. ':clients', client) then return 0 end
-  redis.call('ZADD', P .. ':clients', S(now_ms(P)), client)
+  if not redis.call('ZSCORE', P .. K.clients, client) then return 0 end
+  redis.call('ZADD', P .. K.clients, S(now_ms(P)), client)
   return 1
 end
 
