@@ -29,7 +29,7 @@ from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.functions import LIBRARY_NAME, library_source
-from mooncake_redis.keys import object_key, shard_key, shard_of
+from mooncake_redis.keys import ShardKeys, shard_of
 from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
@@ -163,7 +163,7 @@ def _client(url: str) -> redis.Redis:
 
 def _stored_config(client: redis.Redis, namespace: str) -> MasterConfig | None:
     """The store's configuration from `<ns>:{<ns>:0}:config`, or None for a new store."""
-    stored = client.hgetall(f"{shard_key(namespace, 0)}:config")
+    stored = client.hgetall(ShardKeys(namespace, 0).config)
     return MasterConfig.from_redis(namespace, stored) if stored else None
 
 
@@ -178,7 +178,7 @@ def _open_existing(opts: Opts) -> Master:
     if config is None:
         client.close()
         click.echo(f"no store under namespace {opts.namespace!r} at {safe_url(url)} "
-                   f"(no key {shard_key(opts.namespace, 0)}:config); start one with `mooncake-redis serve`",
+                   f"(no key {ShardKeys(opts.namespace, 0).config.decode()}); start one with `mooncake-redis serve`",
                    err=True)
         raise click.exceptions.Exit(1)
     return Master(client, config)
@@ -264,15 +264,14 @@ def status(opts: Opts) -> None:
         usage = master.usage()
         segments = master.segments()
         pipe = master.redis.pipeline(transaction=False)
-        for i in range(master.shards):
-            p = shard_key(master.ns, i)
-            pipe.zcard(f"{p}:processing")
-            pipe.zcard(f"{p}:held")
-            pipe.get(f"{p}:clock")
-            pipe.zcard(f"{p}:evict:ordinary")
-            pipe.zcard(f"{p}:evict:soft")
-            pipe.get(f"{p}:worker")
-            pipe.hgetall(f"{p}:metrics")
+        for k in master._keys:
+            pipe.zcard(k.processing)
+            pipe.zcard(k.held)
+            pipe.get(k.clock)
+            pipe.zcard(k.tier_ordinary)
+            pipe.zcard(k.tier_soft)
+            pipe.get(k.worker)
+            pipe.hgetall(k.metrics)
         per_shard = pipe.execute()
         extra = [v for i in range(0, len(per_shard), 7) for v in per_shard[i:i + 3]]
         workers = [v for i in range(0, len(per_shard), 7) for v in per_shard[i + 3:i + 7]]
@@ -299,7 +298,7 @@ def status(opts: Opts) -> None:
         out("clock      server TIME (not frozen)")
     elif len(frozen) == master.shards and len(set(frozen)) == 1:
         out(f"clock      FROZEN at {iso(frozen[0])} ({frozen[0]} ms) by the test hook "
-            f"{shard_key(master.ns, 0)}:clock")
+            f"{ShardKeys(master.ns, 0).clock.decode()}")
     else:
         shards = [i for i, c in enumerate(clocks) if c is not None]
         out(f"clock      FROZEN on shards {shards} only (values {sorted(set(frozen))}); "
@@ -364,7 +363,7 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
         master.close()
     bkey = key.encode()
     shard = shard_of(bkey, master.shards)
-    rkey = object_key(master.ns, shard, tenant, bkey).decode(errors="replace")
+    rkey = ShardKeys(master.ns, shard).object(tenant, bkey).decode(errors="replace")
     out = click.echo
     if raw:
         out(f"# HGETALL {rkey}")

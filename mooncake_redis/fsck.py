@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator
 import redis
 
 from .errors import MasterError
+from .keys import ShardKeys
 
 CRITICAL, ERROR, WARNING = "critical", "error", "warning"
 
@@ -222,8 +223,8 @@ class _Audit:
         self.rebuild_plans: dict[tuple[int, bytes], tuple] = {}
 
     # ---- helpers -----------------------------------------------------------------------
-    def P(self, shard: int) -> bytes:
-        return self.m._shard_keys[shard].encode()
+    def keys(self, shard: int) -> ShardKeys:
+        return self.m._keys[shard]
 
     def finding(self, kind: str, shard: int, subject: str, expected: Any, found: Any,
                 action: tuple | None = None, note: str = "") -> Finding:
@@ -251,12 +252,12 @@ class _Audit:
         frozen, (sec, usec) = pipe_results[0], pipe_results[1]
         return int(frozen) if frozen is not None else int(sec) * 1000 + int(usec) // 1000
 
-    def fingerprint(self, P: bytes) -> tuple:
+    def fingerprint(self, k: ShardKeys) -> tuple:
         pipe = self.r.pipeline(transaction=True)
-        pipe.hmget(P, "used_bytes", "capacity_bytes", "objects")
-        pipe.get(P + b":mount_seq")
-        for suffix in (b":held", b":processing", b":segs"):
-            pipe.zcard(P + suffix)
+        pipe.hmget(k.P, "used_bytes", "capacity_bytes", "objects")
+        pipe.get(k.mount_seq)
+        for index in (k.held, k.processing, k.segments):
+            pipe.zcard(index)
         res = pipe.execute()
         return tuple(res[0]) + tuple(res[1:])
 
@@ -301,16 +302,16 @@ class _Audit:
     # ---- one object --------------------------------------------------------------------
     def snapshot_objects(self, shard: int, ids: list[tuple[bytes, bytes]]) -> tuple[int, list]:
         """One MULTI: the clock, then per object its hash and its index entries."""
-        P = self.P(shard)
+        k = self.keys(shard)
         pipe = self.r.pipeline(transaction=True)
-        pipe.get(P + b":clock")
+        pipe.get(k.clock)
         pipe.time()
         for tenant, key in ids:
             oid = tenant + b":" + key
             unit = b"o:" + oid
-            pipe.hgetall(P + b":obj:" + oid)
-            pipe.zscore(P + b":processing", oid)
-            pipe.execute_command("FCALL_RO", "mc_unit_state", 1, P, unit)
+            pipe.hgetall(k.object(tenant, key))
+            pipe.zscore(k.processing, oid)
+            pipe.execute_command("FCALL_RO", "mc_unit_state", 1, k.P, unit)
         res = pipe.execute(raise_on_error=False)
         for i, x in enumerate(res):
             if isinstance(x, Exception) and (i < 2 or (i - 2) % 3 == 1):
@@ -364,14 +365,14 @@ class _Audit:
 
     # ---- one pass over a shard ---------------------------------------------------------
     def read_segments(self, shard: int, ps: _Pass) -> dict[bytes, _Seg]:
-        P = self.P(shard)
-        index = self.zall(P + b":segs")
-        prefix = P + b":seg:"
-        names = set(index) | {k[len(prefix):] for k in self.scan(prefix + b"*")}
+        k = self.keys(shard)
+        index = self.zall(k.segments)
+        prefix = k.prefix("segment")
+        names = set(index) | {key[len(prefix):] for key in self.scan(prefix + b"*")}
         names = sorted(names)
         pipe = self.r.pipeline(transaction=False)
         for n in names:
-            pipe.hgetall(prefix + n)
+            pipe.hgetall(k.segment(n))
         segs: dict[bytes, _Seg] = {}
         for n, row in zip(names, pipe.execute()):
             if not row:
@@ -390,31 +391,29 @@ class _Audit:
                 ps.aggregate.append(self.finding("segment_not_indexed", shard, f"segment {_d(n)}",
                                                  "in P:segs", "absent", None))  # action set with segment_used
         # free lists of segments that are not mounted
-        fprefix = P + b":free:"
         orphans = set()
-        for k in self.scan(fprefix + b"*"):
-            rest = k[len(fprefix):]
-            for suffix in (b":by_off", b":by_size"):
-                if rest.endswith(suffix) and rest[:-len(suffix)] not in segs and rest[:-len(suffix)] not in index:
-                    orphans.add(rest[:-len(suffix)])
+        for key in self.scan(k.prefix("free") + b"*"):
+            seg = k.free_segment(key)
+            if seg is not None and seg not in segs and seg not in index:
+                orphans.add(seg)
         for n in sorted(orphans):
             ps.aggregate.append(self.finding("orphan_free_list", shard, f"segment {_d(n)}",
                                              "no free lists (not mounted)", "free lists present", ("forget", shard, n)))
         ps.segs_index = index
         for n in segs:
-            fkey = P + b":free:" + n
-            ps.free_before[n] = (self.zall(fkey + b":by_off"), self.zall(fkey + b":by_size"))
+            by_off, by_size = k.free(n)
+            ps.free_before[n] = (self.zall(by_off), self.zall(by_size))
         return segs
 
     def one_pass(self, shard: int) -> _Pass:
-        P = self.P(shard)
+        k = self.keys(shard)
         ps = _Pass()
-        fp0 = self.fingerprint(P)
-        sweep_owed = self.r.exists(P + b":sweep_pending") > 0  # a worker will drop dead replicas
+        fp0 = self.fingerprint(k)
+        sweep_owed = self.r.exists(k.sweep_pending) > 0  # a worker will drop dead replicas
         segs = self.read_segments(shard, ps)
         extents: dict[bytes, list[tuple[int, int, tuple]]] = defaultdict(list)
         # held extents (preempted puts) stay allocated until released
-        for entry, _ in sorted(self.zall(P + b":held").items()):
+        for entry, _ in sorted(self.zall(k.held).items()):
             m = _HELD_RE.match(entry)
             if not m:
                 ps.aggregate.append(self.finding("bad_held", shard, _d(entry), "'<mount> <offset> <size> <segment>'",
@@ -424,7 +423,7 @@ class _Audit:
             if seg in segs and segs[seg].mount == mount:
                 extents[seg].append((off, size, ("held", entry)))
         # objects, in atomic batches
-        prefix = P + b":obj:"
+        prefix = k.prefix("object")
         chunk: list[tuple[bytes, bytes]] = []
 
         def flush() -> None:
@@ -472,9 +471,9 @@ class _Audit:
                 flush()
         flush()
         # tiers, deadline index, processing index: what no scanned object accounts for
-        for suffix in (b":evict:ordinary", b":evict:soft", b":deadline:soft_pin", b":evict:draining"):
-            ps.units |= set(self.zall(P + suffix))
-        ps.processing = set(self.zall(P + b":processing"))
+        for index in k.unit_indexes:
+            ps.units |= set(self.zall(index))
+        ps.processing = set(self.zall(k.processing))
         # segments: bytes and allocator
         used_total = cap_total = 0
         for name, seg in segs.items():
@@ -483,8 +482,8 @@ class _Audit:
             used_total += used
             cap_total += seg.size
             self.check_segment(shard, seg, ext, used, ps)
-        fp1 = self.fingerprint(P)
-        ps.stable = fp0 == fp1 and not ps.moved and self.zall(P + b":segs") == ps.segs_index
+        fp1 = self.fingerprint(k)
+        ps.stable = fp0 == fp1 and not ps.moved and self.zall(k.segments) == ps.segs_index
         # shard counters (fp1 holds the values read at the end of the pass)
         triples = []
         for i, (fname, want) in enumerate((("used_bytes", used_total), ("capacity_bytes", cap_total),
@@ -499,7 +498,6 @@ class _Audit:
 
     # ---- one segment -------------------------------------------------------------------
     def check_segment(self, shard: int, seg: _Seg, ext: list, used: int, ps: _Pass) -> None:
-        P = self.P(shard)
         sname = _d(seg.name)
         index = ps.segs_index
         action = ("segment", shard, seg.name, seg.used, used - seg.used)
@@ -517,8 +515,7 @@ class _Audit:
         ps.aggregate += seg_findings
 
         # allocator: free extents + allocated extents must tile [base, base + size)
-        fkey = P + b":free:" + seg.name
-        by_off, by_size = self.zall(fkey + b":by_off"), self.zall(fkey + b":by_size")
+        by_off, by_size = (self.zall(key) for key in self.keys(shard).free(seg.name))
         if ps.free_before.get(seg.name) != (by_off, by_size):
             ps.moved = True  # an allocation or a free landed during the pass
         rebuild = ("rebuild", shard, seg.name)
@@ -637,8 +634,8 @@ class _Audit:
 
     # ---- groups ------------------------------------------------------------------------
     def check_group(self, shard: int, tenant: bytes, group: bytes, keys: set) -> list[Finding]:
-        P = self.P(shard)
-        gkey, mkey = P + b":grp:" + tenant + b":" + group, P + b":grpm:" + tenant + b":" + group
+        sk = self.keys(shard)
+        gkey, mkey = sk.group(tenant, group), sk.group_members(tenant, group)
         unit = b"g:" + tenant + b":" + group
         subject = _d(tenant + b":" + group)
         if self.r.scard(mkey) + len(keys) > GROUP_MAX_MEMBERS:
@@ -648,15 +645,14 @@ class _Audit:
         for _ in range(4):
             order = sorted(cand)
             pipe = self.r.pipeline(transaction=True)
-            pipe.get(P + b":clock")
+            pipe.get(sk.clock)
             pipe.time()
             pipe.hgetall(gkey)
             pipe.smembers(mkey)
-            pipe.execute_command("FCALL_RO", "mc_unit_state", 1, P, unit)
-            pipe.zrange(P + b":agg:soft_pin:" + unit, 0, -1, withscores=True)
-            for k in order:
-                pipe.hmget(P + b":obj:" + tenant + b":" + k, "group", "status", "hard_pin", "soft_pin_until",
-                           "task_refs")
+            pipe.execute_command("FCALL_RO", "mc_unit_state", 1, sk.P, unit)
+            pipe.zrange(sk.aggregate(b"soft_pin", unit), 0, -1, withscores=True)
+            for key in order:
+                pipe.hmget(sk.object(tenant, key), "group", "status", "hard_pin", "soft_pin_until", "task_refs")
             res = pipe.execute()
             if set(res[3]) <= cand:
                 break
@@ -692,28 +688,27 @@ class _Audit:
         return out + self.compare_unit(shard, unit, st, now, action)
 
     def group_keys(self, shard: int) -> set[tuple[bytes, bytes]]:
-        P = self.P(shard)
+        k = self.keys(shard)
         out = set()
-        for sub in (b":grp:", b":grpm:"):
-            prefix = P + sub
-            for k in self.scan(prefix + b"*"):
-                tenant, _, group = k[len(prefix):].partition(b":")
+        for prefix in (k.prefix("group"), k.prefix("group_members")):
+            for key in self.scan(prefix + b"*"):
+                tenant, _, group = key[len(prefix):].partition(b":")
                 if group:
                     out.add((tenant, group))
         return out
 
     # ---- overlaps, re-read atomically --------------------------------------------------
     def confirm_overlap(self, shard: int, a: tuple, b: tuple) -> bool:
-        P = self.P(shard)
+        k = self.keys(shard)
         pipe = self.r.pipeline(transaction=True)
         for own in (a, b):
             if own[0] == "rep":
                 _, tenant, key, seg, off, n = own
-                pipe.hmget(P + b":obj:" + tenant + b":" + key, b"rep:" + seg, "size")
-                pipe.hget(P + b":seg:" + seg, "mount")
+                pipe.hmget(k.object(tenant, key), b"rep:" + seg, "size")
+                pipe.hget(k.segment(seg), "mount")
             else:
-                pipe.zscore(P + b":held", own[1])
-                pipe.hget(P + b":seg:" + own[1].split(b" ", 3)[3], "mount")
+                pipe.zscore(k.held, own[1])
+                pipe.hget(k.segment(own[1].split(b" ", 3)[3]), "mount")
         res = pipe.execute()
         for i, own in enumerate((a, b)):
             got, mount = res[2 * i], res[2 * i + 1]

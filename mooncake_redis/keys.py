@@ -1,10 +1,13 @@
-"""The key schema and shard routing.
+"""The key schema and shard routing: the one Python home of every Redis key name.
 
 Every key of shard i starts with the shard key `<ns>:{<ns>:<i>}`; the braces make it a Redis
-Cluster hash tag, so one shard's keys share a slot. An object's shard comes from its routing
-part: a `{tag}` inside the user key if present, else the prefix hash if the key looks like
-`<hex prefix hash>[_suffix]`, else the whole key; shard = first 8 bytes of blake3(routing part),
-big-endian, modulo the shard count.
+Cluster hash tag, so one shard's keys share a slot. The rest of a key is one of the suffixes in
+`K`, which mirrors the `K` table of lua/lib/00_base.lua (tests/test_key_schema.py checks that
+they agree); `ShardKeys` builds a shard's keys from it, so no other module spells a suffix.
+
+An object's shard comes from its routing part: a `{tag}` inside the user key if present, else
+the prefix hash if the key looks like `<hex prefix hash>[_suffix]`, else the whole key; shard =
+first 8 bytes of blake3(routing part), big-endian, modulo the shard count.
 """
 from __future__ import annotations
 
@@ -13,6 +16,89 @@ import re
 from blake3 import blake3
 
 PREFIX_KEY_RE = re.compile(rb"^([0-9a-f]{32,128})(?:_|$)")
+
+# Key suffixes after the shard key P, named as in Lua's K table (the README's key schema table).
+K: dict[str, str] = {
+    "config": ":config", "clock": ":clock", "mount_seq": ":mount_seq",
+    "segment": ":seg:", "segments": ":segs", "free": ":free:", "free_by_off": ":by_off", "free_by_size": ":by_size",
+    "held": ":held", "processing": ":processing", "clients": ":clients", "expired_clients": ":expired_clients",
+    "object": ":obj:", "group": ":grp:", "group_members": ":grpm:", "aggregate": ":agg:",
+    "tier_ordinary": ":evict:ordinary", "tier_soft": ":evict:soft", "draining": ":evict:draining",
+    "deadline_soft_pin": ":deadline:soft_pin", "sweep_pending": ":sweep_pending", "worker": ":worker",
+    "metrics": ":metrics",  # Python only: the workers' counters (not master state)
+}
+PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
+
+_KB = {name: suffix.encode() for name, suffix in K.items()}
+
+
+def _b(part: str | bytes) -> bytes:
+    return part.encode() if isinstance(part, str) else bytes(part)
+
+
+class ShardKeys:
+    """The keys of one shard, as bytes (object keys and segment names are arbitrary bytes).
+    Fixed keys are attributes named as in `K`; keys with a variable part are methods."""
+
+    def __init__(self, namespace: str, shard: int):
+        self.namespace = namespace
+        self.shard = shard
+        self.P = P = shard_key(namespace, shard).encode()  # also the hash of the shard's counters
+        self.config = P + _KB["config"]
+        self.clock = P + _KB["clock"]
+        self.mount_seq = P + _KB["mount_seq"]
+        self.segments = P + _KB["segments"]
+        self.held = P + _KB["held"]
+        self.processing = P + _KB["processing"]
+        self.clients = P + _KB["clients"]
+        self.expired_clients = P + _KB["expired_clients"]
+        self.tier_ordinary = P + _KB["tier_ordinary"]
+        self.tier_soft = P + _KB["tier_soft"]
+        self.draining = P + _KB["draining"]
+        self.deadline_soft_pin = P + _KB["deadline_soft_pin"]
+        self.sweep_pending = P + _KB["sweep_pending"]
+        self.worker = P + _KB["worker"]
+        self.metrics = P + _KB["metrics"]
+        self.tiers = (self.tier_ordinary, self.tier_soft)  # eviction candidates, evicted in this order
+        # every index an eviction unit can sit in
+        self.unit_indexes = (self.tier_ordinary, self.tier_soft, self.deadline_soft_pin, self.draining)
+
+    def prefix(self, name: str) -> bytes:
+        """P + the suffix `name` of K: the start of a family of keys, e.g. for a SCAN MATCH."""
+        return self.P + _KB[name]
+
+    def segment(self, name: str | bytes) -> bytes:
+        return self.P + _KB["segment"] + _b(name)
+
+    def free(self, segment: str | bytes) -> tuple[bytes, bytes]:
+        """The free lists of a segment's slice: (by_off, by_size)."""
+        base = self.P + _KB["free"] + _b(segment)
+        return base + _KB["free_by_off"], base + _KB["free_by_size"]
+
+    def free_segment(self, key: bytes) -> bytes | None:
+        """The segment whose free list `key` is (the inverse of free), or None."""
+        prefix = self.P + _KB["free"]
+        if key.startswith(prefix):
+            for suffix in (_KB["free_by_off"], _KB["free_by_size"]):
+                if key.endswith(suffix) and len(key) > len(prefix) + len(suffix):
+                    return key[len(prefix):-len(suffix)]
+        return None
+
+    def object(self, tenant: str | bytes, key: str | bytes) -> bytes:
+        return self.P + _KB["object"] + _b(tenant) + b":" + _b(key)
+
+    def group(self, tenant: str | bytes, group: str | bytes) -> bytes:
+        return self.P + _KB["group"] + _b(tenant) + b":" + _b(group)
+
+    def group_members(self, tenant: str | bytes, group: str | bytes) -> bytes:
+        return self.P + _KB["group_members"] + _b(tenant) + b":" + _b(group)
+
+    def aggregate(self, kind: str | bytes, unit: str | bytes) -> bytes:
+        """A composite unit's per-member values, e.g. aggregate("soft_pin", b"g:<tenant>:<group>")."""
+        return self.P + _KB["aggregate"] + _b(kind) + b":" + _b(unit)
+
+    def __repr__(self) -> str:
+        return f"ShardKeys({self.namespace!r}, {self.shard})"
 
 
 def shard_key(namespace: str, shard: int) -> str:
@@ -37,7 +123,7 @@ def shard_of(key: bytes, shards: int) -> int:
 
 
 def object_key(namespace: str, shard: int, tenant: str, key: bytes) -> bytes:
-    return f"{shard_key(namespace, shard)}:obj:{tenant}:".encode() + key
+    return ShardKeys(namespace, shard).object(tenant, key)
 
 
 def segment_slice(base: int, size: int, shard: int, shards: int) -> tuple[int, int]:

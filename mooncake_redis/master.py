@@ -15,7 +15,7 @@ from redis.retry import Retry
 from .config import NAME_RE, MasterConfig, ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
 from .functions import load, run
-from .keys import segment_slice, shard_key, shard_of
+from .keys import ShardKeys, segment_slice, shard_of
 from .models import (EvictionReport, EvictionStep, ObjectInfo, Replica, ReplicaListResult, ReplicaStatus,
                      ShardUsage, Usage)
 from .preflight import check_server
@@ -110,7 +110,7 @@ class Master:
         self.config = config
         self.ns = config.namespace
         self.shards = config.shards
-        self._shard_keys = [shard_key(self.ns, i) for i in range(self.shards)]
+        self._keys = [ShardKeys(self.ns, i) for i in range(self.shards)]
 
     # ---- connection -------------------------------------------------------------------
     @classmethod
@@ -142,7 +142,7 @@ class Master:
     @classmethod
     def _open(cls, client: redis.Redis, config: MasterConfig | None) -> "Master":
         namespace = config.namespace if config else MasterConfig.namespace
-        stored = run(client, [("HGETALL", f"{shard_key(namespace, 0)}:config")])[0]
+        stored = run(client, [("HGETALL", ShardKeys(namespace, 0).config)])[0]
         current = MasterConfig.from_redis(namespace, stored) if stored else None
         if config is None:
             config = current or MasterConfig()
@@ -158,7 +158,7 @@ class Master:
 
     def _write_config(self) -> None:
         fields = [x for kv in self.config.to_redis().items() for x in kv]
-        self._run([("HSET", f"{p}:config", *fields) for p in self._shard_keys])
+        self._run([("HSET", k.config, *fields) for k in self._keys])
 
     def close(self) -> None:
         self.redis.close()
@@ -169,10 +169,10 @@ class Master:
         return run(self.redis, commands, raise_on_error)
 
     def _fcall(self, fn: str, shard: int, *args: Any) -> Any:
-        return self._run([("FCALL", fn, 1, self._shard_keys[shard], *args)])[0]
+        return self._run([("FCALL", fn, 1, self._keys[shard].P, *args)])[0]
 
     def _each_shard(self, fn: str, *args: Any) -> list[Any]:
-        return self._run([("FCALL", fn, 1, p, *args) for p in self._shard_keys])
+        return self._run([("FCALL", fn, 1, k.P, *args) for k in self._keys])
 
     def _shard(self, key: bytes) -> int:
         return shard_of(key, self.shards)
@@ -190,7 +190,7 @@ class Master:
                 chunk = idx[start:start + size]
                 argv = [a for i in chunk for a in items[i]]
                 calls.append((shard, chunk, argv))
-        replies = self._run([("FCALL", fn, 1, self._shard_keys[shard], *head, *argv) for shard, _, argv in calls])
+        replies = self._run([("FCALL", fn, 1, self._keys[shard].P, *head, *argv) for shard, _, argv in calls])
         out: list[Any] = [None] * len(keys)
         for (_, chunk, _), reply in zip(calls, replies):
             for i, value in zip(chunk, reply):
@@ -204,8 +204,8 @@ class Master:
         _check_int(size, "size", self.shards)
         _check_int(base, "base", 0)
         _check_int(base + size, "base + size", 1)
-        self._run([("FCALL", "mc_mount_segment", 1, p, name, client_id, *segment_slice(base, size, shard, self.shards))
-                   for shard, p in enumerate(self._shard_keys)])
+        self._run([("FCALL", "mc_mount_segment", 1, k.P, name, client_id, *segment_slice(base, size, shard, self.shards))
+                   for shard, k in enumerate(self._keys)])
 
     def unmount_segment(self, name: str, client_id: str,
                         progress: Callable[[int], None] | None = None) -> int:
@@ -214,7 +214,7 @@ class Master:
         and deleted."""
         _check_name(name, "segment name", 1024)
         _check_name(client_id, "client_id")
-        results = self._run([("FCALL", "mc_unmount_segment", 1, p, name, client_id) for p in self._shard_keys],
+        results = self._run([("FCALL", "mc_unmount_segment", 1, k.P, name, client_id) for k in self._keys],
                             raise_on_error=False)
         errors = [r for r in results if isinstance(r, MasterError)]
         if len(errors) == len(results):
@@ -226,7 +226,7 @@ class Master:
         bounded mc_sweep_replicas calls), then clear the shard's sweep marker unless another
         unmount happened meanwhile. `on_batch(objects scanned)` returning False stops early and
         leaves the marker set, so a worker sweeps again later. Returns objects deleted."""
-        token = self._run([("GET", f"{self._shard_keys[shard]}:sweep_pending")])[0] or b""
+        token = self._run([("GET", self._keys[shard].sweep_pending)])[0] or b""
         deleted = scanned = 0
         for tenant, keys in self._scan_objects(shard, "*"):
             size = CHUNK_OF["mc_sweep_replicas"]
@@ -368,7 +368,7 @@ class Master:
 
     def _scan_objects(self, shard: int, tenant_glob: str) -> Iterable[tuple[str, list[bytes]]]:
         """SCAN one shard's object keys in steps; yields (tenant, [user key]) batches."""
-        prefix = f"{self._shard_keys[shard]}:obj:".encode()
+        prefix = self._keys[shard].prefix("object")
         for batch in self._scan(prefix + tenant_glob.encode() + b":*"):
             by_tenant: dict[str, list[bytes]] = defaultdict(list)
             for rkey in batch:
@@ -459,16 +459,16 @@ class Master:
                           group_id=f.get("group"), replicas=replicas, fields=f)
 
     def usage(self) -> Usage:
-        rows = self._run([("HMGET", p, "used_bytes", "capacity_bytes", "objects") for p in self._shard_keys])
+        rows = self._run([("HMGET", k.P, "used_bytes", "capacity_bytes", "objects") for k in self._keys])
         per = [ShardUsage(i, *(int(v or 0) for v in row)) for i, row in enumerate(rows)]
         return Usage(sum(s.used_bytes for s in per), sum(s.capacity_bytes for s in per),
                      sum(s.objects for s in per), per)
 
     def segments(self) -> list[dict[str, Any]]:
         """Mounted segments with per-shard slices summed: name, client, size, used."""
-        names = self._run([("ZRANGE", f"{p}:segs", 0, -1) for p in self._shard_keys])
-        wanted = [(p, name) for p, shard_names in zip(self._shard_keys, names) for name in shard_names]
-        rows = self._run([("HGETALL", f"{p}:seg:".encode() + name) for p, name in wanted]) if wanted else []
+        names = self._run([("ZRANGE", k.segments, 0, -1) for k in self._keys])
+        wanted = [(k, name) for k, shard_names in zip(self._keys, names) for name in shard_names]
+        rows = self._run([("HGETALL", k.segment(name)) for k, name in wanted]) if wanted else []
         merged: dict[str, dict[str, Any]] = {}
         for (_, name), row in zip(wanted, rows):
             if not row:
@@ -509,13 +509,13 @@ class Master:
     def freeze_clock(self, now_ms: int) -> None:
         """Make every shard's functions read `now_ms` instead of the server's TIME."""
         _check_int(now_ms, "now_ms", 0)
-        self._run([("SET", f"{p}:clock", now_ms) for p in self._shard_keys])
+        self._run([("SET", k.clock, now_ms) for k in self._keys])
 
     def advance_clock(self, delta_ms: int) -> int:
         _check_int(delta_ms, "delta_ms", 0)
-        if self._run([("GET", f"{self._shard_keys[0]}:clock")])[0] is None:
+        if self._run([("GET", self._keys[0].clock)])[0] is None:
             raise MasterError(ErrorCode.INVALID_PARAMS, "the clock is not frozen")
-        return int(self._run([("INCRBY", f"{p}:clock", delta_ms) for p in self._shard_keys])[0])
+        return int(self._run([("INCRBY", k.clock, delta_ms) for k in self._keys])[0])
 
     def unfreeze_clock(self) -> None:
-        self._run([("DEL", *[f"{p}:clock" for p in self._shard_keys])])
+        self._run([("DEL", *[k.clock for k in self._keys])])

@@ -109,9 +109,9 @@ class Worker:
     def _claim_all(self) -> dict[int, tuple[int, bytes | None]]:
         """{shard: (store clock ms, sweep_pending marker)} for the shards we hold."""
         m = self.master
-        r = m._run([c for p in m._shard_keys for c in (("FCALL", "mc_claim", 1, p, self.worker_id, self.claim_ttl_ms),
-                                                        ("FCALL", "mc_now", 1, p),
-                                                        ("GET", f"{p}:sweep_pending"))])
+        r = m._run([c for k in m._keys for c in (("FCALL", "mc_claim", 1, k.P, self.worker_id, self.claim_ttl_ms),
+                                                  ("FCALL", "mc_now", 1, k.P),
+                                                  ("GET", k.sweep_pending))])
         return {shard: (int(r[3 * shard + 1]), r[3 * shard + 2])
                 for shard in range(m.shards) if r[3 * shard] == 1}
 
@@ -196,7 +196,7 @@ class Worker:
             self._renew(shard)
 
     def _publish(self, shard: int, now: int, done: WorkerPass) -> None:
-        key = f"{self.master._shard_keys[shard]}:metrics"
+        key = self.master._keys[shard].metrics
         commands = [("HSET", key, "last_pass_ms", now, "last_worker", self.worker_id),
                     ("HINCRBY", key, "passes_total", 1)]
         commands += [("HINCRBY", key, field, getattr(done, attr)) for field, attr in _TOTALS.items()

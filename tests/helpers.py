@@ -7,7 +7,7 @@ from typing import Any, Iterator
 import pytest
 
 from mooncake_redis import ErrorCode, Master, MasterError, ReplicateConfig
-from mooncake_redis.keys import segment_slice, shard_of
+from mooncake_redis.keys import ShardKeys, segment_slice, shard_of
 
 OWNER = "owner"    # the client that mounts segments
 WRITER = "writer"  # the client that writes objects
@@ -72,12 +72,26 @@ def slice_of(m: Master, seg_size: int, shard: int, base: int = 0) -> tuple[int, 
     return segment_slice(base, seg_size, shard, m.shards)
 
 
+def shard_keys(m: Master, shard: int) -> ShardKeys:
+    """The keys of one shard of `m`'s store."""
+    return m._keys[shard]
+
+
+def all_shard_keys(m: Master) -> list[ShardKeys]:
+    return [shard_keys(m, shard) for shard in range(m.shards)]
+
+
+def keys_of(m: Master, key: str | bytes) -> ShardKeys:
+    """The keys of the shard that `key` routes to."""
+    return shard_keys(m, shard_of(key.encode() if isinstance(key, str) else key, m.shards))
+
+
 def free_extents(m: Master, shard: int, seg: str) -> list[tuple[int, int]]:
     """The free extents of one segment slice, as (offset, length), from the allocator's two
     sorted sets; asserts that the two agree."""
-    p = m._shard_keys[shard]
-    by_off = m.redis.zrange(f"{p}:free:{seg}:by_off", 0, -1, withscores=True)
-    by_size = dict(m.redis.zrange(f"{p}:free:{seg}:by_size", 0, -1, withscores=True))
+    off_key, size_key = shard_keys(m, shard).free(seg)
+    by_off = m.redis.zrange(off_key, 0, -1, withscores=True)
+    by_size = dict(m.redis.zrange(size_key, 0, -1, withscores=True))
     assert {member for member, _ in by_off} == set(by_size), "by_off and by_size disagree"
     out = []
     for member, score in by_off:

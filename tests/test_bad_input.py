@@ -7,8 +7,7 @@ import re
 import pytest
 import redis
 
-from helpers import (OWNER, WRITER, code_of, mount, present, put, raises_code, shard_of_key,
-                     store_snapshot)
+from helpers import OWNER, WRITER, code_of, mount, present, put, raises_code, shard_keys, shard_of_key, store_snapshot
 from mooncake_redis import ErrorCode, ReplicaListResult, ReplicateConfig, SoftPinAction
 from mooncake_redis.keys import shard_of
 
@@ -218,7 +217,7 @@ def test_odd_keys_route_by_their_hash_tag(master):
     put(master, "a{b}c:d", 10)
     shard = shard_of(b"b", master.shards)
     assert master.usage().shards[shard].objects == 1
-    assert master.redis.exists(f"{master._shard_keys[shard]}:obj:default:a{{b}}c:d".encode())
+    assert master.redis.exists(shard_keys(master, shard).object("default", "a{b}c:d"))
 
 
 def test_odd_keys_are_matched_by_remove_by_regex(master):
@@ -251,7 +250,7 @@ def test_key_that_looks_like_an_internal_name_stays_in_its_tenant(master):
 
 def test_raw_function_calls_with_garbage_arguments(m):
     r = m.redis
-    p0 = m._shard_keys[0]
+    p0 = shard_keys(m, 0).P
     before, usage = store_snapshot(m), m.usage()
 
     def fcall(*args):

@@ -14,6 +14,8 @@ from mooncake_redis import Master, MasterConfig, ReplicateConfig
 from mooncake_redis.fsck import fsck
 from mooncake_redis.worker import Worker
 
+from helpers import all_shard_keys
+
 HERE = Path(__file__).parent
 T0 = 1_700_000_000_000
 KIB = 1024
@@ -75,5 +77,5 @@ def test_workers_and_writers_with_a_killed_worker(valkey):
         assert m.describe(key).status.value == "complete", key
     for key in pending:
         assert m.describe(key).status.value == "processing", key
-    evicted = sum(int(m.redis.hget(f"{p}:metrics", "evicted_objects_total") or 0) for p in m._shard_keys)
+    evicted = sum(int(m.redis.hget(p.metrics, "evicted_objects_total") or 0) for p in all_shard_keys(m))
     assert evicted > 0, "the workers never evicted: the run put no pressure on the store"

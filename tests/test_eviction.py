@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from mooncake_redis import ErrorCode, Master, MasterError, ReplicateConfig, SoftPinAction
 from mooncake_redis.keys import object_key, shard_of
 
+from helpers import shard_keys
+
 OWNER = "owner"     # mounts the segment
 W = "writer"        # writes the objects
 OBJ = 1000          # bytes per object
@@ -76,10 +78,9 @@ def used(m: Master, key: str) -> int:
 
 
 def tiers(m: Master, sh: int) -> dict[str, dict[str, float]]:
-    P = m._shard_keys[sh]
     out = {}
-    for name in ("ordinary", "soft"):
-        rows = m.redis.zrange(f"{P}:evict:{name}", 0, -1, withscores=True)
+    for name, key in zip(("ordinary", "soft"), shard_keys(m, sh).tiers):
+        rows = m.redis.zrange(key, 0, -1, withscores=True)
         out[name] = {u.decode(): s for u, s in rows}
     return out
 
@@ -299,8 +300,8 @@ def test_a_group_is_evicted_as_one_unit(master):
     assert report.final[sh].state == "target"
     assert gone(m, members + others) == members + others[:5]
     assert tier_of(m, members[0], "g:default:g") is None
-    assert not m.redis.exists(f"{m._shard_keys[sh]}:grpm:default:g")
-    assert not m.redis.exists(f"{m._shard_keys[sh]}:grp:default:g")
+    assert not m.redis.exists(shard_keys(m, sh).group_members("default", "g"))
+    assert not m.redis.exists(shard_keys(m, sh).group("default", "g"))
 
 
 def test_a_leased_member_keeps_its_group_and_the_next_candidate_goes(master):
@@ -458,7 +459,7 @@ def test_without_evict_on_put_a_failed_put_starts_eviction_below_the_watermark(n
     keys = [f"{{t}}/k{i:02d}" for i in range(80)]
     sh = shard(m, keys[0])
     fill(m, keys, read=False)
-    P = m._shard_keys[sh]
+    P = shard_keys(m, sh).P
     assert m.run_eviction().final[sh].state == "idle"  # 80 000 < 90 000
     with raises_code(ErrorCode.NO_AVAILABLE_HANDLE):
         m.put_start(W, "{t}/big", 30 * OBJ)            # 20 000 free: does not fit
@@ -630,8 +631,8 @@ def _check_state(m: Master, model: Model) -> None:
     units = model.units()
     for sh in range(m.shards):
         t = tiers(m, sh)
-        P = m._shard_keys[sh]
-        deadlines = {u.decode(): s for u, s in m.redis.zrange(f"{P}:deadline:soft_pin", 0, -1, withscores=True)}
+        P = shard_keys(m, sh)
+        deadlines = {u.decode(): s for u, s in m.redis.zrange(P.deadline_soft_pin, 0, -1, withscores=True)}
         mine = {u: e for u, e in units.items() if e["shard"] == sh}
         for u, e in mine.items():
             where = [name for name in ("ordinary", "soft") if u in t[name]]
@@ -646,7 +647,7 @@ def _check_state(m: Master, model: Model) -> None:
             score = t[where[0]][u]
             if e["grouped"]:
                 g = u.split(":", 2)[2]
-                stored = int(m.redis.hget(f"{P}:grp:default:{g}", "lease_until") or 0)
+                stored = int(m.redis.hget(P.group("default", g), "lease_until") or 0)
                 assert score == stored and score >= e["lease"], (u, score, stored, e)
             else:
                 assert score == e["lease"], (u, score, e)

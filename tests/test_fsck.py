@@ -10,7 +10,7 @@ from mooncake_redis.config import ReplicateConfig, SoftPinAction
 from mooncake_redis import fsck as fsck_module
 from mooncake_redis.fsck import KINDS, _Audit, fsck
 
-from helpers import watched_silence
+from helpers import all_shard_keys, keys_of, shard_keys, watched_silence
 
 SEG = 1 << 18  # 256 KiB per segment (split across the shards)
 SOFT = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=5_000)
@@ -77,8 +77,8 @@ def populate(m) -> None:
     m.mount_segment("seg-c", SEG, "client-2", base=1 << 31)
     m.put_start("client-1", "b-and-c-again", 512, ReplicateConfig(replica_num=2, preferred_segments=("seg-c", "seg-b")))
     m.put_end("client-1", "b-and-c-again")
-    for p in m._shard_keys:
-        m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p, "seg-c", "client-2")
+    for p in all_shard_keys(m):
+        m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, "seg-c", "client-2")
     m.mount_segment("seg-c", SEG, "client-2", base=1 << 31)
     assert [r.segment for r in m.describe("b-and-c-again").replicas] == ["seg-b"]
     assert "rep:seg-c" in m.describe("b-and-c-again").fields
@@ -92,19 +92,11 @@ def store(new_master):
 
 
 # ---- helpers -------------------------------------------------------------------------------
-def P(m, shard: int) -> str:
-    return m._shard_keys[shard]
-
-
-def Pk(m, key: str) -> str:
-    return P(m, m._shard(key.encode()))
-
-
 def objects(m):
     """(shard, key, fields) of every object of tenant "default"."""
     out = []
     for shard in range(m.shards):
-        prefix = f"{P(m, shard)}:obj:default:".encode()
+        prefix = shard_keys(m, shard).object("default", "")
         for k in m.redis.scan_iter(match=prefix + b"*"):
             h = {f.decode(): v.decode() for f, v in m.redis.hgetall(k).items()}
             out.append((shard, k[len(prefix):].decode(), h))
@@ -122,9 +114,9 @@ def ordinary_unit(m):
     """An ungrouped, complete, unpinned object that sits in a tier."""
     def fits(key, h):
         unit = f"o:default:{key}"
-        p = P(m, m._shard(key.encode()))
+        p = keys_of(m, key)
         return (h["status"] == "complete" and h.get("hard_pin") == "0" and "group" not in h
-                and m.redis.zscore(f"{p}:evict:ordinary", unit) is not None)
+                and m.redis.zscore(p.tier_ordinary, unit) is not None)
     return pick(m, fits)
 
 
@@ -161,12 +153,12 @@ def test_clean_store_after_mixed_operations(store):
     assert report.objects_checked == n > 25
     assert seen and seen[-1] == n and seen == sorted(seen)
     # the mix really produced the states fsck has to understand
-    held = sum(m.redis.zcard(f"{P(m, s)}:held") for s in range(m.shards))
-    soft = sum(m.redis.zcard(f"{P(m, s)}:evict:soft") for s in range(m.shards))
-    processing = sum(m.redis.zcard(f"{P(m, s)}:processing") for s in range(m.shards))
+    held = sum(m.redis.zcard(shard_keys(m, s).held) for s in range(m.shards))
+    soft = sum(m.redis.zcard(shard_keys(m, s).tier_soft) for s in range(m.shards))
+    processing = sum(m.redis.zcard(shard_keys(m, s).processing) for s in range(m.shards))
     assert held == 1 and soft >= 4 and processing == 5
     now = m.now_ms()
-    due = sum(m.redis.zcount(f"{P(m, s)}:deadline:soft_pin", "-inf", now) for s in range(m.shards))
+    due = sum(m.redis.zcount(shard_keys(m, s).deadline_soft_pin, "-inf", now) for s in range(m.shards))
     assert due >= 1  # expired pins still in the soft tier: not drift
     with pytest.raises(MasterError):
         m.describe("only-c-0")  # swept with seg-c
@@ -196,123 +188,123 @@ def test_clean_after_sweeps_and_full_cleanup(store):
 
 # ---- corruption: one derived structure at a time ---------------------------------------------
 def corrupt_used_bytes(m):
-    m.redis.hincrby(P(m, 0), "used_bytes", 4096)
+    m.redis.hincrby(shard_keys(m, 0).P, "used_bytes", 4096)
     return {"shard_used_bytes"}
 
 
 def corrupt_capacity_and_objects(m):
-    m.redis.hincrby(P(m, m.shards - 1), "capacity_bytes", -1)
-    m.redis.hincrby(P(m, 0), "objects", 3)
+    m.redis.hincrby(shard_keys(m, m.shards - 1).P, "capacity_bytes", -1)
+    m.redis.hincrby(shard_keys(m, 0).P, "objects", 3)
     return {"shard_capacity_bytes", "shard_objects"}
 
 
 def corrupt_tier_entry(m):
     _, key, _ = ordinary_unit(m)
-    m.redis.zrem(f"{Pk(m, key)}:evict:ordinary", f"o:default:{key}")
+    m.redis.zrem(keys_of(m, key).tier_ordinary, f"o:default:{key}")
     return {"unit_missing"}
 
 
 def corrupt_bogus_units(m):
-    m.redis.zadd(f"{P(m, 0)}:evict:ordinary", {"o:default:no-such-object": 5})
-    m.redis.zadd(f"{P(m, 0)}:evict:soft", {"garbage without a kind": 1})
-    m.redis.zadd(f"{P(m, 0)}:evict:ordinary", {"g:default:no-such-group": 5})
+    m.redis.zadd(shard_keys(m, 0).tier_ordinary, {"o:default:no-such-object": 5})
+    m.redis.zadd(shard_keys(m, 0).tier_soft, {"garbage without a kind": 1})
+    m.redis.zadd(shard_keys(m, 0).tier_ordinary, {"g:default:no-such-group": 5})
     _, key, _ = pick(m, lambda k, h: h.get("hard_pin") == "1" and "group" not in h)
-    m.redis.zadd(f"{Pk(m, key)}:evict:ordinary", {f"o:default:{key}": 1})     # a hard-pinned object
+    m.redis.zadd(keys_of(m, key).tier_ordinary, {f"o:default:{key}": 1})     # a hard-pinned object
     _, key, _ = pick(m, lambda k, h: h["status"] == "processing" and "group" not in h)
-    m.redis.zadd(f"{Pk(m, key)}:evict:soft", {f"o:default:{key}": 1})         # a put in progress
+    m.redis.zadd(keys_of(m, key).tier_soft, {f"o:default:{key}": 1})         # a put in progress
     _, key, _ = pick(m, lambda k, h: h.get("group") == "g1")
-    m.redis.zadd(f"{Pk(m, key)}:evict:ordinary", {f"o:default:{key}": 1})     # a group member's own unit
+    m.redis.zadd(keys_of(m, key).tier_ordinary, {f"o:default:{key}": 1})     # a group member's own unit
     return {"stray_unit"}
 
 
 def corrupt_tier_score(m):
     _, key, h = ordinary_unit(m)
-    m.redis.zadd(f"{Pk(m, key)}:evict:ordinary", {f"o:default:{key}": int(h["lease_until"]) + 7})
+    m.redis.zadd(keys_of(m, key).tier_ordinary, {f"o:default:{key}": int(h["lease_until"]) + 7})
     return {"unit_score"}
 
 
 def corrupt_tier_placement(m):
     (_, k1, _), (_, k2, _) = [o for o in objects(m) if o[1].startswith("longsoft")][:2]
-    p1, u1 = Pk(m, k1), f"o:default:{k1}"
-    score = m.redis.zscore(f"{p1}:evict:soft", u1)
-    m.redis.zrem(f"{p1}:evict:soft", u1)                       # soft-pinned, yet ordinary
-    m.redis.zadd(f"{p1}:evict:ordinary", {u1: score})
-    m.redis.zadd(f"{Pk(m, k2)}:evict:ordinary", {f"o:default:{k2}": 1})   # in both tiers
+    p1, u1 = keys_of(m, k1), f"o:default:{k1}"
+    score = m.redis.zscore(p1.tier_soft, u1)
+    m.redis.zrem(p1.tier_soft, u1)                       # soft-pinned, yet ordinary
+    m.redis.zadd(p1.tier_ordinary, {u1: score})
+    m.redis.zadd(keys_of(m, k2).tier_ordinary, {f"o:default:{k2}": 1})   # in both tiers
     return {"unit_wrong_tier", "unit_in_both_tiers"}  # the deadline entry is right: the tier is wrong
 
 
 def corrupt_deadline(m):
     key = "longsoft-3"
     assert int(m.describe(key).soft_pin_until_ms) > m.now_ms()
-    m.redis.zrem(f"{Pk(m, key)}:deadline:soft_pin", f"o:default:{key}")
+    m.redis.zrem(keys_of(m, key).deadline_soft_pin, f"o:default:{key}")
     return {"soft_deadline"}
 
 
 def corrupt_processing(m):
     _, key, _ = pick(m, lambda k, h: h["status"] == "processing")
-    m.redis.zrem(f"{Pk(m, key)}:processing", f"default:{key}")
+    m.redis.zrem(keys_of(m, key).processing, f"default:{key}")
     first = key
     _, key, h = pick(m, lambda k, h: h["status"] == "processing" and k != first)
-    m.redis.zadd(f"{Pk(m, key)}:processing", {f"default:{key}": int(h["put_started"]) - 1})
+    m.redis.zadd(keys_of(m, key).processing, {f"default:{key}": int(h["put_started"]) - 1})
     _, key, _ = ordinary_unit(m)
-    m.redis.zadd(f"{Pk(m, key)}:processing", {f"default:{key}": 1})
-    m.redis.zadd(f"{P(m, 0)}:processing", {"default:gone": 1})
+    m.redis.zadd(keys_of(m, key).processing, {f"default:{key}": 1})
+    m.redis.zadd(shard_keys(m, 0).processing, {"default:gone": 1})
     return {"processing_missing", "processing_score", "processing_stale"}
 
 
 def corrupt_segment_used(m):
-    m.redis.hincrby(f"{P(m, 0)}:seg:seg-a", "used", 100)
+    m.redis.hincrby(shard_keys(m, 0).segment("seg-a"), "used", 100)
     return {"segment_used"}
 
 
 def corrupt_segment_index(m):
-    m.redis.zincrby(f"{P(m, 0)}:segs", 10, "seg-b")
-    m.redis.zadd(f"{P(m, 0)}:segs", {"ghost": 100})
-    m.redis.zadd(f"{P(m, 0)}:free:ghost2:by_off", {"0": 0})
+    m.redis.zincrby(shard_keys(m, 0).segments, 10, "seg-b")
+    m.redis.zadd(shard_keys(m, 0).segments, {"ghost": 100})
+    m.redis.zadd(shard_keys(m, 0).free("ghost2")[0], {"0": 0})
     if m.shards > 1:
-        m.redis.zrem(f"{P(m, 1)}:segs", "seg-a")
+        m.redis.zrem(shard_keys(m, 1).segments, "seg-a")
     expect = {"segment_free", "segment_stale_index", "orphan_free_list"}
     return expect | {"segment_not_indexed"} if m.shards > 1 else expect
 
 
 def corrupt_group_member(m):
     _, key, _ = pick(m, lambda k, h: h.get("group") == "g1")
-    m.redis.srem(f"{Pk(m, key)}:grpm:default:g1", key)
+    m.redis.srem(keys_of(m, key).group_members("default", "g1"), key)
     return {"group_member_missing"}
 
 
 def corrupt_group_record(m):
-    p = Pk(m, "g2")
-    m.redis.sadd(f"{p}:grpm:default:g2", "{g2}ghost")
-    m.redis.hincrby(f"{P(m, m._shard(b'g1'))}:grp:default:g1", "processing", 1)
-    m.redis.hset(f"{Pk(m, 'g3')}:grp:default:g3", "hard_pinned", 0)
+    p = keys_of(m, "g2")
+    m.redis.sadd(p.group_members("default", "g2"), "{g2}ghost")
+    m.redis.hincrby(keys_of(m, "g1").group("default", "g1"), "processing", 1)
+    m.redis.hset(keys_of(m, 'g3').group("default", "g3"), "hard_pinned", 0)
     return {"group_member_stray", "group_counters"}
 
 
 def corrupt_group_soft_pin(m):
-    p = Pk(m, "g1")
-    m.redis.zadd(f"{p}:agg:soft_pin:g:default:g1", {"{g1}ghost": 2**40})  # a member that is not one
+    p = keys_of(m, "g1")
+    m.redis.zadd(p.aggregate("soft_pin", "g:default:g1"), {"{g1}ghost": 2**40})  # a member that is not one
     return {"group_soft_pin"}
 
 
 def corrupt_group_unit(m):
-    p = Pk(m, "g1")
-    m.redis.zrem(f"{p}:evict:ordinary", "g:default:g1")
-    m.redis.zadd(f"{Pk(m, 'g2')}:evict:ordinary", {"g:default:g2": 1})  # g2 has a member in progress
+    p = keys_of(m, "g1")
+    m.redis.zrem(p.tier_ordinary, "g:default:g1")
+    m.redis.zadd(keys_of(m, 'g2').tier_ordinary, {"g:default:g2": 1})  # g2 has a member in progress
     return {"unit_missing", "stray_unit"}
 
 
 def corrupt_free_extent(m):
-    p = P(m, 0)
-    member = m.redis.zrange(f"{p}:free:seg-a:by_off", 0, 0)[0]
-    m.redis.zrem(f"{p}:free:seg-a:by_off", member)
-    m.redis.zrem(f"{p}:free:seg-a:by_size", member)
+    p = shard_keys(m, 0)
+    member = m.redis.zrange(p.free("seg-a")[0], 0, 0)[0]
+    m.redis.zrem(p.free("seg-a")[0], member)
+    m.redis.zrem(p.free("seg-a")[1], member)
     return {"gap"}
 
 
 def corrupt_free_lists(m):
-    p = P(m, 0)
-    by_off, by_size = f"{p}:free:seg-b:by_off", f"{p}:free:seg-b:by_size"
+    p = shard_keys(m, 0)
+    by_off, by_size = p.free("seg-b")
     member, off = m.redis.zrange(by_off, 0, 0, withscores=True)[0]
     length = int(m.redis.zscore(by_size, member))
     assert length >= 4
@@ -326,10 +318,10 @@ def corrupt_free_lists(m):
 
 def corrupt_free_over_allocated(m):
     shard, key, h = pick(m, lambda k, h: h["status"] == "complete" and "rep:seg-a" in h)
-    p = P(m, shard)
+    p = shard_keys(m, shard)
     off = int(h["rep:seg-a"].split()[0])
-    m.redis.zadd(f"{p}:free:seg-a:by_off", {str(off): off})
-    m.redis.zadd(f"{p}:free:seg-a:by_size", {str(off): int(h["size"])})
+    m.redis.zadd(p.free("seg-a")[0], {str(off): off})
+    m.redis.zadd(p.free("seg-a")[1], {str(off): int(h["size"])})
     return {"free_overlaps_allocated"}
 
 
@@ -338,8 +330,8 @@ def corrupt_dead_object(m):
     # its real extents are now owned by nobody, so segment bytes and free lists drift as well
     shard, key, h = pick(m, lambda k, h: h["status"] == "complete" and "group" not in h
                          and h.get("hard_pin") == "0")
-    p = P(m, shard)
-    okey = f"{p}:obj:default:{key}"
+    p = shard_keys(m, shard)
+    okey = p.object("default", key)
     for f in list(h):
         if f.startswith("rep:"):
             m.redis.hdel(okey, f)
@@ -364,8 +356,8 @@ def test_corruption_found_and_repaired(store, corrupt):
 
 def test_dead_object_is_swept(store):
     m = store
-    for p in m._shard_keys:
-        m.redis.delete(f"{p}:sweep_pending")  # no sweep owed: a dead object is fsck's to report
+    for p in all_shard_keys(m):
+        m.redis.delete(p.sweep_pending)  # no sweep owed: a dead object is fsck's to report
     expect = corrupt_dead_object(m)
     # deleting the hash also fixes what it was counted in: the second pass is clean
     repair_and_recheck(m, expect)
@@ -393,7 +385,7 @@ def test_overlap_reported_not_repaired(store):
                 by_slice.setdefault((shard, f), []).append((key, v))
     (shard, field), pair = next((k, v) for k, v in sorted(by_slice.items()) if len(v) >= 2)
     (a, a_val), (b, b_val) = pair[:2]
-    okey = f"{P(m, shard)}:obj:default:{b}"
+    okey = shard_keys(m, shard).object("default", b)
     m.redis.hset(okey, field, a_val)
     report = fsck(m)
     overlaps = [f for f in report.findings if f.kind == "overlap"]
@@ -410,34 +402,34 @@ def test_overlap_reported_not_repaired(store):
 
 def test_counter_repair_is_compare_and_set(store):
     m = store
-    m.redis.hincrby(P(m, 0), "used_bytes", 4096)
+    m.redis.hincrby(shard_keys(m, 0).P, "used_bytes", 4096)
     audit = _Audit(m, batch=64, retries=0, progress=None)
     report = audit.run(repair=False)
     assert "shard_used_bytes" in kinds(report)
-    m.redis.hincrby(P(m, 0), "used_bytes", 1)  # stands for a write landing between read and repair
+    m.redis.hincrby(shard_keys(m, 0).P, "used_bytes", 1)  # stands for a write landing between read and repair
     audit.repair()
     counters = [f for f in report.findings if f.kind == "shard_used_bytes"]
     assert counters and not any(f.repaired for f in counters)
     assert "moved" in counters[0].note
-    m.redis.hincrby(P(m, 0), "used_bytes", -1)
+    m.redis.hincrby(shard_keys(m, 0).P, "used_bytes", -1)
     repair_and_recheck(m, {"shard_used_bytes"})
 
 
 def test_direct_function_contracts(store):
     m = store
-    p = P(m, 0)
-    fc = lambda fn, *a: m.redis.execute_command("FCALL", fn, 1, p, *a)  # noqa: E731
-    used = int(m.redis.hget(p, "used_bytes"))
+    p = shard_keys(m, 0)
+    fc = lambda fn, *a: m.redis.execute_command("FCALL", fn, 1, p.P, *a)  # noqa: E731
+    used = int(m.redis.hget(p.P, "used_bytes"))
     assert fc("mc_fsck_counters", "used_bytes", used + 1, 5) == [[0, used]]
     assert fc("mc_fsck_counters", "used_bytes", used, 0) == [[1, used]]
-    seg_used = int(m.redis.hget(f"{p}:seg:seg-a", "used"))
+    seg_used = int(m.redis.hget(p.segment("seg-a"), "used"))
     assert fc("mc_fsck_segment_used", "seg-a", seg_used + 1, 3)[0] == 0
     assert fc("mc_fsck_segment_used", "seg-a", seg_used, 0)[:2] == [1, seg_used]
     assert fc("mc_fsck_forget_segment", "seg-a") == 0           # mounted: left alone
     assert fc("mc_fsck_unit", "not a unit") == b"removed"
     # rebuild refuses when the free lists moved since they were read
-    mount = m.redis.hget(f"{p}:seg:seg-a", "mount")
-    base, size = int(m.redis.hget(f"{p}:seg:seg-a", "base")), int(m.redis.hget(f"{p}:seg:seg-a", "size"))
+    mount = m.redis.hget(p.segment("seg-a"), "mount")
+    base, size = int(m.redis.hget(p.segment("seg-a"), "base")), int(m.redis.hget(p.segment("seg-a"), "size"))
     reply = fc("mc_fsck_rebuild_free", "seg-a", mount, base, base + size, 0, 0, 0)
     assert reply[0] == 0
     reply = fc("mc_fsck_rebuild_free", "seg-a", b"999", base, base + size, 0, 0, 0)
@@ -449,12 +441,12 @@ def test_direct_function_contracts(store):
 
 def test_busy_shard_is_retried_then_unverified(store):
     m = store
-    m.redis.hincrby(P(m, 0), "used_bytes", 4096)
+    m.redis.hincrby(shard_keys(m, 0).P, "used_bytes", 4096)
     calls = []
 
     def bump_all(n):  # a write to every shard: whichever shard is being scanned moves
         for shard in range(m.shards):
-            m.redis.incr(f"{P(m, shard)}:mount_seq")
+            m.redis.incr(shard_keys(m, shard).mount_seq)
         calls.append(n)
 
     def bump_once(n):
@@ -476,9 +468,9 @@ def test_free_lists_rebuilt_in_windows(store, monkeypatch):
     m = store
     monkeypatch.setattr(fsck_module, "WINDOW_EXTENTS", 2)
     for shard in range(m.shards):
-        p = P(m, shard)
+        p = shard_keys(m, shard)
         for seg in ("seg-a", "seg-b"):
-            by_off, by_size = f"{p}:free:{seg}:by_off", f"{p}:free:{seg}:by_size"
+            by_off, by_size = p.free(seg)
             members = m.redis.zrange(by_off, 0, -1)
             for member in members[::2]:          # leak every other free extent
                 m.redis.zrem(by_off, member)
@@ -498,7 +490,7 @@ def test_group_too_large_is_unverified(store, monkeypatch):
 
 def test_malformed_held_entry_is_reported(store):
     m = store
-    m.redis.zadd(f"{P(m, 0)}:held", {"not a held entry": 1})
+    m.redis.zadd(shard_keys(m, 0).held, {"not a held entry": 1})
     report = fsck(m, repair=True)
     assert [f.kind for f in report.findings] == ["bad_held"] and not report.findings[0].repairable
     assert "not auto-repairable" in str(report.findings[0])
@@ -532,10 +524,10 @@ def test_confirming_pass_drops_transient_findings():
 
 def test_foreign_key_in_object_namespace(store):
     m = store
-    m.redis.set(f"{P(m, 0)}:obj:default:not-a-hash", "x")
+    m.redis.set(shard_keys(m, 0).object("default", "not-a-hash"), "x")
     report = fsck(m, repair=True)
     assert [(f.kind, f.repairable) for f in report.findings] == [("bad_object", False)], report.summary()
-    m.redis.delete(f"{P(m, 0)}:obj:default:not-a-hash")
+    m.redis.delete(shard_keys(m, 0).object("default", "not-a-hash"))
     assert_clean(m)
 
 
@@ -543,11 +535,11 @@ def test_dead_replicas_with_a_sweep_owed_are_not_drift(store):
     m = store
     m.put_start("client-1", "soon-dead", 512, ReplicateConfig(preferred_segments=("seg-c",)))
     m.put_end("client-1", "soon-dead")
-    for p in m._shard_keys:  # the unmount steps alone: the sweep is owed (P:sweep_pending)
-        m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p, "seg-c", "client-2")
+    for p in all_shard_keys(m):  # the unmount steps alone: the sweep is owed (P:sweep_pending)
+        m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, "seg-c", "client-2")
     assert_clean(m)
-    for p in m._shard_keys:
-        m.redis.delete(f"{p}:sweep_pending")  # the marker lost: now fsck owns the sweep
+    for p in all_shard_keys(m):
+        m.redis.delete(p.sweep_pending)  # the marker lost: now fsck owns the sweep
     repair_and_recheck(m, {"no_live_replica"})
     with pytest.raises(MasterError):
         m.describe("soon-dead")

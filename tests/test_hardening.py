@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from helpers import (OWNER, WRITER, code_of, keys_on_shard, mount, put, raises_code, shard_of_key,
-                     slice_of, store_snapshot, watched_silence)
+from helpers import (OWNER, WRITER, all_shard_keys, code_of, keys_on_shard, mount, put, raises_code, shard_keys,
+                     shard_of_key, slice_of, store_snapshot, watched_silence)
 from mooncake_redis import ErrorCode, Master, MasterConfig, ReplicateConfig
 from mooncake_redis.fsck import fsck
 from mooncake_redis.functions import library_source
@@ -20,7 +20,7 @@ ENGINE = "engine"  # the client that mounts a segment and writes into it
 
 
 def fcall(m: Master, fn: str, shard: int, *args):
-    return m.redis.execute_command("FCALL", fn, 1, m._shard_keys[shard], *args)
+    return m.redis.execute_command("FCALL", fn, 1, shard_keys(m, shard).P, *args)
 
 
 def error_of(m: Master, *args) -> str:
@@ -121,15 +121,15 @@ def test_free_with_a_damaged_neighbour_frees_once(master):
     m = master
     mount(m, "seg", 4096)
     a, b = keys_on_shard(m, 0, 2)
-    p = m._shard_keys[0]
+    p = shard_keys(m, 0)
     put(m, a, 1024)
     put(m, b, 1024)
     base, _ = slice_of(m, 4096 * m.shards, 0)
     m.remove(a)  # free: [base, base+1024) and [base+2048, ...)
-    m.redis.zrem(f"{p}:free:seg:by_size", str(base))  # damage: the neighbour lost its length
+    m.redis.zrem(p.free("seg")[1], str(base))  # damage: the neighbour lost its length
     m.remove(b, force=True)  # frees next to the damaged extent: must not fail half way
-    assert int(m.redis.hget(p, "used_bytes")) == 0
-    assert int(m.redis.hget(f"{p}:seg:seg", "used")) == 0
+    assert int(m.redis.hget(p.P, "used_bytes")) == 0
+    assert int(m.redis.hget(p.segment("seg"), "used")) == 0
     report = fsck(m, repair=True)
     assert report.findings and not report.unrepaired, report
     assert fsck(m).ok
@@ -140,16 +140,16 @@ def test_double_free_is_refused_without_a_write(master):
     m = master
     mount(m, "seg", 4096)
     (a,) = keys_on_shard(m, 0, 1)
-    p = m._shard_keys[0]
+    p = shard_keys(m, 0)
     put(m, a, 1024)
-    off = int(m.redis.hget(f"{p}:obj:default:{a}", "rep:seg").split()[0])
+    off = int(m.redis.hget(p.object("default", a), "rep:seg").split()[0])
     # damage: the object's extent is also on the free lists
-    m.redis.zadd(f"{p}:free:seg:by_off", {str(off): off})
-    m.redis.zadd(f"{p}:free:seg:by_size", {str(off): 1024})
-    used = int(m.redis.hget(p, "used_bytes"))
+    m.redis.zadd(p.free("seg")[0], {str(off): off})
+    m.redis.zadd(p.free("seg")[1], {str(off): 1024})
+    used = int(m.redis.hget(p.P, "used_bytes"))
     m.remove(a, force=True)
-    assert int(m.redis.hget(p, "used_bytes")) == used  # not subtracted for bytes it did not free
-    assert m.redis.zscore(f"{p}:free:seg:by_size", str(off)) == 1024
+    assert int(m.redis.hget(p.P, "used_bytes")) == used  # not subtracted for bytes it did not free
+    assert m.redis.zscore(p.free("seg")[1], str(off)) == 1024
 
 
 def test_refused_mounts_write_nothing(master):
@@ -162,7 +162,7 @@ def test_refused_mounts_write_nothing(master):
     big = 2**52
     assert fcall(m, "mc_mount_segment", 0, "huge-1", OWNER, 0, big) == 0
     before = store_snapshot(m)
-    msg = error_of(m, "mc_mount_segment", 1, m._shard_keys[0], "huge-2", OWNER, 0, big)
+    msg = error_of(m, "mc_mount_segment", 1, shard_keys(m, 0).P, "huge-2", OWNER, 0, big)
     assert msg.startswith("INVALID_PARAMS -600") and "2^53" in msg
     assert_unchanged(m, before)
 
@@ -174,13 +174,13 @@ def test_non_canonical_numbers_are_refused(master, value):
     m = master
     mount(m, "seg", 4096)
     before = store_snapshot(m)
-    p = m._shard_keys[0]
-    msg = error_of(m, "mc_mount_segment", 1, p, "raw", OWNER, value, 100)
+    p = shard_keys(m, 0)
+    msg = error_of(m, "mc_mount_segment", 1, p.P, "raw", OWNER, value, 100)
     assert msg.startswith("INVALID_PARAMS -600"), msg
     head = [WRITER, "default", 1, "preserve", "", 0, "", 0]
     (key,) = keys_on_shard(m, 0, 1)
     assert fcall(m, "mc_put_start", 0, *head, key, value) == [int(ErrorCode.INVALID_PARAMS)]
-    assert error_of(m, "mc_evict", 1, p, value).startswith("INVALID_PARAMS -600")
+    assert error_of(m, "mc_evict", 1, p.P, value).startswith("INVALID_PARAMS -600")
     assert_unchanged(m, before)
 
 
@@ -221,7 +221,7 @@ def test_every_function_refuses_a_shard_key_that_is_not_one(master):
     before = store_snapshot(m)
     ns = m.ns
     bad_keys = [[], ["x"], [f"{ns}:{{{ns}:{m.shards}}}"], [f"{ns}:{{{ns}:00}}"], [f"{ns}:{{other:0}}"],
-                ["other:{other:0}"], [m._shard_keys[0], m._shard_keys[0]]]
+                ["other:{other:0}"], [shard_keys(m, 0).P, shard_keys(m, 0).P]]
     args = ["w", "1", "k", "1", "1", "1", "1", "1"]
     for fn in FUNCTIONS:
         for keys in bad_keys:
@@ -245,11 +245,11 @@ CONFIG_READERS = {"client_ttl": ("mc_expire_clients", [16]), "default_kv_lease_t
 def test_a_bad_stored_configuration_stops_the_functions_that_read_it(master, field, value):
     m = master
     mount(m, "seg", 4096)
-    for p in m._shard_keys:
-        m.redis.hset(f"{p}:config", field, value)
+    for p in all_shard_keys(m):
+        m.redis.hset(p.config, field, value)
     before = store_snapshot(m)
     fn, args = CONFIG_READERS[field]
-    msg = error_of(m, fn, 1, m._shard_keys[0], *args)
+    msg = error_of(m, fn, 1, shard_keys(m, 0).P, *args)
     assert msg.startswith("INTERNAL_ERROR -1 bad configuration") and field in msg, (fn, msg)
     assert_unchanged(m, before)
 
@@ -259,24 +259,24 @@ def test_counter_repairs_cannot_go_negative_or_past_the_segment(master):
     mount(m, "seg", 4096)
     put(m, keys_on_shard(m, 0, 1)[0], 100)
     before = store_snapshot(m)
-    p = m._shard_keys[0]
-    used = int(m.redis.hget(p, "used_bytes"))
-    assert error_of(m, "mc_fsck_counters", 1, p, "objects", 0, 0, "used_bytes", used, -used - 1).startswith(
+    p = shard_keys(m, 0)
+    used = int(m.redis.hget(p.P, "used_bytes"))
+    assert error_of(m, "mc_fsck_counters", 1, p.P, "objects", 0, 0, "used_bytes", used, -used - 1).startswith(
         "INVALID_PARAMS -600")
-    seg_used = int(m.redis.hget(f"{p}:seg:seg", "used"))
-    assert error_of(m, "mc_fsck_segment_used", 1, p, "seg", seg_used, -seg_used - 1).startswith("INVALID_PARAMS")
-    assert error_of(m, "mc_fsck_segment_used", 1, p, "seg", seg_used, 4096).startswith("INVALID_PARAMS")
+    seg_used = int(m.redis.hget(p.segment("seg"), "used"))
+    assert error_of(m, "mc_fsck_segment_used", 1, p.P, "seg", seg_used, -seg_used - 1).startswith("INVALID_PARAMS")
+    assert error_of(m, "mc_fsck_segment_used", 1, p.P, "seg", seg_used, 4096).startswith("INVALID_PARAMS")
     assert_unchanged(m, before)
 
 
 def _rebuild_args(m: Master, shard: int, seg: str, alloc: list) -> list:
-    p = m._shard_keys[shard]
-    row = m.redis.hgetall(f"{p}:seg:{seg}")
+    p = shard_keys(m, shard)
+    row = m.redis.hgetall(p.segment(seg))
     base, size = int(row[b"base"]), int(row[b"size"])
-    by_off = m.redis.zrange(f"{p}:free:{seg}:by_off", 0, -1, withscores=True)
+    by_off = m.redis.zrange(p.free(seg)[0], 0, -1, withscores=True)
     seen = []
     for member, score in by_off:
-        seen += [member, int(score), int(m.redis.zscore(f"{p}:free:{seg}:by_size", member))]
+        seen += [member, int(score), int(m.redis.zscore(p.free(seg)[1], member))]
     flat = [x for a in alloc for x in a]
     return [seg, row[b"mount"], base, base + size, len(by_off), *seen, len(alloc), *flat, 0]
 
@@ -292,9 +292,9 @@ def test_a_rebuild_given_a_wrong_allocation_list_frees_no_live_bytes(master):
     assert fcall(m, "mc_fsck_rebuild_free", 0, *_rebuild_args(m, 0, "seg", []))[0] == 1
     assert store_snapshot(m) == before
     # claim an allocation that no record backs: refused, nothing written
-    p = m._shard_keys[0]
-    base = int(m.redis.hget(f"{p}:seg:seg", "base"))
-    msg = error_of(m, "mc_fsck_rebuild_free", 1, p, *_rebuild_args(m, 0, "seg", [(base + 5000, 10, "r", "default:nope")]))
+    p = shard_keys(m, 0)
+    base = int(m.redis.hget(p.segment("seg"), "base"))
+    msg = error_of(m, "mc_fsck_rebuild_free", 1, p.P, *_rebuild_args(m, 0, "seg", [(base + 5000, 10, "r", "default:nope")]))
     assert msg.startswith("INVALID_PARAMS -600"), msg
     assert_unchanged(m, before)
     more = keys_on_shard(m, 0, 5)[3:]
@@ -309,17 +309,17 @@ def test_oversized_calls_are_refused_before_any_work(master):
     m = master
     mount(m, "seg", 4096)
     before = store_snapshot(m)
-    p = m._shard_keys[0]
+    p = shard_keys(m, 0)
     many = [f"k{i}" for i in range(100_000)]
     for fn, head in (("mc_get_replica_list", ["default"]), ("mc_exist_key", ["default"]),
                      ("mc_remove", ["default", 0]), ("mc_put_end", [WRITER, "default"]),
                      ("mc_task_ref", ["default", 1]), ("mc_sweep_replicas", ["default"])):
-        assert error_of(m, fn, 1, p, *head, *many).startswith("INVALID_PARAMS -600 at most"), fn
+        assert error_of(m, fn, 1, p.P, *head, *many).startswith("INVALID_PARAMS -600 at most"), fn
     pairs = [x for i in range(129) for x in (f"k{i}", 1)]
-    msg = error_of(m, "mc_put_start", 1, p, WRITER, "default", 1, "preserve", "", 0, "", 0, *pairs)
+    msg = error_of(m, "mc_put_start", 1, p.P, WRITER, "default", 1, "preserve", "", 0, "", 0, *pairs)
     assert "at most 128 keys" in msg
     prefs = [f"s{i}" for i in range(65)]
-    assert error_of(m, "mc_put_start", 1, p, WRITER, "default", 1, "preserve", "", 0, "", 65, *prefs,
+    assert error_of(m, "mc_put_start", 1, p.P, WRITER, "default", 1, "preserve", "", 0, "", 65, *prefs,
                     "k", 1).startswith("INVALID_PARAMS -600 n_preferred")
     assert_unchanged(m, before)
 

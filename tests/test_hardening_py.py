@@ -16,11 +16,11 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from conftest import T0
-from helpers import OWNER, WRITER, mount, put, raises_code, store_snapshot
+from helpers import OWNER, WRITER, all_shard_keys, mount, put, raises_code, shard_keys, store_snapshot
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig, preflight
 from mooncake_redis.fsck import fsck
 from mooncake_redis.functions import library_source
-from mooncake_redis.keys import shard_key
+from mooncake_redis.keys import ShardKeys
 from mooncake_redis.server import EmbeddedValkey, free_port
 from mooncake_redis.worker import Worker
 
@@ -83,7 +83,7 @@ def test_corrupt_stored_configuration_is_a_clear_error(backend, request, field, 
     else:
         url = request.getfixturevalue({"valkey": "valkey", "redis": "redis7"}[backend]).url
         redis.Redis.from_url(url).flushall()
-    Master.connect(url, MasterConfig(shards=2)).redis.hset(f"{shard_key('mc', 0)}:config", field, raw)
+    Master.connect(url, MasterConfig(shards=2)).redis.hset(ShardKeys("mc", 0).config, field, raw)
     for config in (None, MasterConfig(shards=2)):  # the stored one, or a new one to write
         with pytest.raises(MasterError) as info:
             Master.connect(url, config)
@@ -283,7 +283,7 @@ def test_every_call_path_reloads_a_flushed_library(valkey):
     assert Worker(m).run_once().shards_claimed == 4
     _flush_functions(m)
     m.unmount_segment("seg2", OWNER)
-    m.redis.hincrby(m._shard_keys[0], "objects", 5)  # a drift for fsck to repair through a function
+    m.redis.hincrby(shard_keys(m, 0).P, "objects", 5)  # a drift for fsck to repair through a function
     _flush_functions(m)
     report = fsck(m, repair=True)
     assert report.findings and all(f.repaired for f in report.findings)
@@ -384,10 +384,10 @@ def test_segments_and_status_show_binary_ids(valkey):
     redis.Redis.from_url(valkey.url).flushall()
     m = Master.connect(valkey.url, MasterConfig(shards=2))
     m.freeze_clock(T0)
-    for p in m._shard_keys:  # wire-legal: any bytes
-        m.redis.execute_command("FCALL", "mc_mount_segment", 1, p, b"seg\xff", BIN_CLIENT, 0, 1000)
-        m.redis.execute_command("FCALL", "mc_claim", 1, p, b"\xffworker", 5000)
-        m.redis.hset(f"{p}:metrics", mapping={"last_pass_ms": T0, "last_worker": b"\xffworker"})
+    for p in all_shard_keys(m):  # wire-legal: any bytes
+        m.redis.execute_command("FCALL", "mc_mount_segment", 1, p.P, b"seg\xff", BIN_CLIENT, 0, 1000)
+        m.redis.execute_command("FCALL", "mc_claim", 1, p.P, b"\xffworker", 5000)
+        m.redis.hset(p.metrics, mapping={"last_pass_ms": T0, "last_worker": b"\xffworker"})
     assert m.segments() == [{"name": "seg\\xff", "client": "\\xff\\xfeclient", "size": 2000, "used": 0}]
     r = CliRunner().invoke(cli, ["--redis", valkey.url, "status"], env={"MOONCAKE_REDIS_URL": None})
     assert r.exit_code == 0, r.output
@@ -396,7 +396,7 @@ def test_segments_and_status_show_binary_ids(valkey):
 
 
 def test_stray_keys_with_a_binary_tenant_are_skipped(master):
-    master.redis.hset(f"{master._shard_keys[0]}:obj:\xff:k".encode("latin-1"), "size", 1)
+    master.redis.hset(shard_keys(master, 0).object(b"\xff", b"k"), "size", 1)
     assert master.remove_all() == 0
     for shard in range(master.shards):
         master.sweep_shard(shard)

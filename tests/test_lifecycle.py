@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import WRITER, keys_on_shard, mount, put, raises_code, shard_of_key
+from helpers import WRITER, keys_on_shard, mount, put, raises_code, shard_keys, shard_of_key
 from mooncake_redis import ErrorCode, ReplicaStatus, ReplicateConfig
 from mooncake_redis.keys import shard_of
 
@@ -310,7 +310,7 @@ def test_functions_are_the_wire_protocol(master):
     mount(master, "seg", 1 << 16)
     r = master.redis
     key = b"wire/key"
-    p = master._shard_keys[shard_of(key, master.shards)]
+    p = shard_keys(master, shard_of(key, master.shards)).P
     # put_start: client, tenant, replica_num, soft_pin_action, soft_pin_ttl, hard_pin, group,
     # n_preferred, then key/size pairs -> one reply per key: [segment, offset, ...]
     reply = r.execute_command("FCALL", "mc_put_start", 1, p, "engine", "default", 1, "preserve", "", 0, "", 0,

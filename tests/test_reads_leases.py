@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import WRITER, key_not_on_shard, mount, put, raises_code, shard_of_key
+from helpers import WRITER, all_shard_keys, key_not_on_shard, mount, put, raises_code, shard_of_key
 from mooncake_redis import ErrorCode, ReplicaListResult, ReplicaStatus, ReplicateConfig
 
 
@@ -71,8 +71,8 @@ def test_read_never_shortens_a_lease(m):
     m.get_replica_list("k")
     assert m.describe("k").lease_until_ms == t + 10_000
     # the store-wide lease TTL is lowered (config lives in each shard's config hash)
-    for p in m._shard_keys:
-        m.redis.hset(f"{p}:config", "default_kv_lease_ttl", 1_000)
+    for p in all_shard_keys(m):
+        m.redis.hset(p.config, "default_kv_lease_ttl", 1_000)
     m.advance_clock(500)
     got = m.get_replica_list("k")
     assert m.describe("k").lease_until_ms == t + 10_000  # max(lease_until, now + ttl)

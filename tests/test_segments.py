@@ -1,7 +1,8 @@
 """Segments: mount, unmount (replicas hide at once, metadata freed) and client ping."""
 from __future__ import annotations
 
-from helpers import OWNER, WRITER, free_extents, mount, present, put, raises_code, shard_of_key, slice_of
+from helpers import (OWNER, WRITER, all_shard_keys, free_extents, mount, present, put, raises_code, shard_of_key,
+                     slice_of)
 from mooncake_redis import ErrorCode, ReplicateConfig
 
 
@@ -85,8 +86,8 @@ def test_unmount_hides_replicas_at_once(master):
     size_b = mount(master, "b", 1 << 12)
     put(master, "only-a", 100, config=ReplicateConfig(preferred_segments=("a",)))
     put(master, "both", 200, config=ReplicateConfig(replica_num=2))
-    for p in master._shard_keys:  # the raw per-shard step, without the client's sweep
-        master.redis.execute_command("FCALL", "mc_unmount_segment", 1, p, "a", OWNER)
+    for p in all_shard_keys(master):  # the raw per-shard step, without the client's sweep
+        master.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, "a", OWNER)
     assert master.usage().capacity_bytes == size_b and master.usage().used_bytes == 200
     with raises_code(ErrorCode.OBJECT_NOT_FOUND):
         master.get_replica_list("only-a")

@@ -33,6 +33,8 @@ from mooncake_redis.fsck import fsck
 from mooncake_redis.keys import object_key, shard_of
 from mooncake_redis.server import EmbeddedValkey
 
+from helpers import all_shard_keys
+
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 SECONDS = float(os.environ.get("MOONCAKE_SOAK_SECONDS", "120"))
@@ -205,8 +207,8 @@ def verify(soak: Soak, summaries: list[dict]) -> None:
     try:
         must_have, must_not, counts = soak.outcomes()
         metrics = Counter()
-        for p in m._shard_keys:
-            metrics.update({k.decode(): int(v) for k, v in m.redis.hgetall(f"{p}:metrics").items()
+        for p in all_shard_keys(m):
+            metrics.update({k.decode(): int(v) for k, v in m.redis.hgetall(p.metrics).items()
                             if k.endswith(b"_total")})
         print(f"\nsoak: {len(must_have)} acknowledged keys to find, {len(must_not)} removed/revoked; "
               f"log lines {dict(counts)}")
@@ -215,7 +217,7 @@ def verify(soak: Soak, summaries: list[dict]) -> None:
         print("soak events:\n  " + "\n  ".join(soak.events))
         print("soak workers:", dict(metrics))
         print("soak usage:", m.usage())
-        watch = [m.redis.hget(p, "clients_watched_since") for p in m._shard_keys]
+        watch = [m.redis.hget(p.P, "clients_watched_since") for p in all_shard_keys(m)]
         print("soak: client silence watched for (s):",
               [None if w is None else (m.now_ms() - int(w)) / 1000 for w in watch])
 
@@ -229,7 +231,7 @@ def verify(soak: Soak, summaries: list[dict]) -> None:
         if counts["N"]:
             problems.append(f"{counts['N']} removes of acknowledged keys answered OBJECT_NOT_FOUND (lost objects)")
         # the silent client was expired on every shard; its segment and its object went with it
-        if any(m.redis.zscore(f"{p}:clients", SILENT) is not None for p in m._shard_keys):
+        if any(m.redis.zscore(p.clients, SILENT) is not None for p in all_shard_keys(m)):
             problems.append("the silent client was never expired")
         if any(seg["name"] == SILENT + "-seg" for seg in m.segments()):
             problems.append("the silent client's segment is still mounted")

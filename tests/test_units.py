@@ -3,7 +3,7 @@ should be and what they are; composite units (groups) take a member's deadline b
 member leaves."""
 from __future__ import annotations
 
-from helpers import WRITER, mount, put
+from helpers import WRITER, mount, put, shard_keys
 from mooncake_redis import ReplicateConfig, SoftPinAction
 
 PIN = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=60_000)
@@ -11,7 +11,7 @@ PIN = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=60_0
 
 def state(m, key_or_unit: str, shard: int = 0):
     why, expected, actual, deadlines = m.redis.execute_command("FCALL_RO", "mc_unit_state", 1,
-                                                               m._shard_keys[shard], key_or_unit)
+                                                               shard_keys(m, shard).P, key_or_unit)
     pairs = lambda flat: {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}  # noqa: E731
     return why.decode(), pairs(expected), pairs(actual), [d.decode() for d in deadlines]
 
@@ -53,4 +53,4 @@ def test_a_group_soft_pin_drops_when_its_pinning_member_leaves(new_master):
     assert list(expected) == [":evict:ordinary"] and expected == actual  # the max was taken back
     m.remove("b", force=True)
     assert state(m, "g:default:g")[0] == "missing"
-    assert not m.redis.exists(f"{m._shard_keys[0]}:agg:soft_pin:g:default:g")
+    assert not m.redis.exists(shard_keys(m, 0).aggregate("soft_pin", "g:default:g"))

@@ -13,14 +13,14 @@ from mooncake_redis.keys import shard_of
 from mooncake_redis.worker import Worker, WorkerPass, stop_on_signals
 
 from conftest import T0
-from helpers import watched_silence
+from helpers import all_shard_keys, shard_keys, watched_silence
 
 KIB = 1024
 LONG = 10**12  # a client_ttl that never runs out in these tests (writers that stop pinging are tested apart)
 
 
 def metrics(master, shard):
-    raw = master.redis.hgetall(f"{master._shard_keys[shard]}:metrics")
+    raw = master.redis.hgetall(shard_keys(master, shard).metrics)
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
@@ -148,20 +148,20 @@ def test_sweep_owed_by_a_crashed_worker_is_done_by_the_next_pass(master):
     # a worker expired the client on every shard, then died before sweeping
     for shard in range(master.shards):
         assert master._fcall("mc_expire_clients", shard, 16) == [1, 1]
-    owed = [master.redis.get(f"{p}:sweep_pending") for p in master._shard_keys]
+    owed = [master.redis.get(p.sweep_pending) for p in all_shard_keys(master)]
     assert all(owed)
     assert master.describe("k1").replicas == []  # hidden at once (mount id), still in its hash
     done = Worker(master).run_once()
     assert (done.clients_expired, done.segments_unmounted, done.swept_objects) == (0, 0, 1)
-    assert all(master.redis.get(f"{p}:sweep_pending") is None for p in master._shard_keys)
+    assert all(master.redis.get(p.sweep_pending) is None for p in all_shard_keys(master))
     assert master.usage().objects == 0
 
 
 def test_sweep_done_keeps_a_marker_moved_on_by_a_newer_unmount(master):
-    master.redis.set(f"{master._shard_keys[0]}:sweep_pending", 2)
+    master.redis.set(shard_keys(master, 0).sweep_pending, 2)
     assert master._fcall("mc_sweep_done", 0, "1") == 0
     assert master._fcall("mc_sweep_done", 0, "2") == 1
-    assert master.redis.get(f"{master._shard_keys[0]}:sweep_pending") is None
+    assert master.redis.get(shard_keys(master, 0).sweep_pending) is None
 
 
 def test_expired_client_puts_in_flight_lose_their_space(master):
@@ -256,7 +256,7 @@ def test_second_worker_cannot_claim_until_the_claim_expires(master):
     master.advance_clock(1)  # a's claim has run out on the store clock
     assert b.run_once().shards_claimed == master.shards
     assert a.run_once().shards_claimed == 0
-    assert master.redis.get(f"{master._shard_keys[0]}:worker").decode() == f"worker-b {T0 + 9999 + 5000}"
+    assert master.redis.get(shard_keys(master, 0).worker).decode() == f"worker-b {T0 + 9999 + 5000}"
 
 
 def test_claimed_shard_work_is_done_once(new_master):
