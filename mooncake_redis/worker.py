@@ -5,16 +5,19 @@ number of workers can run, crash and restart. To keep several workers from repea
 other's work, a worker only works on the shards it holds a short claim on (`mc_claim`, a lease
 with a deadline on the store clock, renewed between steps and released when `run` returns).
 
-One pass over a claimed shard, in this order (earlier loops free space that eviction would
-otherwise have to find):
-  1. discard abandoned puts and release due held extents (`mc_discard_puts`, until a call does
-     less than `batch` of either);
-  2. expire clients whose pings stopped (`mc_expire_clients`, same rule), and when that
-     unmounted a segment (the shard's `<P>:sweep_pending` marker is set, also if a worker
-     stopped before sweeping), sweep the dead replicas out of the shard's object hashes
-     (`mc_sweep_replicas` over a SCAN of the shard's objects, then `mc_sweep_done`);
-  3. eviction steps (`mc_evict`) until the shard's state is no longer "more".
-Then it publishes metrics to the plain hash `<P>:metrics` (not master state).
+One pass runs the loops of `STEPS` over each claimed shard, in this order (earlier loops free
+space that eviction would otherwise have to find):
+  1. discard_puts: discard abandoned puts and release due held extents (`mc_discard_puts`,
+     until a call does less than `batch` of either);
+  2. expire_clients: expire clients whose pings stopped (`mc_expire_clients`, same rule);
+  3. sweep_replicas: when a segment was unmounted (the shard's `<P>:sweep_pending` marker is
+     set, also if a worker stopped before sweeping, or step 2 just unmounted one), sweep the dead
+     replicas out of the shard's object hashes (`mc_sweep_replicas` over a SCAN of the shard's
+     objects, then `mc_sweep_done`);
+  4. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps) until the
+     shard's state is no longer "more".
+Then it publishes metrics to the plain hash `<P>:metrics` (not master state). A new loop is one
+more `Step` in `STEPS`.
 """
 from __future__ import annotations
 
@@ -25,12 +28,13 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, fields
-from typing import Any, Iterable
+from typing import Callable, Iterable, Sequence
 
 import redis
 
 from .errors import MasterError
 from .master import EVICT_STEP_UNITS, Master
+from .models import EvictionStep
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +85,84 @@ class _ClaimLost(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class ClaimedShard:
+    """A shard a worker holds for one pass."""
+    index: int
+    now_ms: int          # the store clock when the claim was taken
+    sweep_pending: bool  # <P>:sweep_pending was set: a dead-replica sweep is owed
+
+
+@dataclass(frozen=True)
+class Step:
+    """One background loop. `run(worker, shard, done)` works on one claimed shard in bounded
+    calls, adds what it did to `done` (this shard's part of the pass), renews the claim
+    (`worker.renew`) before each further call and returns early once `worker.stopping()`."""
+    name: str
+    run: Callable[["Worker", ClaimedShard, WorkerPass], None]
+
+
+def discard_puts(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    while True:
+        discarded, released = worker.master._fcall("mc_discard_puts", shard.index, worker.batch)
+        done.discarded_puts += discarded
+        done.released_extents += released
+        if (discarded < worker.batch and released < worker.batch) or worker.stopping():
+            return
+        worker.renew(shard.index)
+
+
+def expire_clients(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    while True:
+        clients, segments = worker.master._fcall("mc_expire_clients", shard.index, worker.batch)
+        done.clients_expired += clients
+        done.segments_unmounted += segments
+        if clients < worker.batch or worker.stopping():
+            return
+        worker.renew(shard.index)
+
+
+def sweep_replicas(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    """The shard's dead-replica sweep, when one is owed; a stop leaves its marker set for the
+    next pass."""
+    if not (shard.sweep_pending or done.segments_unmounted > 0) or worker.stopping():
+        return
+    worker.renew(shard.index)
+
+    def keep_going(_scanned: int) -> bool:
+        if worker.stopping():
+            return False
+        worker.renew(shard.index)
+        return True
+
+    done.swept_objects += worker.master.sweep_shard(shard.index, keep_going)
+
+
+def evict(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    while True:
+        step = worker.master.evict_step(shard.index, worker.step_units)
+        done.eviction_steps += 1
+        done.evicted_units += step.units
+        done.evicted_objects += step.objects
+        done.evicted_bytes += step.bytes
+        if step.state != "more" or worker.stopping():
+            worker.note_eviction_state(shard.index, step)
+            return
+        worker.renew(shard.index)
+
+
+# The loops of one pass over a claimed shard, in order.
+STEPS: list[Step] = [
+    Step("discard_puts", discard_puts),
+    Step("expire_clients", expire_clients),
+    Step("sweep_replicas", sweep_replicas),
+    Step("evict", evict),
+]
+
+
 class Worker:
     def __init__(self, master: Master, worker_id: str | None = None, claim_ttl_ms: int | None = None,
-                 step_units: int = EVICT_STEP_UNITS, batch: int = 32):
+                 step_units: int = EVICT_STEP_UNITS, batch: int = 32, steps: Sequence[Step] | None = None):
         if not 1 <= step_units <= MAX_BATCH or not 1 <= batch <= MAX_BATCH:
             raise ValueError(f"step_units and batch must be in [1, {MAX_BATCH}]")
         if claim_ttl_ms is None:
@@ -98,6 +177,7 @@ class Worker:
         self.claim_ttl_ms = claim_ttl_ms
         self.step_units = step_units
         self.batch = batch
+        self.steps = list(STEPS if steps is None else steps)
         self._stop: threading.Event | None = None
         self._blocked: set[int] = set()  # shards whose eviction is blocked (warned once)
 
@@ -115,7 +195,8 @@ class Worker:
         return {shard: (int(r[3 * shard + 1]), r[3 * shard + 2])
                 for shard in range(m.shards) if r[3 * shard] == 1}
 
-    def _renew(self, shard: int) -> None:
+    def renew(self, shard: int) -> None:
+        """Extend our claim on `shard` (between two calls of a step); raises if it was lost."""
         if self.master._fcall("mc_claim", shard, self.worker_id, self.claim_ttl_ms) != 1:
             raise _ClaimLost()
 
@@ -126,74 +207,34 @@ class Worker:
     # ---- one pass --------------------------------------------------------------------
     def run_once(self) -> WorkerPass:
         total = WorkerPass()
-        for shard, (now, sweep_pending) in sorted(self._claim_all().items()):
-            if self._stopping():
+        for index, (now, sweep_pending) in sorted(self._claim_all().items()):
+            if self.stopping():
                 break
             total.shards_claimed += 1
+            shard = ClaimedShard(index, now, sweep_pending is not None)
             done = WorkerPass()
             try:
-                self._discard(shard, done)
-                self._expire(shard, done, sweep_pending is not None)
-                self._evict(shard, done)
+                for step in self.steps:
+                    step.run(self, shard, done)
             except _ClaimLost:
-                log.warning("worker %s lost its claim on shard %d mid-pass", self.worker_id, shard)
+                log.warning("worker %s lost its claim on shard %d mid-pass", self.worker_id, index)
             finally:
                 total.add(done)
-                self._publish(shard, now, done)
+                self._publish(index, now, done)
         if total.did_work():
             log.info("worker %s pass: %s", self.worker_id, total)
         else:
             log.debug("worker %s pass: %s", self.worker_id, total)
         return total
 
-    def _discard(self, shard: int, done: WorkerPass) -> None:
-        while True:
-            discarded, released = self.master._fcall("mc_discard_puts", shard, self.batch)
-            done.discarded_puts += discarded
-            done.released_extents += released
-            if (discarded < self.batch and released < self.batch) or self._stopping():
-                return
-            self._renew(shard)
-
-    def _expire(self, shard: int, done: WorkerPass, sweep_pending: bool) -> None:
-        while True:
-            clients, segments = self.master._fcall("mc_expire_clients", shard, self.batch)
-            done.clients_expired += clients
-            done.segments_unmounted += segments
-            sweep_pending = sweep_pending or segments > 0
-            if clients < self.batch or self._stopping():
-                break
-            self._renew(shard)
-        if sweep_pending and not self._stopping():
-            self._renew(shard)
-            done.swept_objects += self._sweep(shard)
-
-    def _sweep(self, shard: int) -> int:
-        """The shard's dead-replica sweep; a stop leaves its marker set for the next pass."""
-        def keep_going(_scanned: int) -> bool:
-            if self._stopping():
-                return False
-            self._renew(shard)
-            return True
-
-        return self.master.sweep_shard(shard, keep_going)
-
-    def _evict(self, shard: int, done: WorkerPass) -> None:
-        while True:
-            step = self.master.evict_step(shard, self.step_units)
-            done.eviction_steps += 1
-            done.evicted_units += step.units
-            done.evicted_objects += step.objects
-            done.evicted_bytes += step.bytes
-            if step.state != "more" or self._stopping():
-                if step.state == "blocked" and shard not in self._blocked:
-                    log.warning("shard %d: eviction blocked (used %d > target %d, nothing evictable)",
-                                shard, step.used_bytes, step.target_bytes)
-                    self._blocked.add(shard)
-                elif step.state != "blocked":
-                    self._blocked.discard(shard)
-                return
-            self._renew(shard)
+    def note_eviction_state(self, shard: int, step: EvictionStep) -> None:
+        """Warn once when a shard's eviction becomes blocked (over target, nothing evictable)."""
+        if step.state == "blocked" and shard not in self._blocked:
+            log.warning("shard %d: eviction blocked (used %d > target %d, nothing evictable)",
+                        shard, step.used_bytes, step.target_bytes)
+            self._blocked.add(shard)
+        elif step.state != "blocked":
+            self._blocked.discard(shard)
 
     def _publish(self, shard: int, now: int, done: WorkerPass) -> None:
         key = self.master._keys[shard].metrics
@@ -231,7 +272,8 @@ class Worker:
             log.info("worker %s stopped after %d pass(es)", self.worker_id, passes)
         return passes
 
-    def _stopping(self) -> bool:
+    def stopping(self) -> bool:
+        """Whether `run` was asked to stop: a step returns at its next chance."""
         return self._stop is not None and self._stop.is_set()
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
 from mooncake_redis.keys import shard_of
-from mooncake_redis.worker import Worker, WorkerPass, stop_on_signals
+from mooncake_redis.worker import STEPS, Step, Worker, WorkerPass, evict, stop_on_signals
 
 from conftest import T0
 from helpers import all_shard_keys, shard_keys, watched_silence
@@ -345,11 +345,24 @@ def test_stop_interrupts_eviction_between_steps(new_master):
     m.batch_put_end("client-1", keys)
     stop = threading.Event()
 
-    class StopOnFirstStep(Worker):
-        def _evict(self, shard, done):
-            stop.set()  # as if SIGTERM arrived while the first step ran
-            super()._evict(shard, done)
+    def stop_during_evict(worker, shard, done):
+        stop.set()  # as if SIGTERM arrived while the first eviction step ran
+        evict(worker, shard, done)
 
-    w = StopOnFirstStep(m, step_units=1)
+    steps = [Step("evict", stop_during_evict) if s.name == "evict" else s for s in STEPS]
+    w = Worker(m, step_units=1, steps=steps)
     w.run(stop, interval_s=0)
     assert m.usage().objects == 99  # exactly one step ran, then the worker left
+
+
+def test_a_pass_runs_the_steps_in_order_on_each_claimed_shard(new_master):
+    m = new_master(shards=4)
+    seen = []
+    assert [s.name for s in STEPS] == ["discard_puts", "expire_clients", "sweep_replicas", "evict"]
+    probes = [Step(f"probe-{s.name}", lambda worker, shard, done, name=s.name: seen.append((shard.index, name)))
+              for s in STEPS]
+    steps = [x for pair in zip(probes, STEPS) for x in pair]  # a probe before each built-in step
+    done = Worker(m, steps=steps + [Step("last", lambda worker, shard, done: seen.append((shard.index, "last")))]
+                  ).run_once()
+    assert done.shards_claimed == 4 and done.eviction_steps == 4  # the built-in steps ran too
+    assert seen == [(shard, name) for shard in range(4) for name in [s.name for s in STEPS] + ["last"]]
