@@ -263,16 +263,9 @@ def status(opts: Opts) -> None:
     try:
         usage = master.usage()
         segments = master.segments()
-        pipe = master.redis.pipeline(transaction=False)
-        for k in master._keys:
-            pipe.zcard(k.processing)
-            pipe.zcard(k.held)
-            pipe.get(k.clock)
-            pipe.zcard(k.tier_ordinary)
-            pipe.zcard(k.tier_soft)
-            pipe.get(k.worker)
-            pipe.hgetall(k.metrics)
-        per_shard = pipe.execute()
+        per_shard = master.transport.run([c for k in master.transport.keys for c in (
+            ("ZCARD", k.processing), ("ZCARD", k.held), ("GET", k.clock), ("ZCARD", k.tier_ordinary),
+            ("ZCARD", k.tier_soft), ("GET", k.worker), ("HGETALL", k.metrics))])
         extra = [v for i in range(0, len(per_shard), 7) for v in per_shard[i:i + 3]]
         workers = [v for i in range(0, len(per_shard), 7) for v in per_shard[i + 3:i + 7]]
         secs, micros = master.redis.time()

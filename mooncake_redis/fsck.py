@@ -51,6 +51,7 @@ import redis
 
 from .errors import MasterError
 from .keys import ShardKeys
+from .transport import Shards
 
 CRITICAL, ERROR, WARNING = "critical", "error", "warning"
 
@@ -213,8 +214,8 @@ class _Pass:
 
 class _Audit:
     def __init__(self, master: Any, batch: int, retries: int, progress: Callable[[int], None] | None):
-        self.m = master
-        self.r: redis.Redis = master.redis
+        self.t: Shards = master.transport
+        self.r: redis.Redis = self.t.redis  # plain reads; pipelines and SCANs go through self.t
         self.batch = batch
         self.retries = retries
         self.progress = progress
@@ -224,7 +225,7 @@ class _Audit:
 
     # ---- helpers -----------------------------------------------------------------------
     def keys(self, shard: int) -> ShardKeys:
-        return self.m._keys[shard]
+        return self.t.keys[shard]
 
     def finding(self, kind: str, shard: int, subject: str, expected: Any, found: Any,
                 action: tuple | None = None, note: str = "") -> Finding:
@@ -232,17 +233,13 @@ class _Audit:
         return Finding(kind, shard, subject, str(expected), str(found), severity,
                        repairable and action is not None, False, note, action if repairable else None)
 
-    def scan(self, match: bytes) -> Iterator[bytes]:
+    def scan(self, shard: int, match: bytes) -> Iterator[bytes]:
         seen: set[bytes] = set()
-        cursor = 0
-        while True:
-            cursor, keys = self.r.scan(cursor, match=match, count=SCAN_COUNT)
+        for keys in self.t.scan(shard, match, SCAN_COUNT):
             for k in keys:
                 if k not in seen:
                     seen.add(k)
                     yield k
-            if int(cursor) == 0:
-                return
 
     def zall(self, key: bytes) -> dict[bytes, float]:
         return {m: s for m, s in self.r.zscan_iter(key, count=SCAN_COUNT)}
@@ -253,7 +250,7 @@ class _Audit:
         return int(frozen) if frozen is not None else int(sec) * 1000 + int(usec) // 1000
 
     def fingerprint(self, k: ShardKeys) -> tuple:
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self.t.pipeline(k.shard)
         pipe.hmget(k.P, "used_bytes", "capacity_bytes", "objects")
         pipe.get(k.mount_seq)
         for index in (k.held, k.processing, k.segments):
@@ -303,7 +300,7 @@ class _Audit:
     def snapshot_objects(self, shard: int, ids: list[tuple[bytes, bytes]]) -> tuple[int, list]:
         """One MULTI: the clock, then per object its hash and its index entries."""
         k = self.keys(shard)
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self.t.pipeline(shard)
         pipe.get(k.clock)
         pipe.time()
         for tenant, key in ids:
@@ -368,9 +365,9 @@ class _Audit:
         k = self.keys(shard)
         index = self.zall(k.segments)
         prefix = k.prefix("segment")
-        names = set(index) | {key[len(prefix):] for key in self.scan(prefix + b"*")}
+        names = set(index) | {key[len(prefix):] for key in self.scan(shard, prefix + b"*")}
         names = sorted(names)
-        pipe = self.r.pipeline(transaction=False)
+        pipe = self.t.pipeline(shard, transaction=False)
         for n in names:
             pipe.hgetall(k.segment(n))
         segs: dict[bytes, _Seg] = {}
@@ -392,7 +389,7 @@ class _Audit:
                                                  "in P:segs", "absent", None))  # action set with segment_used
         # free lists of segments that are not mounted
         orphans = set()
-        for key in self.scan(k.prefix("free") + b"*"):
+        for key in self.scan(shard, k.prefix("free") + b"*"):
             seg = k.free_segment(key)
             if seg is not None and seg not in segs and seg not in index:
                 orphans.add(seg)
@@ -464,7 +461,7 @@ class _Audit:
             if self.progress:
                 self.progress(self.checked)
 
-        for okey in self.scan(prefix + b"*"):
+        for okey in self.scan(shard, prefix + b"*"):
             tenant, _, key = okey[len(prefix):].partition(b":")
             chunk.append((tenant, key))
             if len(chunk) >= self.batch:
@@ -644,7 +641,7 @@ class _Audit:
         cand = set(keys) | set(self.r.smembers(mkey))
         for _ in range(4):
             order = sorted(cand)
-            pipe = self.r.pipeline(transaction=True)
+            pipe = self.t.pipeline(shard)
             pipe.get(sk.clock)
             pipe.time()
             pipe.hgetall(gkey)
@@ -691,7 +688,7 @@ class _Audit:
         k = self.keys(shard)
         out = set()
         for prefix in (k.prefix("group"), k.prefix("group_members")):
-            for key in self.scan(prefix + b"*"):
+            for key in self.scan(shard, prefix + b"*"):
                 tenant, _, group = key[len(prefix):].partition(b":")
                 if group:
                     out.add((tenant, group))
@@ -700,7 +697,7 @@ class _Audit:
     # ---- overlaps, re-read atomically --------------------------------------------------
     def confirm_overlap(self, shard: int, a: tuple, b: tuple) -> bool:
         k = self.keys(shard)
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self.t.pipeline(shard)
         for own in (a, b):
             if own[0] == "rep":
                 _, tenant, key, seg, off, n = own
@@ -813,7 +810,7 @@ class _Audit:
         self.report.unverified[shard] = f"{old}; {why}" if old else why
 
     def run(self, repair: bool) -> FsckReport:
-        for shard in range(self.m.shards):
+        for shard in range(self.t.count):
             self.run_shard(shard, repair)
         if repair:
             self.repair()
@@ -842,7 +839,7 @@ class _Audit:
                     self.report.repaired.append(f)
 
     def fcall(self, fn: str, shard: int, *args: Any) -> Any:
-        return self.m._fcall(fn, shard, *args)  # reloads the library if it is gone
+        return self.t.call(fn, shard, *args)  # reloads the library if it is gone
 
     def apply(self, action: tuple) -> tuple[bool, str]:
         kind, shard = action[0], action[1]

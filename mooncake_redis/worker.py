@@ -104,7 +104,7 @@ class Step:
 
 def discard_puts(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
     while True:
-        discarded, released = worker.master._fcall("mc_discard_puts", shard.index, worker.batch)
+        discarded, released = worker.transport.call("mc_discard_puts", shard.index, worker.batch)
         done.discarded_puts += discarded
         done.released_extents += released
         if (discarded < worker.batch and released < worker.batch) or worker.stopping():
@@ -114,7 +114,7 @@ def discard_puts(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> Non
 
 def expire_clients(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
     while True:
-        clients, segments = worker.master._fcall("mc_expire_clients", shard.index, worker.batch)
+        clients, segments = worker.transport.call("mc_expire_clients", shard.index, worker.batch)
         done.clients_expired += clients
         done.segments_unmounted += segments
         if clients < worker.batch or worker.stopping():
@@ -173,6 +173,7 @@ class Worker:
         if claim_ttl_ms < 1:
             raise ValueError("claim_ttl_ms must be > 0")
         self.master = master
+        self.transport = master.transport
         self.worker_id = worker_id or default_worker_id()
         self.claim_ttl_ms = claim_ttl_ms
         self.step_units = step_units
@@ -188,21 +189,22 @@ class Worker:
 
     def _claim_all(self) -> dict[int, tuple[int, bytes | None]]:
         """{shard: (store clock ms, sweep_pending marker)} for the shards we hold."""
-        m = self.master
-        r = m._run([c for k in m._keys for c in (("FCALL", "mc_claim", 1, k.P, self.worker_id, self.claim_ttl_ms),
-                                                  ("FCALL", "mc_now", 1, k.P),
-                                                  ("GET", k.sweep_pending))])
+        t = self.transport
+        r = t.run([c for shard, k in enumerate(t.keys)
+                   for c in (t.command("mc_claim", shard, self.worker_id, self.claim_ttl_ms),
+                             t.command("mc_now", shard),
+                             ("GET", k.sweep_pending))])
         return {shard: (int(r[3 * shard + 1]), r[3 * shard + 2])
-                for shard in range(m.shards) if r[3 * shard] == 1}
+                for shard in range(t.count) if r[3 * shard] == 1}
 
     def renew(self, shard: int) -> None:
         """Extend our claim on `shard` (between two calls of a step); raises if it was lost."""
-        if self.master._fcall("mc_claim", shard, self.worker_id, self.claim_ttl_ms) != 1:
+        if self.transport.call("mc_claim", shard, self.worker_id, self.claim_ttl_ms) != 1:
             raise _ClaimLost()
 
     def release_all(self) -> int:
         """Give up our claims (so another worker can take over at once); returns how many."""
-        return sum(1 for r in self.master._each_shard("mc_release_claim", self.worker_id) if r == 1)
+        return sum(1 for r in self.transport.each("mc_release_claim", self.worker_id) if r == 1)
 
     # ---- one pass --------------------------------------------------------------------
     def run_once(self) -> WorkerPass:
@@ -237,13 +239,13 @@ class Worker:
             self._blocked.discard(shard)
 
     def _publish(self, shard: int, now: int, done: WorkerPass) -> None:
-        key = self.master._keys[shard].metrics
+        key = self.transport.keys[shard].metrics
         commands = [("HSET", key, "last_pass_ms", now, "last_worker", self.worker_id),
                     ("HINCRBY", key, "passes_total", 1)]
         commands += [("HINCRBY", key, field, getattr(done, attr)) for field, attr in _TOTALS.items()
                      if getattr(done, attr)]
         try:
-            self.master._run(commands)
+            self.transport.run(commands)
         except MasterError:  # metrics are best effort
             log.exception("shard %d: could not publish metrics", shard)
 

@@ -74,11 +74,11 @@ def slice_of(m: Master, seg_size: int, shard: int, base: int = 0) -> tuple[int, 
 
 def shard_keys(m: Master, shard: int) -> ShardKeys:
     """The keys of one shard of `m`'s store."""
-    return m._keys[shard]
+    return m.transport.keys[shard]
 
 
 def all_shard_keys(m: Master) -> list[ShardKeys]:
-    return [shard_keys(m, shard) for shard in range(m.shards)]
+    return m.transport.keys
 
 
 def keys_of(m: Master, key: str | bytes) -> ShardKeys:
@@ -163,7 +163,7 @@ def watched_silence(m: Master, ms: int, ping: tuple[str, ...] = ()) -> None:
     step = max(1, m.config.client_ttl // 2)
     while True:
         for shard in range(m.shards):
-            m._fcall("mc_expire_clients", shard, 1024)
+            m.transport.call("mc_expire_clients", shard, 1024)
         if ms <= 0:
             return
         for client in ping:

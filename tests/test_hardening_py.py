@@ -272,7 +272,7 @@ def test_every_call_path_reloads_a_flushed_library(valkey):
     m.freeze_clock(T0)
     mount(m, "seg", 1 << 16)
     keys = [f"k{i}" for i in range(16)]
-    assert len({m._shard(k.encode()) for k in keys}) > 1
+    assert len({m.transport.shard_of(k.encode()) for k in keys}) > 1
     _flush_functions(m)
     assert m.batch_put_start(WRITER, keys, [10] * 16) and m.batch_put_end(WRITER, keys) == [ErrorCode.OK] * 16
     _flush_functions(m)

@@ -89,7 +89,7 @@ def test_maintenance_functions_reject_bad_arguments(master):
     for fn, args in [("mc_discard_puts", ["0"]), ("mc_discard_puts", ["1025"]),
                      ("mc_expire_clients", ["x"]), ("mc_claim", ["w", "0"]), ("mc_claim", ["", "10"])]:
         with pytest.raises(MasterError) as e:
-            master._fcall(fn, 0, *args)
+            master.transport.call(fn, 0, *args)
         assert e.value.code == ErrorCode.INVALID_PARAMS
 
 
@@ -147,7 +147,7 @@ def test_sweep_owed_by_a_crashed_worker_is_done_by_the_next_pass(master):
     master.ping("client-2")
     # a worker expired the client on every shard, then died before sweeping
     for shard in range(master.shards):
-        assert master._fcall("mc_expire_clients", shard, 16) == [1, 1]
+        assert master.transport.call("mc_expire_clients", shard, 16) == [1, 1]
     owed = [master.redis.get(p.sweep_pending) for p in all_shard_keys(master)]
     assert all(owed)
     assert master.describe("k1").replicas == []  # hidden at once (mount id), still in its hash
@@ -159,8 +159,8 @@ def test_sweep_owed_by_a_crashed_worker_is_done_by_the_next_pass(master):
 
 def test_sweep_done_keeps_a_marker_moved_on_by_a_newer_unmount(master):
     master.redis.set(shard_keys(master, 0).sweep_pending, 2)
-    assert master._fcall("mc_sweep_done", 0, "1") == 0
-    assert master._fcall("mc_sweep_done", 0, "2") == 1
+    assert master.transport.call("mc_sweep_done", 0, "1") == 0
+    assert master.transport.call("mc_sweep_done", 0, "2") == 1
     assert master.redis.get(shard_keys(master, 0).sweep_pending) is None
 
 
@@ -271,11 +271,11 @@ def test_claimed_shard_work_is_done_once(new_master):
 
 
 def test_release_claim_only_releases_our_own(master):
-    assert master._fcall("mc_claim", 0, "worker-a", 1000) == 1
-    assert master._fcall("mc_claim", 0, "worker-b", 1000) == 0
-    assert master._fcall("mc_release_claim", 0, "worker-b") == 0
-    assert master._fcall("mc_release_claim", 0, "worker-a") == 1
-    assert master._fcall("mc_claim", 0, "worker-b", 1000) == 1
+    assert master.transport.call("mc_claim", 0, "worker-a", 1000) == 1
+    assert master.transport.call("mc_claim", 0, "worker-b", 1000) == 0
+    assert master.transport.call("mc_release_claim", 0, "worker-b") == 0
+    assert master.transport.call("mc_release_claim", 0, "worker-a") == 1
+    assert master.transport.call("mc_claim", 0, "worker-b", 1000) == 1
 
 
 # ---- stopping ------------------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""Maintenance: the shards' usage counters and eviction (evict_step, run_eviction). The
+background loops that drive these steps are mooncake_redis.worker's."""
+from __future__ import annotations
+
+from .models import EvictionReport, EvictionStep, ShardUsage, Usage
+from .api import ApiBase
+from .checks import _check_int
+
+EVICT_STEP_UNITS = 16  # units per eviction step (about 25-40 us of server time each)
+
+
+class MaintenanceApi(ApiBase):
+    # ---- inspection ------------------------------------------------------------------
+    def usage(self) -> Usage:
+        rows = self.transport.run([("HMGET", k.P, "used_bytes", "capacity_bytes", "objects")
+                                   for k in self.transport.keys])
+        per = [ShardUsage(i, *(int(v or 0) for v in row)) for i, row in enumerate(rows)]
+        return Usage(sum(s.used_bytes for s in per), sum(s.capacity_bytes for s in per),
+                     sum(s.objects for s in per), per)
+
+    # ---- eviction --------------------------------------------------------------------
+    def evict_step(self, shard: int, max_units: int = EVICT_STEP_UNITS) -> EvictionStep:
+        _check_int(shard, "shard", 0, self.shards - 1)
+        _check_int(max_units, "max_units", 1, 1024)
+        state, units, objects, nbytes, used, target = self.transport.call("mc_evict", shard, max_units)
+        return EvictionStep(shard, state.decode(), int(units), int(objects), int(nbytes), int(used), int(target))
+
+    def run_eviction(self, max_units_per_step: int = EVICT_STEP_UNITS) -> EvictionReport:
+        """Evict now, in bounded steps, until every shard is at its target (or has nothing
+        evictable left)."""
+        units = objects = nbytes = steps = 0
+        final = []
+        for shard in range(self.shards):
+            while True:
+                step = self.evict_step(shard, max_units_per_step)
+                steps += 1
+                units, objects, nbytes = units + step.units, objects + step.objects, nbytes + step.bytes
+                if step.state != "more":
+                    final.append(step)
+                    break
+        return EvictionReport(units, objects, nbytes, steps, final)

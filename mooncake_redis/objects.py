@@ -1,0 +1,211 @@
+"""Objects: puts (put_start, put_end, put_revoke and their batches), reads (get_replica_list,
+exist_key), removal, task references and describe. Batches are one FCALL per shard and chunk
+(Shards.batch); a per-key reply that is an integer is that key's error code."""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Sequence
+
+from .config import ReplicateConfig, SoftPinAction
+from .errors import ErrorCode, MasterError
+from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus
+from .transport import BATCH_CHUNK
+from .api import ApiBase
+from .checks import _as_key, _check_bool, _check_int, _check_name, _check_tenant, _code
+
+Result = Any  # a value, or an ErrorCode
+
+
+class ObjectsApi(ApiBase):
+    # ---- puts ------------------------------------------------------------------------
+    def _put_head(self, client_id: str, tenant_id: str, config: ReplicateConfig | None) -> list[Any]:
+        _check_name(client_id, "client_id")
+        _check_tenant(tenant_id)
+        c = config or ReplicateConfig()
+        if not isinstance(c, ReplicateConfig):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "config must be a ReplicateConfig")
+        _check_int(c.replica_num, "replica_num", 1, 64)
+        try:
+            action = SoftPinAction(c.soft_pin_action)
+        except ValueError:
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"unknown soft_pin_action {c.soft_pin_action!r}") from None
+        ttl = "" if c.soft_pin_ttl_ms is None else _check_int(c.soft_pin_ttl_ms, "soft_pin_ttl_ms", 0)
+        group = "" if c.group_id in (None, "") else _check_name(c.group_id, "group_id")  # "": ungrouped
+        if not isinstance(c.preferred_segments, (list, tuple)):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "preferred_segments must be a list or tuple of names")
+        prefs = [_check_name(s, "preferred segment", 1024) for s in c.preferred_segments]
+        hard_pin = _check_bool(c.with_hard_pin, "with_hard_pin")
+        return [client_id, tenant_id, c.replica_num, action.value, ttl, int(hard_pin), group, len(prefs), *prefs]
+
+    def _group_shard_ok(self, key: bytes, config: ReplicateConfig | None) -> bool:
+        if config is None or config.group_id in (None, "") or self.shards == 1:
+            return True
+        return self.transport.shard_of(key) == self.transport.shard_of(config.group_id.encode())
+
+    def put_start(self, client_id: str, key: Any, size: int, config: ReplicateConfig | None = None,
+                  tenant_id: str = "default") -> list[Replica]:
+        result = self.batch_put_start(client_id, [key], [size], config, tenant_id)[0]
+        if isinstance(result, ErrorCode):
+            raise MasterError(result, f"put_start {key!r}")
+        return result
+
+    def batch_put_start(self, client_id: str, keys: Sequence[Any], sizes: Sequence[int],
+                        config: ReplicateConfig | None = None, tenant_id: str = "default") -> list[Result]:
+        if len(keys) != len(sizes):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "keys and sizes differ in length")
+        head = self._put_head(client_id, tenant_id, config)
+        bkeys = [_as_key(k) for k in keys]
+        out: list[Result] = [None] * len(bkeys)
+        todo = []
+        for i, (key, size) in enumerate(zip(bkeys, sizes)):
+            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size < 2**53:
+                out[i] = ErrorCode.INVALID_PARAMS
+            elif not self._group_shard_ok(key, config):
+                out[i] = ErrorCode.INVALID_PARAMS  # group members must share the group's shard
+            else:
+                todo.append(i)
+        replies = self.transport.batch("mc_put_start", head, [(bkeys[i], sizes[i]) for i in todo],
+                                       [bkeys[i] for i in todo])
+        for i, reply in zip(todo, replies):
+            code = _code(reply)
+            out[i] = code if code is not None else [
+                Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), sizes[i], ReplicaStatus.PROCESSING)
+                for j in range(0, len(reply), 2)]
+        return out
+
+    def _writer_op(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str) -> list[ErrorCode]:
+        _check_name(client_id, "client_id")
+        _check_tenant(tenant_id)
+        bkeys = [_as_key(k) for k in keys]
+        return [ErrorCode(r) for r in self.transport.batch(fn, [client_id, tenant_id], [(k,) for k in bkeys], bkeys)]
+
+    def put_end(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
+        self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id)[0], "put_end", key)
+
+    def put_revoke(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
+        self._single(self._writer_op("mc_put_revoke", client_id, [key], tenant_id)[0], "put_revoke", key)
+
+    def batch_put_end(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default") -> list[ErrorCode]:
+        return self._writer_op("mc_put_end", client_id, keys, tenant_id)
+
+    def batch_put_revoke(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default") -> list[ErrorCode]:
+        return self._writer_op("mc_put_revoke", client_id, keys, tenant_id)
+
+    @staticmethod
+    def _single(code: ErrorCode, op: str, key: Any) -> None:
+        if code != ErrorCode.OK:
+            raise MasterError(code, f"{op} {key!r}")
+
+    # ---- reads -----------------------------------------------------------------------
+    def _read(self, fn: str, keys: Sequence[Any], tenant_id: str) -> list[Any]:
+        _check_tenant(tenant_id)
+        bkeys = [_as_key(k) for k in keys]
+        if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip, no grouping
+            return self.transport.call(fn, 0, tenant_id, *bkeys)
+        return self.transport.batch(fn, [tenant_id], [(k,) for k in bkeys], bkeys)
+
+    @staticmethod
+    def _replica_list(reply: Any) -> Result:
+        code = _code(reply)
+        if code is not None:
+            return code
+        size = int(reply[1])
+        return ReplicaListResult(
+            [Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), size, ReplicaStatus.COMPLETE)
+             for j in range(2, len(reply), 2)], int(reply[0]))
+
+    def get_replica_list(self, key: Any, tenant_id: str = "default") -> ReplicaListResult:
+        result = self._replica_list(self._read("mc_get_replica_list", [key], tenant_id)[0])
+        if isinstance(result, ErrorCode):
+            raise MasterError(result, f"get_replica_list {key!r}")
+        return result
+
+    def batch_get_replica_list(self, keys: Sequence[Any], tenant_id: str = "default") -> list[Result]:
+        return [self._replica_list(r) for r in self._read("mc_get_replica_list", keys, tenant_id)]
+
+    def exist_key(self, key: Any, tenant_id: str = "default") -> bool:
+        return self._read("mc_exist_key", [key], tenant_id)[0] == 1
+
+    def batch_exist_key(self, keys: Sequence[Any], tenant_id: str = "default") -> list[bool]:
+        return [r == 1 for r in self._read("mc_exist_key", keys, tenant_id)]
+
+    # ---- removal ---------------------------------------------------------------------
+    def _remove(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> list[ErrorCode]:
+        head = [tenant_id, int(force)]
+        return [ErrorCode(r) for r in self.transport.batch("mc_remove", head, [(k,) for k in keys], keys)]
+
+    def remove(self, key: Any, force: bool = False, tenant_id: str = "default") -> None:
+        _check_tenant(tenant_id)
+        _check_bool(force, "force")
+        self._single(self._remove([_as_key(key)], force, tenant_id)[0], "remove", key)
+
+    def _remove_matching(self, keep: Callable[[bytes], bool], force: bool, tenant_id: str) -> int:
+        _check_tenant(tenant_id)
+        _check_bool(force, "force")
+        removed = 0
+        for shard in range(self.shards):
+            for _, keys in self.transport.scan_objects(shard, tenant_id):
+                chosen = [k for k in keys if keep(k)]
+                if chosen:
+                    removed += sum(1 for c in self._remove(chosen, force, tenant_id) if c == ErrorCode.OK)
+        return removed
+
+    def remove_by_regex(self, pattern: str | bytes, force: bool = False, tenant_id: str = "default") -> int:
+        """Remove the objects whose key matches `pattern` (re.search); skips leased (unless
+        force) and in-progress objects. Returns how many were removed."""
+        try:
+            rx = re.compile(pattern)
+        except (re.error, TypeError) as exc:
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"bad regex: {exc}") from None
+        if isinstance(pattern, str):
+            return self._remove_matching(lambda k: rx.search(k.decode("utf-8", "surrogateescape")) is not None,
+                                         force, tenant_id)
+        return self._remove_matching(lambda k: rx.search(k) is not None, force, tenant_id)
+
+    def remove_all(self, force: bool = False, tenant_id: str = "default") -> int:
+        return self._remove_matching(lambda k: True, force, tenant_id)
+
+    # ---- task references ---------------------------------------------------------------
+    def _task_ref(self, key: Any, delta: int, tenant_id: str) -> int:
+        _check_tenant(tenant_id)
+        bkey = _as_key(key)
+        reply = self.transport.call("mc_task_ref", self.transport.shard_of(bkey), tenant_id, delta, bkey)[0]
+        if isinstance(reply, int):
+            raise MasterError(ErrorCode(reply), f"task reference {key!r}")
+        return int(reply[0])
+
+    def add_task_ref(self, key: Any, tenant_id: str = "default") -> int:
+        """A replication/offload task starts using the object: while referenced, the object
+        (or its group) is never evicted and remove without force is OBJECT_HAS_REPLICATION_TASK.
+        Returns the reference count."""
+        return self._task_ref(key, 1, tenant_id)
+
+    def release_task_ref(self, key: Any, tenant_id: str = "default") -> int:
+        return self._task_ref(key, -1, tenant_id)
+
+    def task_refs(self, key: Any, tenant_id: str = "default") -> int:
+        """The object's current task reference count (OBJECT_NOT_FOUND if there is no object).
+        add/release_task_ref change a count, so after an OUTCOME_UNKNOWN read it here and
+        reconcile instead of retrying blindly."""
+        return int(self.describe(key, tenant_id).fields.get("task_refs", 0))
+
+    # ---- inspection ------------------------------------------------------------------
+    def describe(self, key: Any, tenant_id: str = "default") -> ObjectInfo:
+        """The object as stored; an inspection, not a read: no lease is granted."""
+        _check_tenant(tenant_id)
+        bkey = _as_key(key)
+        reply = self.transport.call("mc_describe", self.transport.shard_of(bkey), tenant_id, bkey)
+        if isinstance(reply, int):
+            raise MasterError(ErrorCode(reply), f"describe {key!r}")
+        flat, lease, live = reply
+        f = {flat[i].decode(errors="replace"): flat[i + 1].decode(errors="replace") for i in range(0, len(flat), 2)}
+        size = int(f["size"])
+        status = ReplicaStatus(f["status"])
+        live_set = {s.decode(errors="replace") for s in live}
+        replicas = [Replica(name[4:], int(value.split()[0]), size, status)
+                    for name, value in sorted(f.items()) if name.startswith("rep:") and name[4:] in live_set]
+        pin = int(f.get("soft_pin_until", 0))  # task_refs shows in .fields while nonzero
+        return ObjectInfo(key=bkey, tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
+                          put_started_ms=int(f["put_started"]), lease_until_ms=int(lease),
+                          soft_pin_until_ms=pin or None, hard_pinned=f.get("hard_pin") == "1",
+                          group_id=f.get("group"), replicas=replicas, fields=f)

@@ -1,0 +1,79 @@
+"""Segments and clients: mount (one slice per shard), unmount and the dead-replica sweep that
+follows it, client pings, and the list of mounted segments."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .errors import MasterError
+from .keys import segment_slice
+from .transport import CHUNK_OF
+from .api import ApiBase
+from .checks import _check_int, _check_name
+
+
+class SegmentsApi(ApiBase):
+    def mount_segment(self, name: str, size: int, client_id: str, base: int = 0) -> None:
+        _check_name(name, "segment name", 1024)
+        _check_name(client_id, "client_id")
+        _check_int(size, "size", self.shards)
+        _check_int(base, "base", 0)
+        _check_int(base + size, "base + size", 1)
+        t = self.transport
+        t.run([t.command("mc_mount_segment", shard, name, client_id, *segment_slice(base, size, shard, self.shards))
+               for shard in range(self.shards)])
+
+    def unmount_segment(self, name: str, client_id: str,
+                        progress: Callable[[int], None] | None = None) -> int:
+        """Unmount on every shard (replicas hide at once), then sweep the dead replicas out of
+        the object hashes in bounded steps. Returns how many objects were left with no replica
+        and deleted."""
+        _check_name(name, "segment name", 1024)
+        _check_name(client_id, "client_id")
+        results = self.transport.each("mc_unmount_segment", name, client_id, raise_on_error=False)
+        errors = [r for r in results if isinstance(r, MasterError)]
+        if len(errors) == len(results):
+            raise errors[0]
+        return sum(self.sweep_shard(shard, progress) for shard in range(self.shards))
+
+    def sweep_shard(self, shard: int, on_batch: Callable[[int], Any] | None = None) -> int:
+        """Drop replicas on unmounted segments from every object of one shard (SCAN, then
+        bounded mc_sweep_replicas calls), then clear the shard's sweep marker unless another
+        unmount happened meanwhile. `on_batch(objects scanned)` returning False stops early and
+        leaves the marker set, so a worker sweeps again later. Returns objects deleted."""
+        token = self.transport.run([("GET", self.transport.keys[shard].sweep_pending)])[0] or b""
+        deleted = scanned = 0
+        for tenant, keys in self.transport.scan_objects(shard):
+            size = CHUNK_OF["mc_sweep_replicas"]
+            for start in range(0, len(keys), size):
+                deleted += self.transport.call("mc_sweep_replicas", shard, tenant, *keys[start:start + size])
+            scanned += len(keys)
+            if on_batch and on_batch(scanned) is False:
+                return deleted
+        self.transport.call("mc_sweep_done", shard, token)
+        return deleted
+
+    def ping(self, client_id: str) -> str:
+        """Record liveness; returns "OK", or "NEED_REMOUNT" when some shard does not know the
+        client (never mounted, or expired by the client-TTL cleanup)."""
+        _check_name(client_id, "client_id")
+        known = self.transport.each("mc_ping", client_id)
+        return "OK" if all(known) else "NEED_REMOUNT"
+
+    # ---- inspection ------------------------------------------------------------------
+
+    def segments(self) -> list[dict[str, Any]]:
+        """Mounted segments with per-shard slices summed: name, client, size, used."""
+        names = self.transport.run([("ZRANGE", k.segments, 0, -1) for k in self.transport.keys])
+        wanted = [(k, name) for k, shard_names in zip(self.transport.keys, names) for name in shard_names]
+        rows = self.transport.run([("HGETALL", k.segment(name)) for k, name in wanted]) if wanted else []
+        merged: dict[str, dict[str, Any]] = {}
+        for (_, name), row in zip(wanted, rows):
+            if not row:
+                continue
+            text = name.decode(errors="backslashreplace")  # names and ids are bytes on the wire
+            seg = merged.setdefault(text, {"name": text, "client": row[b"client"].decode(errors="backslashreplace"),
+                                           "size": 0, "used": 0})
+            seg["size"] += int(row[b"size"])
+            seg["used"] += int(row[b"used"])
+        return list(merged.values())
+

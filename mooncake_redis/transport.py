@@ -1,0 +1,106 @@
+"""The shard transport: the one way the package reaches a store's shards.
+
+`Shards` holds the Redis client, the namespace, the shard count and every shard's keys
+(`ShardKeys`). Master, Worker, fsck and the CLI share one (`master.transport`). Everything it
+sends goes through functions.run: the library is reloaded once on "Function not found", error
+replies and lost replies become MasterError. Every command is addressed to one shard (a function
+call carries its shard key, a SCAN or a pipeline names its shard), so routing by hash slot for
+Redis Cluster can later live here without changing the callers.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterator, Sequence
+
+import redis
+
+from .config import NAME_RE
+from .functions import run
+from .keys import ShardKeys, shard_of
+
+# Keys per FCALL, by function: sized so one call stays well under a millisecond of server time
+# (a put_start allocates, a read touches a few fields). Larger batches become several calls.
+BATCH_CHUNK = 128
+CHUNK_OF = {"mc_put_start": 32, "mc_put_revoke": 32, "mc_remove": 32, "mc_sweep_replicas": 32, "mc_put_end": 64}
+SCAN_COUNT = 1000  # keys per SCAN step
+
+
+class Shards:
+    def __init__(self, client: redis.Redis, namespace: str, count: int):
+        self.redis = client
+        self.namespace = namespace
+        self.count = count
+        self.keys = [ShardKeys(namespace, shard) for shard in range(count)]
+
+    def shard_of(self, key: bytes) -> int:
+        """The shard of a user key (or a group id): see keys.shard_of."""
+        return shard_of(key, self.count)
+
+    # ---- commands --------------------------------------------------------------------
+    def run(self, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> list[Any]:
+        """Run commands (several: one pipeline, no MULTI); replies in order (functions.run)."""
+        return run(self.redis, commands, raise_on_error)
+
+    def command(self, fn: str, shard: int, *args: Any) -> tuple:
+        """The call of function `fn` on `shard`, for run()."""
+        return ("FCALL", fn, 1, self.keys[shard].P, *args)
+
+    def call(self, fn: str, shard: int, *args: Any) -> Any:
+        return self.run([self.command(fn, shard, *args)])[0]
+
+    def each(self, fn: str, *args: Any, raise_on_error: bool = True) -> list[Any]:
+        """`fn` with the same arguments on every shard, pipelined; one reply per shard."""
+        return self.run([self.command(fn, shard, *args) for shard in range(self.count)], raise_on_error)
+
+    def batch(self, fn: str, head: Sequence[Any], rows: Sequence[Sequence[Any]], keys: Sequence[bytes],
+              chunk: int | None = None) -> list[Any]:
+        """Run `fn` over rows (each one key's ARGV tail, after the common `head`) grouped by the
+        shard of `keys[i]`, at most `chunk` rows per call (default: CHUNK_OF), all calls
+        pipelined; the per-key replies in input order."""
+        size = chunk or CHUNK_OF.get(fn, BATCH_CHUNK)
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for i, key in enumerate(keys):
+            by_shard[self.shard_of(key)].append(i)
+        calls = []
+        for shard, idx in by_shard.items():
+            for start in range(0, len(idx), size):
+                part = idx[start:start + size]
+                calls.append((shard, part, [a for i in part for a in rows[i]]))
+        replies = self.run([self.command(fn, shard, *head, *argv) for shard, _, argv in calls])
+        out: list[Any] = [None] * len(keys)
+        for (_, part, _), reply in zip(calls, replies):
+            for i, value in zip(part, reply):
+                out[i] = value
+        return out
+
+    # ---- reading keys ----------------------------------------------------------------
+    def scan(self, shard: int, match: bytes, count: int = SCAN_COUNT) -> Iterator[list[bytes]]:
+        """SCAN `shard`'s keys matching `match` (a pattern under the shard key) in steps; yields
+        each non-empty batch. As with any SCAN, a key may come twice."""
+        cursor = 0
+        while True:
+            cursor, batch = self.run([("SCAN", cursor, "MATCH", match, "COUNT", count)])[0]
+            if batch:
+                yield batch
+            if int(cursor) == 0:
+                return
+
+    def scan_objects(self, shard: int, tenant_glob: str = "*") -> Iterator[tuple[str, list[bytes]]]:
+        """SCAN one shard's object keys in steps; yields (tenant, [user key]) batches."""
+        prefix = self.keys[shard].prefix("object")
+        for batch in self.scan(shard, prefix + tenant_glob.encode() + b":*"):
+            by_tenant: dict[str, list[bytes]] = defaultdict(list)
+            for rkey in batch:
+                tenant, _, key = rkey[len(prefix):].partition(b":")
+                name = tenant.decode(errors="replace")
+                if NAME_RE.fullmatch(name):  # a stray key is not an object of any tenant
+                    by_tenant[name].append(key)
+            yield from by_tenant.items()
+
+    def pipeline(self, shard: int, transaction: bool = True) -> redis.client.Pipeline:
+        """A pipeline (MULTI/EXEC when `transaction`) for commands on `shard`'s keys only; its
+        replies and errors are redis-py's own."""
+        return self.redis.pipeline(transaction=transaction)
+
+    def close(self) -> None:
+        self.redis.close()

@@ -1,0 +1,97 @@
+"""The shard transport (mooncake_redis.transport.Shards): the one caller that Master, Worker, fsck
+and the CLI share."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from helpers import mount, put, raises_code
+from mooncake_redis import ErrorCode, MasterError
+from mooncake_redis.keys import ShardKeys, shard_of
+from mooncake_redis.transport import Shards
+
+
+def recording(m) -> tuple[Shards, list]:
+    """A transport over `m`'s store that records every run() it makes."""
+    t = Shards(m.redis, m.ns, m.shards)
+    sent: list = []
+
+    def run(commands, raise_on_error=True):
+        sent.append(list(commands))
+        return Shards.run(t, commands, raise_on_error)
+
+    t.run = run
+    return t, sent
+
+
+def test_master_worker_and_fsck_share_one_transport(master):
+    from mooncake_redis.fsck import _Audit
+    from mooncake_redis.worker import Worker
+
+    t = master.transport
+    assert (t.redis, t.namespace, t.count) == (master.redis, master.ns, master.shards)
+    assert [k.P for k in t.keys] == [ShardKeys(master.ns, i).P for i in range(master.shards)]
+    assert Worker(master).transport is t and _Audit(master, 1, 0, None).t is t
+
+
+def test_batch_groups_by_shard_chunks_and_keeps_input_order(master):
+    m = master
+    mount(m, "seg", 1 << 16)
+    keys = [f"k{i}".encode() for i in range(30)]
+    stored = set(keys[::3])
+    for key in stored:
+        put(m, key, 10)
+    t, sent = recording(m)
+    replies = t.batch("mc_exist_key", ["default"], [(k,) for k in keys], keys, chunk=4)
+    assert replies == [1 if k in stored else 0 for k in keys]
+    assert len(sent) == 1  # one pipeline
+    per_shard = {s: sum(1 for k in keys if shard_of(k, m.shards) == s) for s in range(m.shards)}
+    assert len(sent[0]) == sum(math.ceil(n / 4) for n in per_shard.values())
+    for command in sent[0]:
+        assert command[:2] == ("FCALL", "mc_exist_key") and command[4] == "default"
+        shard = next(i for i, k in enumerate(t.keys) if k.P == command[3])
+        assert 1 <= len(command[5:]) <= 4 and all(shard_of(k, m.shards) == shard for k in command[5:])
+
+
+def test_call_each_and_command_address_one_shard(master):
+    t, sent = recording(master)
+    assert t.command("mc_now", 0) == ("FCALL", "mc_now", 1, t.keys[0].P)
+    assert t.call("mc_ping", t.count - 1, "nobody") == 0
+    assert t.each("mc_ping", "nobody") == [0] * t.count
+    assert [c[3] for c in sent[-1]] == [k.P for k in t.keys]
+
+
+def test_errors_are_master_errors(master):
+    t = master.transport
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        t.call("mc_evict", 0, "-0")
+    replies = t.each("mc_evict", "-0", raise_on_error=False)
+    assert all(isinstance(r, MasterError) and r.code == ErrorCode.INVALID_PARAMS for r in replies)
+
+
+def test_scan_objects_yields_tenants_and_skips_stray_keys(master):
+    m = master
+    mount(m, "seg", 1 << 16)
+    keys = [f"obj{i}" for i in range(12)]
+    for key in keys:
+        put(m, key, 10)
+        put(m, key, 10, tenant_id="t2")
+    k0 = m.transport.keys[0]
+    m.redis.hset(k0.prefix("object") + b"bad tenant:x", "size", 1)  # not an object of any tenant
+    found: dict[str, set] = {}
+    for shard in range(m.shards):
+        for tenant, batch in m.transport.scan_objects(shard):
+            assert all(shard_of(k, m.shards) == shard for k in batch)
+            found.setdefault(tenant, set()).update(batch)
+    assert found == {"default": {k.encode() for k in keys}, "t2": {k.encode() for k in keys}}
+    only_t2 = {(tenant, k) for s in range(m.shards) for tenant, b in m.transport.scan_objects(s, "t2") for k in b}
+    assert only_t2 == {("t2", k.encode()) for k in keys}
+
+
+@pytest.mark.parametrize("transaction", [True, False])
+def test_pipeline_of_a_shard(master, transaction):
+    t = master.transport
+    pipe = t.pipeline(0, transaction)
+    pipe.hget(t.keys[0].config, "shards")
+    assert pipe.execute() == [str(master.shards).encode()]
