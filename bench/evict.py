@@ -36,6 +36,7 @@ from typing import Any
 import redis
 
 from bench.common import cpu_model
+from mooncake_redis import wire
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.master import EVICT_STEP_UNITS
 
@@ -190,7 +191,9 @@ def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[st
                        used_memory=mem)
             out(f"size {n:,}: fill {n:,} x {OBJ} B in {fill_s:.1f} s ({_fmt(n / fill_s)} keys/s), "
                 f"used {u.used_bytes / cap:.2%} of {cap:,} B, server used_memory {mem / 2**20:,.0f} MiB")
-            for fn, head in ((b"mc_put_start", 12), (b"mc_put_end", 6)):
+            heads = {b"mc_put_start": 4 + len(m._put_head(CLIENT, "default", None)),  # FCALL fn 1 P + options
+                     b"mc_put_end": 4 + len(wire.head(wire.KEY, client_id=CLIENT, tenant="default"))}
+            for fn, head in heads.items():
                 calls = [(d, (argc - head) // (2 if fn == b"mc_put_start" else 1)) for f, d, argc in fill_calls
                          if f == fn]
                 if calls:

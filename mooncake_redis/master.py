@@ -19,6 +19,7 @@ from .keys import segment_slice, shard_key, shard_of
 from .models import (EvictionReport, EvictionStep, ObjectInfo, Replica, ReplicaListResult, ReplicaStatus,
                      ShardUsage, Usage)
 from .preflight import check_server
+from . import wire
 
 # Keys per FCALL, by function: sized so one call stays well under a millisecond of server time
 # (a put_start allocates, a read touches a few fields). Larger batches become several calls.
@@ -204,8 +205,10 @@ class Master:
         _check_int(size, "size", self.shards)
         _check_int(base, "base", 0)
         _check_int(base + size, "base + size", 1)
-        self._run([("FCALL", "mc_mount_segment", 1, p, name, client_id, *segment_slice(base, size, shard, self.shards))
-                   for shard, p in enumerate(self._shard_keys)])
+        slices = [segment_slice(base, size, shard, self.shards) for shard in range(self.shards)]
+        self._run([("FCALL", "mc_mount_segment", 1, p,
+                    *wire.options(name=name, client_id=client_id, base=lo, size=length))
+                   for p, (lo, length) in zip(self._shard_keys, slices)])
 
     def unmount_segment(self, name: str, client_id: str,
                         progress: Callable[[int], None] | None = None) -> int:
@@ -214,7 +217,8 @@ class Master:
         and deleted."""
         _check_name(name, "segment name", 1024)
         _check_name(client_id, "client_id")
-        results = self._run([("FCALL", "mc_unmount_segment", 1, p, name, client_id) for p in self._shard_keys],
+        argv = wire.options(name=name, client_id=client_id)
+        results = self._run([("FCALL", "mc_unmount_segment", 1, p, *argv) for p in self._shard_keys],
                             raise_on_error=False)
         errors = [r for r in results if isinstance(r, MasterError)]
         if len(errors) == len(results):
@@ -231,7 +235,8 @@ class Master:
         for tenant, keys in self._scan_objects(shard, "*"):
             size = CHUNK_OF["mc_sweep_replicas"]
             for start in range(0, len(keys), size):
-                deleted += self._fcall("mc_sweep_replicas", shard, tenant, *keys[start:start + size])
+                deleted += self._fcall("mc_sweep_replicas", shard, *wire.head(wire.KEY, tenant=tenant),
+                                       *keys[start:start + size])
             scanned += len(keys)
             if on_batch and on_batch(scanned) is False:
                 return deleted
@@ -242,7 +247,7 @@ class Master:
         """Record liveness; returns "OK", or "NEED_REMOUNT" when some shard does not know the
         client (never mounted, or expired by the client-TTL cleanup)."""
         _check_name(client_id, "client_id")
-        known = self._each_shard("mc_ping", client_id)
+        known = self._each_shard("mc_ping", *wire.options(client_id=client_id))
         return "OK" if all(known) else "NEED_REMOUNT"
 
     # ---- puts ------------------------------------------------------------------------
@@ -257,13 +262,15 @@ class Master:
             action = SoftPinAction(c.soft_pin_action)
         except ValueError:
             raise MasterError(ErrorCode.INVALID_PARAMS, f"unknown soft_pin_action {c.soft_pin_action!r}") from None
-        ttl = "" if c.soft_pin_ttl_ms is None else _check_int(c.soft_pin_ttl_ms, "soft_pin_ttl_ms", 0)
-        group = "" if c.group_id in (None, "") else _check_name(c.group_id, "group_id")  # "": ungrouped
+        ttl = None if c.soft_pin_ttl_ms is None else _check_int(c.soft_pin_ttl_ms, "soft_pin_ttl_ms", 0)
+        group = None if c.group_id in (None, "") else _check_name(c.group_id, "group_id")  # "": ungrouped
         if not isinstance(c.preferred_segments, (list, tuple)):
             raise MasterError(ErrorCode.INVALID_PARAMS, "preferred_segments must be a list or tuple of names")
         prefs = [_check_name(s, "preferred segment", 1024) for s in c.preferred_segments]
         hard_pin = _check_bool(c.with_hard_pin, "with_hard_pin")
-        return [client_id, tenant_id, c.replica_num, action.value, ttl, int(hard_pin), group, len(prefs), *prefs]
+        return wire.head(wire.KEY_SIZE, client_id=client_id, tenant=tenant_id, replica_num=c.replica_num,
+                         soft_pin_action=action.value, soft_pin_ttl_ms=ttl, hard_pin=int(hard_pin),
+                         group=group, preferred=prefs)
 
     def _group_shard_ok(self, key: bytes, config: ReplicateConfig | None) -> bool:
         if config is None or config.group_id in (None, "") or self.shards == 1:
@@ -304,7 +311,8 @@ class Master:
         _check_name(client_id, "client_id")
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
-        return [ErrorCode(r) for r in self._batch(fn, [client_id, tenant_id], [(k,) for k in bkeys], bkeys)]
+        head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id)
+        return [ErrorCode(r) for r in self._batch(fn, head, [(k,) for k in bkeys], bkeys)]
 
     def put_end(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
         self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id)[0], "put_end", key)
@@ -327,9 +335,10 @@ class Master:
     def _read(self, fn: str, keys: Sequence[Any], tenant_id: str) -> list[Any]:
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
+        head = wire.head(wire.KEY, tenant=tenant_id)
         if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip, no grouping
-            return self._fcall(fn, 0, tenant_id, *bkeys)
-        return self._batch(fn, [tenant_id], [(k,) for k in bkeys], bkeys)
+            return self._fcall(fn, 0, *head, *bkeys)
+        return self._batch(fn, head, [(k,) for k in bkeys], bkeys)
 
     @staticmethod
     def _replica_list(reply: Any) -> Result:
@@ -358,7 +367,7 @@ class Master:
 
     # ---- removal ---------------------------------------------------------------------
     def _remove(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> list[ErrorCode]:
-        head = [tenant_id, int(force)]
+        head = wire.head(wire.KEY, tenant=tenant_id, force=int(force))
         return [ErrorCode(r) for r in self._batch("mc_remove", head, [(k,) for k in keys], keys)]
 
     def remove(self, key: Any, force: bool = False, tenant_id: str = "default") -> None:
@@ -417,7 +426,7 @@ class Master:
     def _task_ref(self, key: Any, delta: int, tenant_id: str) -> int:
         _check_tenant(tenant_id)
         bkey = _as_key(key)
-        reply = self._fcall("mc_task_ref", self._shard(bkey), tenant_id, delta, bkey)[0]
+        reply = self._fcall("mc_task_ref", self._shard(bkey), *wire.head(wire.KEY, tenant=tenant_id, delta=delta), bkey)[0]
         if isinstance(reply, int):
             raise MasterError(ErrorCode(reply), f"task reference {key!r}")
         return int(reply[0])
@@ -442,7 +451,7 @@ class Master:
         """The object as stored; an inspection, not a read: no lease is granted."""
         _check_tenant(tenant_id)
         bkey = _as_key(key)
-        reply = self._fcall("mc_describe", self._shard(bkey), tenant_id, bkey)
+        reply = self._fcall("mc_describe", self._shard(bkey), *wire.options(tenant=tenant_id, key=bkey))
         if isinstance(reply, int):
             raise MasterError(ErrorCode(reply), f"describe {key!r}")
         flat, lease, live = reply

@@ -128,7 +128,7 @@ def test_inspect_shows_dead_replicas(store, valkey):
     # unmount seg-b on every shard without the sweep that Master.unmount_segment runs after it
     client = redis.Redis.from_url(valkey.url)
     for i in range(2):
-        client.execute_command("FCALL", "mc_unmount_segment", 1, shard_key("mc", i), "seg-b", "client-1")
+        client.execute_command("FCALL", "mc_unmount_segment", 1, shard_key("mc", i), 2, "name", "seg-b", "client_id", "client-1")
     r = run("--redis", valkey.url, "inspect", "k1")
     assert r.exit_code == 0, r.output
     assert "replicas     1 live, 1 dead" in r.stdout

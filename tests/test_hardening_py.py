@@ -385,7 +385,7 @@ def test_segments_and_status_show_binary_ids(valkey):
     m = Master.connect(valkey.url, MasterConfig(shards=2))
     m.freeze_clock(T0)
     for p in m._shard_keys:  # wire-legal: any bytes
-        m.redis.execute_command("FCALL", "mc_mount_segment", 1, p, b"seg\xff", BIN_CLIENT, 0, 1000)
+        m.redis.execute_command("FCALL", "mc_mount_segment", 1, p, 4, "name", b"seg\xff", "client_id", BIN_CLIENT, "base", 0, "size", 1000)
         m.redis.execute_command("FCALL", "mc_claim", 1, p, b"\xffworker", 5000)
         m.redis.hset(f"{p}:metrics", mapping={"last_pass_ms": T0, "last_worker": b"\xffworker"})
     assert m.segments() == [{"name": "seg\\xff", "client": "\\xff\\xfeclient", "size": 2000, "used": 0}]

@@ -1,6 +1,6 @@
 -- get_replica_list / exist_key: reads. Only complete objects with a live replica are readable;
 -- a successful read leases the object (or its group) until now + default_kv_lease_ttl.
--- KEYS: P.  ARGV: tenant, key...
+-- KEYS: P.  ARGV: options tenant; fields key.
 -- get_replica_list reply, per key: {lease_ttl_ms, size, segment, offset, segment, offset, ...}
 --   or an error code.   exist_key reply, per key: 1 or 0.
 
@@ -19,10 +19,14 @@ local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
   return live, leased_until - now, tonumber(o.size)
 end
 
+local READ_SPEC = keys_spec()
+
 local function batch_read(P, args, cfg, shape)
+  local call, err = object_call(args, READ_SPEC)
+  if not call then return err end
   local mount_cache = {}
-  return per_key(P, args, args[1], 2, function(_, tenant, key, now)
-    return shape(read_one(P, tenant, key, now, cfg.default_kv_lease_ttl, mount_cache))
+  return per_row(P, args, call, function(_, tenant, row, now)
+    return shape(read_one(P, tenant, row.key, now, cfg.default_kv_lease_ttl, mount_cache))
   end)
 end
 

@@ -1,7 +1,8 @@
 -- put_start: allocate replicas for new objects.
--- KEYS: P.  ARGV: client_id, tenant, replica_num, soft_pin_action (enable|preserve|disable),
---   soft_pin_ttl_ms ("" = default), hard_pin (0|1), group ("" = none), n_preferred,
---   preferred segment x n_preferred, then key, size pairs.
+-- KEYS: P.  ARGV (see parse_call): options client_id (required), tenant, replica_num (1-64,
+--   default 1), soft_pin_action (enable|preserve|disable, default preserve), soft_pin_ttl_ms
+--   (only with enable; default default_kv_soft_pin_ttl), hard_pin (0|1), group, preferred
+--   (repeatable, in order of preference); fields key, size.
 -- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code.
 -- Bounds: at most MAX_PUTS_PER_CALL keys and MAX_PREFERRED preferred segments a call; the search
 -- for space looks at the preferred segments and the SEARCH_EXTRA + replica_num segments with
@@ -125,19 +126,30 @@ local function put_one(P, a, key, size, now, cfg, by_free)
   return reply
 end
 
+local PUT_SPEC = {
+  opts = { client_id = 'required', tenant = 'optional', replica_num = 'optional', soft_pin_action = 'optional',
+    soft_pin_ttl_ms = 'optional', hard_pin = 'optional', group = 'optional', preferred = 'list' },
+  fields = { key = 'required', size = 'required' },
+  max_rows = MAX_PUTS_PER_CALL,
+}
+
 local function parse_put_args(args, cfg)
-  local a = { client = args[1], tenant = args[2], pin_action = args[4], hard_pin = args[6] }
+  local call, err = parse_call(args, PUT_SPEC)
+  if not call then return nil, err end
+  local o = call.opts
+  local a = { call = call, client = o.client_id, tenant = o.tenant or 'default',
+    pin_action = o.soft_pin_action or 'preserve', hard_pin = o.hard_pin or '0' }
   if not valid_name(a.client, 256) then return nil, 'client_id must be 1-256 bytes' end
   if not valid_tenant(a.tenant) then return nil, 'tenant_id must match [A-Za-z0-9_.-]{1,64}' end
-  a.replica_num = int_arg(args[3], 1, 64)
+  a.replica_num = int_arg(o.replica_num or '1', 1, 64)
   if not a.replica_num then return nil, 'replica_num must be an integer in [1, 64]' end
   if a.hard_pin ~= '0' and a.hard_pin ~= '1' then return nil, 'hard_pin must be 0 or 1' end
-  if args[7] ~= '' then
-    if not valid_name(args[7], 256) then return nil, 'group_id must be 1-256 bytes' end
-    a.group = args[7]
+  if o.group then
+    if not valid_name(o.group, 256) then return nil, 'group_id must be 1-256 bytes' end
+    a.group = o.group
   end
-  if args[5] ~= '' then
-    a.pin_ttl = int_arg(args[5], 0, MAX_INT)
+  if o.soft_pin_ttl_ms then
+    a.pin_ttl = int_arg(o.soft_pin_ttl_ms, 0, MAX_INT)
     if not a.pin_ttl then return nil, 'soft_pin_ttl_ms must be an integer >= 0' end
   end
   if a.pin_action == 'enable' then
@@ -150,17 +162,8 @@ local function parse_put_args(args, cfg)
   else
     return nil, 'soft_pin_action must be enable, preserve or disable'
   end
-  local npref = int_arg(args[8], 0, MAX_PREFERRED)
-  if not npref then return nil, 'n_preferred must be an integer in [0, ' .. MAX_PREFERRED .. ']' end
-  a.preferred = {}
-  for i = 1, npref do a.preferred[i] = args[8 + i] end
-  a.first_pair = 9 + npref
-  if #args < a.first_pair or (#args - a.first_pair + 1) % 2 ~= 0 then
-    return nil, 'expected key, size pairs after the preferred segments'
-  end
-  if (#args - a.first_pair + 1) / 2 > MAX_PUTS_PER_CALL then
-    return nil, 'at most ' .. MAX_PUTS_PER_CALL .. ' keys per call'
-  end
+  a.preferred = o.preferred or {}
+  if #a.preferred > MAX_PREFERRED then return nil, 'at most ' .. MAX_PREFERRED .. ' preferred segments' end
   return a
 end
 
@@ -172,9 +175,9 @@ local function put_start(P, args, cfg)
   a.evict_budget = EVICT_ON_PUT_UNITS
   a.by_free = most_free(P, a)
   local reply = {}
-  for i = a.first_pair, #args, 2 do
-    local size = int_arg(args[i + 1], 1, MAX_INT)
-    reply[#reply + 1] = put_one(P, a, args[i], size, now, cfg, a.by_free)
+  for r = 1, a.call.rows do
+    local row = row_of(args, a.call, r)
+    reply[r] = put_one(P, a, row.key, int_arg(row.size, 1, MAX_INT), now, cfg, a.by_free)
   end
   return reply
 end
