@@ -29,11 +29,16 @@ local function object_call(args, spec)
 end
 
 -- The driver of every per-key batch function: reads the clock once and replies
--- one(P, tenant, row, now) for each row of the call, in order.
+-- one(P, tenant, row, now) for each row of the call, in order. `row` is one table refilled for
+-- every row (no allocation per key): one() must not keep it.
 local function per_row(P, args, call, one)
   local now = now_ms(P)
-  local reply = {}
-  for r = 1, call.rows do reply[r] = one(P, call.tenant, row_of(args, call, r), now) end
+  local reply, row, fields, stride = {}, {}, call.fields, call.stride
+  for r = 1, call.rows do
+    local at = call.first + (r - 1) * stride
+    for i = 1, stride do row[fields[i]] = args[at + i - 1] end
+    reply[r] = one(P, call.tenant, row, now)
+  end
   return reply
 end
 

@@ -5,7 +5,7 @@
 --   or an error code.   exist_key reply, per key: 1 or 0.
 
 -- Returns the live replicas, or nil and an error code; leases the object on success.
-local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
+local function read_one(P, tenant, key, now, lease_ttl, mount_cache, rescore)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o or being_evicted(P, tenant, o) then return nil, E.OBJECT_NOT_FOUND end
@@ -15,7 +15,7 @@ local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
     delete_object(P, tenant, key, okey, o, nil, now)
     return nil, E.OBJECT_NOT_FOUND
   end
-  local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl)
+  local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl, rescore)
   return live, leased_until - now, tonumber(o.size)
 end
 
@@ -24,10 +24,12 @@ local READ_SPEC = keys_spec()
 local function batch_read(P, args, cfg, shape)
   local call, err = object_call(args, READ_SPEC)
   if not call then return err end
-  local mount_cache = {}
-  return per_row(P, args, call, function(_, tenant, row, now)
-    return shape(read_one(P, tenant, row.key, now, cfg.default_kv_lease_ttl, mount_cache))
+  local mount_cache, rescore = {}, {}
+  local reply = per_row(P, args, call, function(_, tenant, row, now)
+    return shape(read_one(P, tenant, row.key, now, cfg.default_kv_lease_ttl, mount_cache, rescore))
   end)
+  flush_rescore(P, rescore)
+  return reply
 end
 
 local function replica_reply(live, ttl_or_code, size)
