@@ -355,3 +355,14 @@ def test_functions_are_the_wire_protocol(master):
     with pytest.raises(redis_py.ResponseError) as info:
         fcall("mc_put_start", 1, "client_id", "engine", 2, "key", "size", key)
     assert "each row must have 2 values" in str(info.value)
+
+
+def test_put_start_keeps_a_prefix_field_passed_per_key(master):
+    """The prefix hash is computed by the caller and passed per key (field `prefix`)."""
+    mount(master, "seg", 1 << 16)
+    key = b"{w}a"
+    p = master._shard_keys[shard_of(key, master.shards)]
+    reply = master.redis.execute_command("FCALL", "mc_put_start", 1, p, 1, "client_id", WRITER,
+                                         3, "key", "prefix", "size", key, "ab" * 16, 100, b"{w}b", "", 100)
+    assert isinstance(reply[0], list) and reply[1] == int(ErrorCode.INVALID_PARAMS)  # an empty prefix
+    assert master.describe(key).fields["prefix"] == "ab" * 16

@@ -2,7 +2,9 @@
 -- KEYS: P.  ARGV (see parse_call): options client_id (required), tenant, replica_num (1-64,
 --   default 1), soft_pin_action (enable|preserve|disable, default preserve), soft_pin_ttl_ms
 --   (only with enable; default default_kv_soft_pin_ttl), hard_pin (0|1), group, preferred
---   (repeatable, in order of preference); fields key, size.
+--   (repeatable, in order of preference); fields key, size, prefix (optional: the key's prefix
+--   hash, computed by the caller with the store's one extraction rule; kept as the object's
+--   `prefix` field for prefix-wide operations).
 -- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code.
 -- Bounds: at most MAX_PUTS_PER_CALL keys and MAX_PREFERRED preferred segments a call; the search
 -- for space looks at the preferred segments and the SEARCH_EXTRA + replica_num segments with
@@ -83,8 +85,10 @@ local function retry_reply(P, o)
   return reply
 end
 
-local function put_one(P, a, key, size, now, cfg, by_free)
+local function put_one(P, a, row, size, now, cfg, by_free)
+  local key, prefix = row.key, row.prefix
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
+  if prefix ~= nil and not valid_name(prefix, 256) then return E.INVALID_PARAMS end
   if a.group and group_draining(P, a.tenant, a.group) then return E.NO_AVAILABLE_HANDLE end
   local okey = obj_key(P, a.tenant, key)
   local old = load_object(okey)
@@ -112,6 +116,7 @@ local function put_one(P, a, key, size, now, cfg, by_free)
     'soft_pin_action', a.pin_action }
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
   if a.group then fields[#fields + 1] = 'group'; fields[#fields + 1] = a.group end
+  if prefix then fields[#fields + 1] = 'prefix'; fields[#fields + 1] = prefix end
   local reply = {}
   for _, r in ipairs(got) do
     fields[#fields + 1] = 'rep:' .. r.seg
@@ -129,7 +134,7 @@ end
 local PUT_SPEC = {
   opts = { client_id = 'required', tenant = 'optional', replica_num = 'optional', soft_pin_action = 'optional',
     soft_pin_ttl_ms = 'optional', hard_pin = 'optional', group = 'optional', preferred = 'list' },
-  fields = { key = 'required', size = 'required' },
+  fields = { key = 'required', size = 'required', prefix = 'optional' },
   max_rows = MAX_PUTS_PER_CALL,
 }
 
@@ -177,7 +182,7 @@ local function put_start(P, args, cfg)
   local reply = {}
   for r = 1, a.call.rows do
     local row = row_of(args, a.call, r)
-    reply[r] = put_one(P, a, row.key, int_arg(row.size, 1, MAX_INT), now, cfg, a.by_free)
+    reply[r] = put_one(P, a, row, int_arg(row.size, 1, MAX_INT), now, cfg, a.by_free)
   end
   return reply
 end
