@@ -47,6 +47,8 @@ def load(client: redis.Redis, force: bool = False) -> str:
     """ensure_loaded, with its failures as MasterError."""
     try:
         return ensure_loaded(client, force)
+    except redis.BusyLoadingError as exc:
+        raise error_of(exc) from None
     except redis.ResponseError as exc:
         raise MasterError(ErrorCode.INTERNAL_ERROR,
                           f"cannot load the functions library {LIBRARY_NAME!r} (a user that may not "
@@ -99,12 +101,19 @@ def _send(client: redis.Redis, commands: Sequence[Sequence[Any]]) -> list[Any]:
     return pipe.execute(raise_on_error=False)
 
 
+# Error replies that say the server did not run the command now, and may later.
+_NOT_NOW = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+
+
 def error_of(exc: redis.RedisError) -> MasterError:
-    """An error reply as MasterError: a function's own keeps its code, anything else from Redis
-    (NOPERM, OOM, a library still missing after a reload) is INTERNAL_ERROR."""
+    """An error reply as MasterError: a function's own keeps its code; a server that did not run
+    the call now (LOADING, BUSY, ...) is UNAVAILABLE; anything else from Redis (NOPERM, OOM, a
+    library still missing after a reload) is INTERNAL_ERROR."""
     err = parse_error_reply(str(exc))
     if err is not None:
         return err
+    if isinstance(exc, redis.BusyLoadingError) or str(exc).split(" ", 1)[0] in _NOT_NOW:
+        return MasterError(ErrorCode.UNAVAILABLE, f"the call did not run, retry it: {exc}")
     if FUNCTION_MISSING in str(exc):
         return MasterError(ErrorCode.INTERNAL_ERROR, f"functions library {LIBRARY_NAME!r} missing after loading it: {exc}")
     return MasterError(ErrorCode.INTERNAL_ERROR, f"Redis replied: {exc}")

@@ -415,3 +415,13 @@ def test_passwords_are_never_printed(url, command):
     r = CliRunner().invoke(cli, ["--redis", url, *command], env={"MOONCAKE_REDIS_URL": None})
     assert r.exit_code == 2, r.output
     assert "cr3t" not in r.output, r.output
+
+
+def test_a_loading_server_is_unavailable_not_an_internal_error():
+    """LOADING (and BUSY, MASTERDOWN, ...) mean the call did not run: a retryable code."""
+    from mooncake_redis.functions import error_of
+
+    assert error_of(redis.BusyLoadingError("Valkey is loading the dataset in memory")).code == ErrorCode.UNAVAILABLE
+    assert error_of(redis.ResponseError("BUSY Valkey is busy running a script.")).code == ErrorCode.UNAVAILABLE
+    assert error_of(redis.ResponseError("NOPERM no permissions")).code == ErrorCode.INTERNAL_ERROR
+    assert error_of(redis.ResponseError("INVALID_PARAMS -600 bad")).code == ErrorCode.INVALID_PARAMS
