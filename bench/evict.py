@@ -18,7 +18,7 @@ the watermark and measured:
 Then the 4x-over-capacity put test: one segment of S bytes, 4 x S / 64 KiB puts of 64 KiB
 (put_start + put_end each, no reads, evict-on-put makes the room): put failures and puts/s.
 
-    python -m bench.evict [--sizes 10000,100000,1000000] [--redis URL] [--put-mib 256]
+    python -m mooncake_redis.bench.evict [--sizes 10000,100000,1000000] [--redis URL] [--put-mib 256]
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 
-from bench.common import cpu_model
+from .common import cpu_model
 from mooncake_redis import wire
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.master import EVICT_STEP_UNITS
@@ -402,7 +402,7 @@ def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
 
 
 def _cli(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.evict", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mooncake_redis.bench.evict", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10000,100000,1000000",
                    help="comma-separated store sizes in objects (default 10000,100000,1000000)")
     p.add_argument("--redis", default=None,

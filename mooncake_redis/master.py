@@ -14,7 +14,7 @@ from redis.retry import Retry
 
 from .config import NAME_RE, MasterConfig, ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
-from .functions import load, run
+from .functions import check_schema, load, run, stored_config
 from .keys import segment_slice, shard_key, shard_of
 from .models import (EvictionReport, EvictionStep, ObjectInfo, Replica, ReplicaListResult, ReplicaStatus,
                      ShardUsage, Usage)
@@ -48,8 +48,11 @@ def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
     if not isinstance(url, str):
         raise MasterError(ErrorCode.INVALID_PARAMS, "url must be a str")
     if url.startswith("memory://"):
-        import fakeredis
-
+        try:
+            import fakeredis
+        except ImportError:
+            raise MasterError(ErrorCode.INVALID_PARAMS, "memory:// URLs need fakeredis: "
+                              "pip install 'mooncake-redis[memory]'") from None
         name = url[len("memory://"):] or "default"
         with _memory_lock:
             server = _memory_servers.setdefault(name, fakeredis.FakeServer())
@@ -144,6 +147,7 @@ class Master:
     def _open(cls, client: redis.Redis, config: MasterConfig | None) -> "Master":
         namespace = config.namespace if config else MasterConfig.namespace
         stored = run(client, [("HGETALL", f"{shard_key(namespace, 0)}:config")])[0]
+        check_schema(namespace, stored)
         current = MasterConfig.from_redis(namespace, stored) if stored else None
         if config is None:
             config = current or MasterConfig()
@@ -152,13 +156,13 @@ class Master:
                               f"store {namespace!r} has {current.shards} shards, config says {config.shards}")
         load(client)
         master = cls(client, config)
-        wanted = {k.encode(): v.encode() for k, v in config.to_redis().items()}
+        wanted = {k.encode(): v.encode() for k, v in stored_config(config).items()}
         if any(stored.get(k) != v for k, v in wanted.items()):  # new store, new settings or new fields
             master._write_config()
         return master
 
     def _write_config(self) -> None:
-        fields = [x for kv in self.config.to_redis().items() for x in kv]
+        fields = [x for kv in stored_config(self.config).items() for x in kv]
         self._run([("HSET", f"{p}:config", *fields) for p in self._shard_keys])
 
     def close(self) -> None:

@@ -14,10 +14,10 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from cli.main import cli
 from conftest import T0
 from helpers import OWNER, WRITER, mount, put, raises_code, store_snapshot
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig, preflight
+from mooncake_redis.cli.main import cli
 from mooncake_redis.fsck import fsck
 from mooncake_redis.functions import library_source
 from mooncake_redis.keys import shard_key

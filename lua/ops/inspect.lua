@@ -49,8 +49,9 @@ end
 -- now. KEYS: P. Reply: the store clock in ms.
 local function now(P) return now_ms(P) end
 
--- version. KEYS: none. Reply: the library version (a hash of its source).
-local function version() return LIBRARY_VERSION end
+-- version. KEYS: none. Reply: {version (a hash of the source), protocol (an integer; a newer one
+-- means callers of an older package must not replace this library)}.
+local function version() return { LIBRARY_VERSION, LIBRARY_PROTOCOL } end
 
 register('mc_describe', {}, describe, { 'no-writes' })
 register('mc_now', {}, now, { 'no-writes' })
