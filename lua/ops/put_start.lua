@@ -30,10 +30,11 @@ local function allocate(P, size, want, preferred, by_free)
   return got
 end
 
--- Evict-on-put: a put_start call evicts at most EVICT_ON_PUT_UNITS candidates of its shard in
--- all (shared by the keys of a batch), so the call stays short; past that, puts fail with
--- NO_AVAILABLE_HANDLE and P.put_failed starts the workers' eviction.
-local EVICT_ON_PUT_UNITS = 16
+-- Evict-on-put: each key that finds no space may evict up to EVICT_PER_KEY units (a unit costs
+-- 1, a group 1 per member dropped), so a batch evicts what its keys need, and a call at most
+-- EVICT_PER_CALL in all, so it stays short; past that, puts fail with NO_AVAILABLE_HANDLE and
+-- P.put_failed starts the workers' eviction.
+local EVICT_PER_KEY, EVICT_PER_CALL = 16, 256
 local MAX_PUTS_PER_CALL, MAX_PREFERRED, SEARCH_EXTRA = 128, 64, 16
 
 -- Could `size` fit in some segment slice of this shard if it were empty?
@@ -56,12 +57,16 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
   -- evict only for a put that eviction can help: never for one larger than every slice
   local fits = could_fit(P, size, by_free)
   if cfg.evict_on_put ~= 1 or not fits then return got, fits end
-  if a.evict_budget == EVICT_ON_PUT_UNITS then sweep_deadlines(P, now, EVICT_ON_PUT_UNITS) end
-  while a.evict_budget > 0 do
+  if not a.swept then
+    sweep_deadlines(P, now, EVICT_PER_KEY)
+    a.swept = true
+  end
+  local budget = math.min(EVICT_PER_KEY, a.evict_budget)
+  while budget > 0 do
     local unit = next_candidate(P, now, cfg)
     if not unit then break end
-    local n, _, spent = evict_unit(P, unit, now, a.evict_budget, cfg)
-    a.evict_budget = a.evict_budget - spent
+    local n, _, spent = evict_unit(P, unit, now, budget, cfg)
+    budget, a.evict_budget = budget - spent, a.evict_budget - spent
     if n > 0 then
       by_free = most_free(P, a) -- the freed bytes may sit in a segment the first search passed over
       a.by_free = by_free
@@ -177,7 +182,7 @@ local function put_start(P, args, cfg)
   if not a then return fail(E.INVALID_PARAMS, err) end
   local now = now_ms(P)
   release_held(P, now, 16)
-  a.evict_budget = EVICT_ON_PUT_UNITS
+  a.evict_budget = EVICT_PER_CALL
   a.by_free = most_free(P, a)
   local reply = {}
   for r = 1, a.call.rows do
