@@ -18,7 +18,7 @@ the watermark and measured:
 Then the 4x-over-capacity put test: one segment of S bytes, 4 x S / 64 KiB puts of 64 KiB
 (put_start + put_end each, no reads, evict-on-put makes the room): put failures and puts/s.
 
-    python -m bench.evict [--sizes 10000,100000,1000000] [--redis URL] [--put-mib 256]
+    python -m mooncake_redis.bench.evict [--sizes 10000,100000,1000000] [--redis URL] [--put-mib 256]
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ from typing import Any
 
 import redis
 
-from bench.common import cpu_model
+from .common import cpu_model
+from mooncake_redis import wire
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.master import EVICT_STEP_UNITS
 
@@ -190,7 +191,9 @@ def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[st
                        used_memory=mem)
             out(f"size {n:,}: fill {n:,} x {OBJ} B in {fill_s:.1f} s ({_fmt(n / fill_s)} keys/s), "
                 f"used {u.used_bytes / cap:.2%} of {cap:,} B, server used_memory {mem / 2**20:,.0f} MiB")
-            for fn, head in ((b"mc_put_start", 12), (b"mc_put_end", 6)):
+            heads = {b"mc_put_start": 4 + len(m._put_head(CLIENT, "default", None)),  # FCALL fn 1 P + options
+                     b"mc_put_end": 4 + len(wire.head(wire.KEY, client_id=CLIENT, tenant="default"))}
+            for fn, head in heads.items():
                 calls = [(d, (argc - head) // (2 if fn == b"mc_put_start" else 1)) for f, d, argc in fill_calls
                          if f == fn]
                 if calls:
@@ -399,7 +402,7 @@ def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
 
 
 def _cli(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.evict", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m mooncake_redis.bench.evict", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="10000,100000,1000000",
                    help="comma-separated store sizes in objects (default 10000,100000,1000000)")
     p.add_argument("--redis", default=None,

@@ -4,7 +4,7 @@ Measures the Master API (put_start+put_end, get_replica_list, exist_key, batch_e
 remove) next to the raw Redis baselines it cannot beat (a no-op FCALL round trip; a pipelined
 HGET of the same keys), and the memory one stored object costs. See docs/bench.md.
 
-    python -m bench.ops [--n N] [--shards S] [--redis URL]
+    python -m mooncake_redis.bench.ops [--n N] [--shards S] [--redis URL]
 
 Without --redis it starts a private valkey-server (no AOF, no RDB) and flushes it. With
 --redis it uses the namespace "bench" on that server and deletes every `bench:*` key before
@@ -22,8 +22,9 @@ from typing import Any, Callable
 
 import redis
 
-from bench.common import cpu_model
+from .common import cpu_model
 from mooncake_redis import Master, MasterConfig
+from mooncake_redis.functions import server_library
 from mooncake_redis.keys import object_key, shard_of
 
 NAMESPACE = "bench"
@@ -177,8 +178,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -
     res["server"] = f"{info.get('server_name', 'redis')} {info.get('valkey_version') or info.get('redis_version')}"
     res["cores"] = os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    lib = master.redis.execute_command("FCALL_RO", "mc_version", 0)
-    res["library_version"] = lib.decode() if isinstance(lib, bytes) else lib
+    res["library_version"] = (server_library(master.redis) or ("not loaded",))[0]
     out(f"server   {res['server']} (malloc {r.info('memory').get('mem_allocator', '?')}), {where}")
     out(f"machine  {res['cores']} cores, {cpu_model()}, load average {load:.2f} at start; "
         f"Python {platform.python_version()}, redis-py {redis.__version__}")
@@ -348,7 +348,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -
 
 
 def _cli() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.ops",
+    p = argparse.ArgumentParser(prog="python -m mooncake_redis.bench.ops",
                                 description="Single-client operations benchmark (docs/bench.md).")
     p.add_argument("--n", type=int, default=20000, help="ops per figure and repeat (default 20000)")
     p.add_argument("--shards", type=int, default=1, help="shards of the bench namespace (default 1)")

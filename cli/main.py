@@ -28,7 +28,7 @@ import redis
 from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
-from mooncake_redis.functions import LIBRARY_NAME, library_source
+from mooncake_redis.functions import LIBRARY_NAME, LIBRARY_PROTOCOL, check_schema, library_source, server_library
 from mooncake_redis.keys import ShardKeys, shard_of
 from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
@@ -164,6 +164,7 @@ def _client(url: str) -> redis.Redis:
 def _stored_config(client: redis.Redis, namespace: str) -> MasterConfig | None:
     """The store's configuration from `<ns>:{<ns>:0}:config`, or None for a new store."""
     stored = client.hgetall(ShardKeys(namespace, 0).config)
+    check_schema(namespace, stored)
     return MasterConfig.from_redis(namespace, stored) if stored else None
 
 
@@ -182,14 +183,6 @@ def _open_existing(opts: Opts) -> Master:
                    err=True)
         raise click.exceptions.Exit(1)
     return Master(client, config)
-
-
-def _server_library_version(client: redis.Redis) -> str | None:
-    try:
-        v = client.execute_command("FCALL_RO", "mc_version", 0)
-    except redis.ResponseError:
-        return None
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def iso(ms: int) -> str:
@@ -270,21 +263,21 @@ def status(opts: Opts) -> None:
         workers = [v for i in range(0, len(per_shard), 7) for v in per_shard[i + 3:i + 7]]
         secs, micros = master.redis.time()
         now = int(extra[2]) if extra[2] is not None else secs * 1000 + micros // 1000  # the store clock
-        server_version = _server_library_version(master.redis)
+        running = server_library(master.redis)
     finally:
         master.close()
-    local_version = library_source()[1]
+    local = f"{library_source()[1]} protocol {LIBRARY_PROTOCOL}"
 
     out = click.echo
     out(f"store      {safe_url(opts.url)}  namespace {master.ns}  shards {master.shards}")
-    if server_version is None:
-        out(f"functions  library {LIBRARY_NAME!r} not loaded (this package: {local_version}; "
+    if running is None:
+        out(f"functions  library {LIBRARY_NAME!r} not loaded (this package: {local}; "
             f"the next master call loads it)")
-    elif server_version == local_version:
-        out(f"functions  library {LIBRARY_NAME!r} version {server_version} (same as this package)")
+    elif running[0] == library_source()[1]:  # the same build
+        out(f"functions  library {LIBRARY_NAME!r} version {local} (same as this package)")
     else:
-        out(f"functions  library {LIBRARY_NAME!r} version {server_version} "
-            f"(this package has {local_version})")
+        out(f"functions  library {LIBRARY_NAME!r} version {running[0]} protocol {running[1]} "
+            f"(this package has {local})")
     clocks = [extra[3 * i + 2] for i in range(master.shards)]
     frozen = [int(c) for c in clocks if c is not None]
     if not frozen:
@@ -708,12 +701,8 @@ def bench_ops(opts: Opts, n: int, shards: int) -> None:
 
     Without --redis it runs against a private, throw-away Valkey (no AOF). With --redis it
     runs against that server; see bench/ops.py for what it writes there."""
-    try:
-        from bench.ops import main as ops_main
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("bench", "bench.ops"):
-            raise
-        raise CliError("bench/ops.py is not available in this installation") from None
+    from mooncake_redis.bench.ops import main as ops_main
+
     if opts.url:
         ops_main(opts.url, n=n, shards=shards, out=click.echo)
         return
@@ -738,7 +727,7 @@ def bench_ops(opts: Opts, n: int, shards: int) -> None:
 def bench_evict(opts: Opts, sizes: str, put_mib: int) -> None:
     """Eviction step cost at several store sizes, longest call, eviction throughput, and the
     4x-over-capacity put test (bench/evict.py). Without --redis it runs on a private Valkey."""
-    from bench.evict import main as evict_main
+    from mooncake_redis.bench.evict import main as evict_main
 
     evict_main(opts.url, sizes=[int(s) for s in sizes.split(",") if s], out=click.echo,
                put_bytes=put_mib * 2**20)

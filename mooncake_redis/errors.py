@@ -26,6 +26,7 @@ class ErrorCode(IntEnum):
     OBJECT_HAS_REPLICATION_TASK = -708
     # This project's own codes, clear of Mooncake's ranges (-1 to -1799 so far).
     OUTCOME_UNKNOWN = -10000  # no reply (timeout, lost connection): the call may or may not have run
+    UNAVAILABLE = -10001      # the server did not run the call now (loading its data, busy, failing over): retry
 
 
 class MasterError(Exception):

@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterator
 
 import redis
 
+from . import wire
 from .errors import MasterError
 from .keys import ShardKeys
 from .transport import Shards
@@ -852,7 +853,7 @@ class _Audit:
         elif kind == "forget":
             self.fcall("mc_fsck_forget_segment", shard, action[2])
         elif kind == "sweep":
-            self.fcall("mc_sweep_replicas", shard, action[2], action[3])
+            self.fcall("mc_sweep_replicas", shard, *wire.head(wire.KEY, tenant=action[2]), action[3])
         elif kind == "segment":
             applied, used, _ = self.fcall("mc_fsck_segment_used", shard, action[2], action[3], action[4])
             if not applied:

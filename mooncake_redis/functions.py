@@ -1,6 +1,7 @@
-"""Builds the Redis Functions library from lua/, loads it when the server's copy differs, and
-runs every call: `run` is the one place commands reach Redis (reload on "Function not found",
-error replies and lost replies as MasterError)."""
+"""Builds the Redis Functions library from the Lua sources, loads it when the server's copy is
+an older protocol or another build of the same one, and runs every call: `run` is the one place
+commands reach Redis (reload on "Function not found", error replies and lost replies as
+MasterError). Also the store's schema version, recorded in its configuration."""
 from __future__ import annotations
 
 import hashlib
@@ -11,42 +12,110 @@ from typing import Any, Sequence
 import redis
 
 from .errors import ErrorCode, MasterError, parse_error_reply
+from .keys import shard_key
 
 LIBRARY_NAME = "mooncake"
-LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+# The library's protocol: its FCALL interface (functions, arguments, replies). Raise it with any
+# change a process of the previous build cannot use. A process never replaces a library of a
+# newer protocol (a rolling upgrade must not downgrade it); protocol 1 replied to mc_version
+# with the bare version, later ones with {version, protocol}.
+LIBRARY_PROTOCOL = 2
+# The store's layout (keys and fields), written as `schema_version` into every shard's config
+# hash by Master.connect; a package refuses a store of a newer schema. Stores written before the
+# field existed have schema 1.
+SCHEMA_VERSION = 1
+SCHEMA_FIELD = "schema_version"
 FUNCTION_MISSING = "Function not found"  # the reply to an FCALL when the library is not loaded
+
+
+def lua_dir() -> Path:
+    """The Lua sources: mooncake_redis/lua in a wheel; the repository's top-level lua/ in an
+    editable install or a checkout (setuptools maps it to mooncake_redis.lua only when building)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "lua"
+    return packaged if packaged.is_dir() else here.parent / "lua"
 
 
 @lru_cache(maxsize=1)
 def library_source() -> tuple[str, str]:
     """(source, version). Shared helpers (lua/lib) come first; each operation file (lua/ops)
-    is wrapped in do ... end so its locals stay its own."""
-    parts = [p.read_text() for p in sorted((LUA_DIR / "lib").glob("*.lua"))]
-    parts += ["do\n" + p.read_text() + "\nend" for p in sorted((LUA_DIR / "ops").glob("*.lua"))]
-    body = "\n".join(parts)
+    is wrapped in do ... end so its locals stay its own. The version is a hash of everything
+    after its own line (the protocol line included)."""
+    lua = lua_dir()
+    parts = [p.read_text() for p in sorted((lua / "lib").glob("*.lua"))]
+    parts += ["do\n" + p.read_text() + "\nend" for p in sorted((lua / "ops").glob("*.lua"))]
+    if not parts:
+        raise MasterError(ErrorCode.INTERNAL_ERROR, f"no Lua sources under {lua} (a broken installation)")
+    body = f"local LIBRARY_PROTOCOL = {LIBRARY_PROTOCOL}\n" + "\n".join(parts)
     version = hashlib.sha1(body.encode()).hexdigest()[:16]
     source = f"#!lua name={LIBRARY_NAME}\nlocal LIBRARY_VERSION = '{version}'\n{body}"
     return source, version
 
 
-def ensure_loaded(client: redis.Redis, force: bool = False) -> str:
-    """Load the library unless the server already runs this exact version (raw redis errors)."""
-    source, version = library_source()
-    if not force:
+def server_library(client: redis.Redis) -> tuple[str, int] | None:
+    """(version, protocol) of the library the server runs, or None when it has none (raw redis
+    errors). Protocol 1 replied the bare version; later protocols reply {version, protocol}."""
+    try:
+        reply = client.execute_command("FCALL_RO", "mc_version", 0)
+    except redis.ResponseError:  # no library, or one without mc_version
+        return None
+    if isinstance(reply, (bytes, str)):
+        return (reply.decode() if isinstance(reply, bytes) else reply), 1
+    if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], (bytes, str)):
+        version, protocol = reply
         try:
-            current = client.execute_command("FCALL_RO", "mc_version", 0)
-            if (current.decode() if isinstance(current, bytes) else current) == version:
-                return version
-        except redis.ResponseError:
+            return (version.decode() if isinstance(version, bytes) else version), int(protocol)
+        except (TypeError, ValueError):
             pass
+    raise MasterError(ErrorCode.INTERNAL_ERROR,
+                      f"the server's library {LIBRARY_NAME!r} replied {reply!r} to mc_version "
+                      f"(expected a version, or a version and a protocol number)")
+
+
+def ensure_loaded(client: redis.Redis) -> str:
+    """Load the library (FUNCTION LOAD REPLACE) when the server has none, or one of an older
+    protocol, or another build of the same protocol; refuse one of a newer protocol (raw redis
+    errors)."""
+    source, version = library_source()
+    current = server_library(client)
+    if current is not None:
+        their_version, their_protocol = current
+        if their_version == version:
+            return version
+        if their_protocol > LIBRARY_PROTOCOL:
+            raise MasterError(ErrorCode.INTERNAL_ERROR,
+                              f"the server runs library protocol {their_protocol}, newer than this "
+                              f"package's {LIBRARY_PROTOCOL}: upgrade mooncake-redis")
     client.execute_command("FUNCTION", "LOAD", "REPLACE", source)
     return version
 
 
-def load(client: redis.Redis, force: bool = False) -> str:
+def check_schema(namespace: str, stored: dict) -> None:
+    """Refuse a store (its shard 0 config hash, as HGETALL returned it) of a newer schema."""
+    raw = stored.get(SCHEMA_FIELD.encode())
+    if raw is None:
+        return
+    where = f"store {namespace!r} ({shard_key(namespace, 0)}:config)"
+    if not raw.isdigit():
+        raise MasterError(ErrorCode.INTERNAL_ERROR, f"{where}: field {SCHEMA_FIELD} has a corrupt value {raw!r}")
+    if int(raw) > SCHEMA_VERSION:
+        raise MasterError(ErrorCode.INTERNAL_ERROR,
+                          f"{where} has schema version {int(raw)}, newer than this package's "
+                          f"{SCHEMA_VERSION}: upgrade mooncake-redis")
+
+
+def stored_config(config: Any) -> dict[str, str]:
+    """The fields Master.connect writes to every shard's config hash: the MasterConfig and the
+    schema version."""
+    return {**config.to_redis(), SCHEMA_FIELD: str(SCHEMA_VERSION)}
+
+
+def load(client: redis.Redis) -> str:
     """ensure_loaded, with its failures as MasterError."""
     try:
-        return ensure_loaded(client, force)
+        return ensure_loaded(client)
+    except redis.BusyLoadingError as exc:
+        raise error_of(exc) from None
     except redis.ResponseError as exc:
         raise MasterError(ErrorCode.INTERNAL_ERROR,
                           f"cannot load the functions library {LIBRARY_NAME!r} (a user that may not "
@@ -66,7 +135,7 @@ def run(client: redis.Redis, commands: Sequence[Sequence[Any]], raise_on_error: 
         replies = _send(client, commands)
         missing = [i for i, r in enumerate(replies) if isinstance(r, redis.ResponseError) and FUNCTION_MISSING in str(r)]
         if missing:
-            load(client, force=True)
+            load(client)
             for i, reply in zip(missing, _send(client, [commands[i] for i in missing])):
                 replies[i] = reply
     except redis.AuthenticationError as exc:  # refused at login: nothing ran
@@ -99,12 +168,19 @@ def _send(client: redis.Redis, commands: Sequence[Sequence[Any]]) -> list[Any]:
     return pipe.execute(raise_on_error=False)
 
 
+# Error replies that say the server did not run the command now, and may later.
+_NOT_NOW = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+
+
 def error_of(exc: redis.RedisError) -> MasterError:
-    """An error reply as MasterError: a function's own keeps its code, anything else from Redis
-    (NOPERM, OOM, a library still missing after a reload) is INTERNAL_ERROR."""
+    """An error reply as MasterError: a function's own keeps its code; a server that did not run
+    the call now (LOADING, BUSY, ...) is UNAVAILABLE; anything else from Redis (NOPERM, OOM, a
+    library still missing after a reload) is INTERNAL_ERROR."""
     err = parse_error_reply(str(exc))
     if err is not None:
         return err
+    if isinstance(exc, redis.BusyLoadingError) or str(exc).split(" ", 1)[0] in _NOT_NOW:
+        return MasterError(ErrorCode.UNAVAILABLE, f"the call did not run, retry it: {exc}")
     if FUNCTION_MISSING in str(exc):
         return MasterError(ErrorCode.INTERNAL_ERROR, f"functions library {LIBRARY_NAME!r} missing after loading it: {exc}")
     return MasterError(ErrorCode.INTERNAL_ERROR, f"Redis replied: {exc}")

@@ -18,7 +18,7 @@ from .checks import _check_bool
 from .clock import ClockApi
 from .config import MasterConfig
 from .errors import ErrorCode, MasterError
-from .functions import load, run
+from .functions import check_schema, load, run, stored_config
 from .keys import ShardKeys
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
@@ -47,8 +47,11 @@ def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
     if not isinstance(url, str):
         raise MasterError(ErrorCode.INVALID_PARAMS, "url must be a str")
     if url.startswith("memory://"):
-        import fakeredis
-
+        try:
+            import fakeredis
+        except ImportError:
+            raise MasterError(ErrorCode.INVALID_PARAMS, "memory:// URLs need fakeredis: "
+                              "pip install 'mooncake-redis[memory]'") from None
         name = url[len("memory://"):] or "default"
         with _memory_lock:
             server = _memory_servers.setdefault(name, fakeredis.FakeServer())
@@ -99,6 +102,7 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi):
     def _open(cls, client: redis.Redis, config: MasterConfig | None) -> "Master":
         namespace = config.namespace if config else MasterConfig.namespace
         stored = run(client, [("HGETALL", ShardKeys(namespace, 0).config)])[0]
+        check_schema(namespace, stored)
         current = MasterConfig.from_redis(namespace, stored) if stored else None
         if config is None:
             config = current or MasterConfig()
@@ -107,13 +111,13 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi):
                               f"store {namespace!r} has {current.shards} shards, config says {config.shards}")
         load(client)
         master = cls(client, config)
-        wanted = {k.encode(): v.encode() for k, v in config.to_redis().items()}
+        wanted = {k.encode(): v.encode() for k, v in stored_config(config).items()}
         if any(stored.get(k) != v for k, v in wanted.items()):  # new store, new settings or new fields
             master._write_config()
         return master
 
     def _write_config(self) -> None:
-        fields = [x for kv in self.config.to_redis().items() for x in kv]
+        fields = [x for kv in stored_config(self.config).items() for x in kv]
         self.transport.run([("HSET", k.config, *fields) for k in self.transport.keys])
 
     def close(self) -> None:

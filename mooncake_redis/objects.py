@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Sequence
 
+from . import wire
 from .config import ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
 from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus
@@ -29,13 +30,15 @@ class ObjectsApi(ApiBase):
             action = SoftPinAction(c.soft_pin_action)
         except ValueError:
             raise MasterError(ErrorCode.INVALID_PARAMS, f"unknown soft_pin_action {c.soft_pin_action!r}") from None
-        ttl = "" if c.soft_pin_ttl_ms is None else _check_int(c.soft_pin_ttl_ms, "soft_pin_ttl_ms", 0)
-        group = "" if c.group_id in (None, "") else _check_name(c.group_id, "group_id")  # "": ungrouped
+        ttl = None if c.soft_pin_ttl_ms is None else _check_int(c.soft_pin_ttl_ms, "soft_pin_ttl_ms", 0)
+        group = None if c.group_id in (None, "") else _check_name(c.group_id, "group_id")  # "": ungrouped
         if not isinstance(c.preferred_segments, (list, tuple)):
             raise MasterError(ErrorCode.INVALID_PARAMS, "preferred_segments must be a list or tuple of names")
         prefs = [_check_name(s, "preferred segment", 1024) for s in c.preferred_segments]
         hard_pin = _check_bool(c.with_hard_pin, "with_hard_pin")
-        return [client_id, tenant_id, c.replica_num, action.value, ttl, int(hard_pin), group, len(prefs), *prefs]
+        return wire.head(wire.KEY_SIZE, client_id=client_id, tenant=tenant_id, replica_num=c.replica_num,
+                         soft_pin_action=action.value, soft_pin_ttl_ms=ttl, hard_pin=int(hard_pin),
+                         group=group, preferred=prefs)
 
     def _group_shard_ok(self, key: bytes, config: ReplicateConfig | None) -> bool:
         if config is None or config.group_id in (None, "") or self.shards == 1:
@@ -77,7 +80,8 @@ class ObjectsApi(ApiBase):
         _check_name(client_id, "client_id")
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
-        return [ErrorCode(r) for r in self.transport.batch(fn, [client_id, tenant_id], [(k,) for k in bkeys], bkeys)]
+        head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id)
+        return [ErrorCode(r) for r in self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)]
 
     def put_end(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
         self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id)[0], "put_end", key)
@@ -100,9 +104,10 @@ class ObjectsApi(ApiBase):
     def _read(self, fn: str, keys: Sequence[Any], tenant_id: str) -> list[Any]:
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
+        head = wire.head(wire.KEY, tenant=tenant_id)
         if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip, no grouping
-            return self.transport.call(fn, 0, tenant_id, *bkeys)
-        return self.transport.batch(fn, [tenant_id], [(k,) for k in bkeys], bkeys)
+            return self.transport.call(fn, 0, *head, *bkeys)
+        return self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)
 
     @staticmethod
     def _replica_list(reply: Any) -> Result:
@@ -131,7 +136,7 @@ class ObjectsApi(ApiBase):
 
     # ---- removal ---------------------------------------------------------------------
     def _remove(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> list[ErrorCode]:
-        head = [tenant_id, int(force)]
+        head = wire.head(wire.KEY, tenant=tenant_id, force=int(force))
         return [ErrorCode(r) for r in self.transport.batch("mc_remove", head, [(k,) for k in keys], keys)]
 
     def remove(self, key: Any, force: bool = False, tenant_id: str = "default") -> None:
@@ -169,7 +174,8 @@ class ObjectsApi(ApiBase):
     def _task_ref(self, key: Any, delta: int, tenant_id: str) -> int:
         _check_tenant(tenant_id)
         bkey = _as_key(key)
-        reply = self.transport.call("mc_task_ref", self.transport.shard_of(bkey), tenant_id, delta, bkey)[0]
+        head = wire.head(wire.KEY, tenant=tenant_id, delta=delta)
+        reply = self.transport.call("mc_task_ref", self.transport.shard_of(bkey), *head, bkey)[0]
         if isinstance(reply, int):
             raise MasterError(ErrorCode(reply), f"task reference {key!r}")
         return int(reply[0])
@@ -194,7 +200,8 @@ class ObjectsApi(ApiBase):
         """The object as stored; an inspection, not a read: no lease is granted."""
         _check_tenant(tenant_id)
         bkey = _as_key(key)
-        reply = self.transport.call("mc_describe", self.transport.shard_of(bkey), tenant_id, bkey)
+        argv = wire.options(tenant=tenant_id, key=bkey)
+        reply = self.transport.call("mc_describe", self.transport.shard_of(bkey), *argv)
         if isinstance(reply, int):
             raise MasterError(ErrorCode(reply), f"describe {key!r}")
         flat, lease, live = reply

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from . import wire
 from .errors import MasterError
 from .keys import segment_slice
 from .transport import CHUNK_OF
@@ -19,8 +20,9 @@ class SegmentsApi(ApiBase):
         _check_int(base, "base", 0)
         _check_int(base + size, "base + size", 1)
         t = self.transport
-        t.run([t.command("mc_mount_segment", shard, name, client_id, *segment_slice(base, size, shard, self.shards))
-               for shard in range(self.shards)])
+        slices = [segment_slice(base, size, shard, self.shards) for shard in range(self.shards)]
+        t.run([t.command("mc_mount_segment", shard, *wire.options(name=name, client_id=client_id, base=lo, size=length))
+               for shard, (lo, length) in enumerate(slices)])
 
     def unmount_segment(self, name: str, client_id: str,
                         progress: Callable[[int], None] | None = None) -> int:
@@ -29,7 +31,8 @@ class SegmentsApi(ApiBase):
         and deleted."""
         _check_name(name, "segment name", 1024)
         _check_name(client_id, "client_id")
-        results = self.transport.each("mc_unmount_segment", name, client_id, raise_on_error=False)
+        argv = wire.options(name=name, client_id=client_id)
+        results = self.transport.each("mc_unmount_segment", *argv, raise_on_error=False)
         errors = [r for r in results if isinstance(r, MasterError)]
         if len(errors) == len(results):
             raise errors[0]
@@ -45,7 +48,8 @@ class SegmentsApi(ApiBase):
         for tenant, keys in self.transport.scan_objects(shard):
             size = CHUNK_OF["mc_sweep_replicas"]
             for start in range(0, len(keys), size):
-                deleted += self.transport.call("mc_sweep_replicas", shard, tenant, *keys[start:start + size])
+                deleted += self.transport.call("mc_sweep_replicas", shard, *wire.head(wire.KEY, tenant=tenant),
+                                               *keys[start:start + size])
             scanned += len(keys)
             if on_batch and on_batch(scanned) is False:
                 return deleted
@@ -56,7 +60,7 @@ class SegmentsApi(ApiBase):
         """Record liveness; returns "OK", or "NEED_REMOUNT" when some shard does not know the
         client (never mounted, or expired by the client-TTL cleanup)."""
         _check_name(client_id, "client_id")
-        known = self.transport.each("mc_ping", client_id)
+        known = self.transport.each("mc_ping", *wire.options(client_id=client_id))
         return "OK" if all(known) else "NEED_REMOUNT"
 
     # ---- inspection ------------------------------------------------------------------

@@ -261,23 +261,29 @@ def test_raw_function_calls_with_garbage_arguments(m):
             fcall(*args)
         assert str(info.value).startswith("INVALID_PARAMS -600"), str(info.value)
 
-    head = [WRITER, "default", 1, "preserve", "", 0, "", 0]
-    bad_sizes = ["1.5", "-5", "0", "1e3", "", " 7", "0x10", "99999999999999999999", "abc"]
+    def put(*opts, rows=("k", 10), fields=("key", "size")):
+        return ("mc_put_start", 1, p0, len(opts) // 2, *opts, len(fields), *fields, *rows)
+
+    writer = ("client_id", WRITER)
+    bad_sizes = ["1.5", "-5", "0", "1e3", "", " 7", "0x10", "99999999999999999999", "abc", "-0", "010"]
     for size in bad_sizes:
-        assert fcall("mc_put_start", 1, p0, *head, "rawkey", size) == [int(ErrorCode.INVALID_PARAMS)], size
-    assert fcall("mc_put_start", 1, p0, *head, "", 10) == [int(ErrorCode.INVALID_PARAMS)]
-    whole_call_error("mc_put_start", 1, p0, WRITER, "default", "x", "preserve", "", 0, "", 0, "k", 10)
-    whole_call_error("mc_put_start", 1, p0, WRITER, "default", 0, "preserve", "", 0, "", 0, "k", 10)
-    whole_call_error("mc_put_start", 1, p0, WRITER, "default", 1, "sometimes", "", 0, "", 0, "k", 10)
-    whole_call_error("mc_put_start", 1, p0, WRITER, "default", 1, "preserve", "", 2, "", 0, "k", 10)
-    whole_call_error("mc_put_start", 1, p0, WRITER, "default", 1, "preserve", "", 0, "", 0, "k")  # odd pairs
-    whole_call_error("mc_put_start", 1, p0, WRITER, "default", 1, "preserve", "", 0, "", 5, "k", 10)
-    whole_call_error("mc_put_start", 1, p0, WRITER, "bad tenant", 1, "preserve", "", 0, "", 0, "k", 10)
-    whole_call_error("mc_mount_segment", 1, p0, "raw-seg", OWNER, -1, 100)
-    whole_call_error("mc_mount_segment", 1, p0, "raw-seg", OWNER, 0, "1.5")
-    whole_call_error("mc_mount_segment", 1, p0, "raw-seg", OWNER, 0, 0)
-    whole_call_error("mc_remove", 1, p0, "default", "yes", "done")
-    whole_call_error("mc_get_replica_list", 1, p0, "", "done")
-    whole_call_error("mc_exist_key", 1, p0, "a b", "done")
-    whole_call_error("mc_put_end", 1, p0, WRITER, "", "busy")
+        assert fcall(*put(*writer, rows=("rawkey", size))) == [int(ErrorCode.INVALID_PARAMS)], size
+    assert fcall(*put(*writer, rows=("", 10))) == [int(ErrorCode.INVALID_PARAMS)]
+    whole_call_error(*put(*writer, "replica_num", "x"))
+    whole_call_error(*put(*writer, "replica_num", 0))
+    whole_call_error(*put(*writer, "soft_pin_action", "sometimes"))
+    whole_call_error(*put(*writer, "hard_pin", 2))
+    whole_call_error(*put(*writer, rows=("k",)))  # a row short of its fields
+    whole_call_error(*put(*writer, "soft_pin_ttl_ms", 5))  # a ttl without enable
+    whole_call_error(*put(*writer, "tenant", "bad tenant"))
+    whole_call_error(*put())  # no client_id
+    whole_call_error("mc_mount_segment", 1, p0, 4, "name", "raw-seg", "client_id", OWNER, "base", -1, "size", 100)
+    whole_call_error("mc_mount_segment", 1, p0, 4, "name", "raw-seg", "client_id", OWNER, "base", 0, "size", "1.5")
+    whole_call_error("mc_mount_segment", 1, p0, 4, "name", "raw-seg", "client_id", OWNER, "base", 0, "size", 0)
+    whole_call_error("mc_mount_segment", 1, p0, 3, "name", "raw-seg", "client_id", OWNER, "base", 0)
+    whole_call_error("mc_remove", 1, p0, 1, "force", "yes", 1, "key", "done")
+    whole_call_error("mc_get_replica_list", 1, p0, 1, "tenant", "", 1, "key", "done")
+    whole_call_error("mc_exist_key", 1, p0, 1, "tenant", "a b", 1, "key", "done")
+    whole_call_error("mc_put_end", 1, p0, 1, "client_id", "", 1, "key", "busy")
+    whole_call_error("mc_put_end", 1, p0, 0, 1, "key", "busy")
     assert m.usage() == usage and store_snapshot(m) == before

@@ -9,9 +9,9 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from cli.main import cli
 from mooncake_redis import Master, MasterConfig, ReplicateConfig, SoftPinAction
-from mooncake_redis.functions import library_source
+from mooncake_redis.cli.main import cli
+from mooncake_redis.functions import LIBRARY_PROTOCOL, library_source
 from mooncake_redis.keys import shard_key, shard_of
 from mooncake_redis.server import free_port
 
@@ -46,7 +46,7 @@ def test_status(store, valkey):
     assert r.exit_code == 0, r.output
     out = r.stdout
     assert "shards 2" in out
-    assert f"version {library_source()[1]} (same as this package)" in out
+    assert f"version {library_source()[1]} protocol {LIBRARY_PROTOCOL} (same as this package)" in out
     assert "FROZEN at 2023-11-14T22:13:20.000Z (1700000000000 ms)" in out
     total = next(line for line in out.splitlines() if line.startswith("total"))
     assert total.split() == ["total", str(2 << 20), str(2 * 4096 + 100), "0.4%", "2", "1", "0"]
@@ -128,7 +128,7 @@ def test_inspect_shows_dead_replicas(store, valkey):
     # unmount seg-b on every shard without the sweep that Master.unmount_segment runs after it
     client = redis.Redis.from_url(valkey.url)
     for i in range(2):
-        client.execute_command("FCALL", "mc_unmount_segment", 1, shard_key("mc", i), "seg-b", "client-1")
+        client.execute_command("FCALL", "mc_unmount_segment", 1, shard_key("mc", i), 2, "name", "seg-b", "client_id", "client-1")
     r = run("--redis", valkey.url, "inspect", "k1")
     assert r.exit_code == 0, r.output
     assert "replicas     1 live, 1 dead" in r.stdout
@@ -197,7 +197,7 @@ def fake_bench(monkeypatch):
         calls.append((url, n, shards))
         out("fake bench done")
 
-    monkeypatch.setitem(sys.modules, "bench.ops", types.SimpleNamespace(main=main))
+    monkeypatch.setitem(sys.modules, "mooncake_redis.bench.ops", types.SimpleNamespace(main=main))
     return calls
 
 

@@ -432,6 +432,20 @@ def test_evict_on_put_lets_a_put_succeed_in_a_full_store(master):
     assert alive(m, "{t}/new1") and alive(m, "{t}/new2")
 
 
+def test_evict_on_put_makes_room_for_every_key_of_a_batch(master):
+    """Each key of a batch that finds no space evicts what it needs (not 16 units for the whole
+    call): a full store takes a batch of 32 new objects with no worker running."""
+    m = master
+    mount(m)
+    keys = [f"{{t}}/k{i:03d}" for i in range(100)]
+    fill(m, keys, read=False)
+    assert used(m, keys[0]) == CAP
+    new = [f"{{t}}/new{i:02d}" for i in range(32)]
+    out = m.batch_put_start(W, new, [OBJ] * len(new))
+    assert all(isinstance(r, list) for r in out), out
+    assert gone(m, keys) == keys[:32]  # the 32 least recently used, oldest first
+
+
 @pytest.mark.parametrize("protection", ["leased", "hard_pinned", "in_progress", "soft_not_allowed"])
 def test_evict_on_put_fails_when_everything_is_protected(new_master, protection):
     m = new_master(allow_evict_soft_pinned_objects=protection != "soft_not_allowed")

@@ -78,7 +78,7 @@ def populate(m) -> None:
     m.put_start("client-1", "b-and-c-again", 512, ReplicateConfig(replica_num=2, preferred_segments=("seg-c", "seg-b")))
     m.put_end("client-1", "b-and-c-again")
     for p in all_shard_keys(m):
-        m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, "seg-c", "client-2")
+        m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, 2, "name", "seg-c", "client_id", "client-2")
     m.mount_segment("seg-c", SEG, "client-2", base=1 << 31)
     assert [r.segment for r in m.describe("b-and-c-again").replicas] == ["seg-b"]
     assert "rep:seg-c" in m.describe("b-and-c-again").fields
@@ -536,7 +536,7 @@ def test_dead_replicas_with_a_sweep_owed_are_not_drift(store):
     m.put_start("client-1", "soon-dead", 512, ReplicateConfig(preferred_segments=("seg-c",)))
     m.put_end("client-1", "soon-dead")
     for p in all_shard_keys(m):  # the unmount steps alone: the sweep is owed (P:sweep_pending)
-        m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, "seg-c", "client-2")
+        m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, 2, "name", "seg-c", "client_id", "client-2")
     assert_clean(m)
     for p in all_shard_keys(m):
         m.redis.delete(p.sweep_pending)  # the marker lost: now fsck owns the sweep

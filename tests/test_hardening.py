@@ -160,9 +160,10 @@ def test_refused_mounts_write_nothing(master):
         m.mount_segment("seg", 4096 * m.shards, "someone-else")
     assert_unchanged(m, before)  # the other client was not recorded
     big = 2**52
-    assert fcall(m, "mc_mount_segment", 0, "huge-1", OWNER, 0, big) == 0
+    mount_args = lambda name: (4, "name", name, "client_id", OWNER, "base", 0, "size", big)  # noqa: E731
+    assert fcall(m, "mc_mount_segment", 0, *mount_args("huge-1")) == 0
     before = store_snapshot(m)
-    msg = error_of(m, "mc_mount_segment", 1, shard_keys(m, 0).P, "huge-2", OWNER, 0, big)
+    msg = error_of(m, "mc_mount_segment", 1, shard_keys(m, 0).P, *mount_args("huge-2"))
     assert msg.startswith("INVALID_PARAMS -600") and "2^53" in msg
     assert_unchanged(m, before)
 
@@ -174,13 +175,15 @@ def test_non_canonical_numbers_are_refused(master, value):
     m = master
     mount(m, "seg", 4096)
     before = store_snapshot(m)
-    p = shard_keys(m, 0)
-    msg = error_of(m, "mc_mount_segment", 1, p.P, "raw", OWNER, value, 100)
+    p = shard_keys(m, 0).P
+    msg = error_of(m, "mc_mount_segment", 1, p, 4, "name", "raw", "client_id", OWNER, "base", value, "size", 100)
     assert msg.startswith("INVALID_PARAMS -600"), msg
-    head = [WRITER, "default", 1, "preserve", "", 0, "", 0]
+    head = [1, "client_id", WRITER, 2, "key", "size"]
     (key,) = keys_on_shard(m, 0, 1)
     assert fcall(m, "mc_put_start", 0, *head, key, value) == [int(ErrorCode.INVALID_PARAMS)]
-    assert error_of(m, "mc_evict", 1, p.P, value).startswith("INVALID_PARAMS -600")
+    assert error_of(m, "mc_put_start", 1, p, 2, "client_id", WRITER, "replica_num", value, 2, "key", "size",
+                    key, 1).startswith("INVALID_PARAMS -600")
+    assert error_of(m, "mc_evict", 1, p, value).startswith("INVALID_PARAMS -600")
     assert_unchanged(m, before)
 
 
@@ -233,9 +236,9 @@ def test_every_function_refuses_a_shard_key_that_is_not_one(master):
     assert not list(m.redis.scan_iter(match="other*")) and not m.redis.exists("x")
 
 
-PUT_ARGS = [WRITER, "default", 1, "preserve", "", 0, "", 0, "k", 1]
-CONFIG_READERS = {"client_ttl": ("mc_expire_clients", [16]), "default_kv_lease_ttl": ("mc_get_replica_list", ["default", "k"]),
-                  "eviction_ratio": ("mc_evict", [16]), "shards": ("mc_ping", ["c"]), "evict_on_put": ("mc_put_start", PUT_ARGS),
+PUT_ARGS = [1, "client_id", WRITER, 2, "key", "size", "k", 1]
+CONFIG_READERS = {"client_ttl": ("mc_expire_clients", [16]), "default_kv_lease_ttl": ("mc_get_replica_list", [0, 1, "key", "k"]),
+                  "eviction_ratio": ("mc_evict", [16]), "shards": ("mc_ping", [1, "client_id", "c"]), "evict_on_put": ("mc_put_start", PUT_ARGS),
                   "put_start_discard_timeout": ("mc_discard_puts", [16])}
 
 
@@ -309,18 +312,19 @@ def test_oversized_calls_are_refused_before_any_work(master):
     m = master
     mount(m, "seg", 4096)
     before = store_snapshot(m)
-    p = shard_keys(m, 0)
+    p = shard_keys(m, 0).P
     many = [f"k{i}" for i in range(100_000)]
-    for fn, head in (("mc_get_replica_list", ["default"]), ("mc_exist_key", ["default"]),
-                     ("mc_remove", ["default", 0]), ("mc_put_end", [WRITER, "default"]),
-                     ("mc_task_ref", ["default", 1]), ("mc_sweep_replicas", ["default"])):
-        assert error_of(m, fn, 1, p.P, *head, *many).startswith("INVALID_PARAMS -600 at most"), fn
+    for fn, head in (("mc_get_replica_list", [0, 1, "key"]), ("mc_exist_key", [0, 1, "key"]),
+                     ("mc_remove", [0, 1, "key"]), ("mc_put_end", [1, "client_id", WRITER, 1, "key"]),
+                     ("mc_task_ref", [1, "delta", 1, 1, "key"]), ("mc_sweep_replicas", [0, 1, "key"])):
+        assert error_of(m, fn, 1, p, *head, *many).startswith("INVALID_PARAMS -600 at most"), fn
     pairs = [x for i in range(129) for x in (f"k{i}", 1)]
-    msg = error_of(m, "mc_put_start", 1, p.P, WRITER, "default", 1, "preserve", "", 0, "", 0, *pairs)
+    msg = error_of(m, "mc_put_start", 1, p, 1, "client_id", WRITER, 2, "key", "size", *pairs)
     assert "at most 128 keys" in msg
     prefs = [f"s{i}" for i in range(65)]
-    assert error_of(m, "mc_put_start", 1, p.P, WRITER, "default", 1, "preserve", "", 0, "", 65, *prefs,
-                    "k", 1).startswith("INVALID_PARAMS -600 n_preferred")
+    prefs = [x for s in prefs for x in ("preferred", s)]
+    assert error_of(m, "mc_put_start", 1, p, 66, "client_id", WRITER, *prefs, 2, "key", "size",
+                    "k", 1).startswith("INVALID_PARAMS -600 at most 64 preferred")
     assert_unchanged(m, before)
 
 

@@ -14,10 +14,10 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from cli.main import cli
 from conftest import T0
 from helpers import OWNER, WRITER, all_shard_keys, mount, put, raises_code, shard_keys, store_snapshot
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig, preflight
+from mooncake_redis.cli.main import cli
 from mooncake_redis.fsck import fsck
 from mooncake_redis.functions import library_source
 from mooncake_redis.keys import ShardKeys
@@ -385,7 +385,7 @@ def test_segments_and_status_show_binary_ids(valkey):
     m = Master.connect(valkey.url, MasterConfig(shards=2))
     m.freeze_clock(T0)
     for p in all_shard_keys(m):  # wire-legal: any bytes
-        m.redis.execute_command("FCALL", "mc_mount_segment", 1, p.P, b"seg\xff", BIN_CLIENT, 0, 1000)
+        m.redis.execute_command("FCALL", "mc_mount_segment", 1, p.P, 4, "name", b"seg\xff", "client_id", BIN_CLIENT, "base", 0, "size", 1000)
         m.redis.execute_command("FCALL", "mc_claim", 1, p.P, b"\xffworker", 5000)
         m.redis.hset(p.metrics, mapping={"last_pass_ms": T0, "last_worker": b"\xffworker"})
     assert m.segments() == [{"name": "seg\\xff", "client": "\\xff\\xfeclient", "size": 2000, "used": 0}]
@@ -415,3 +415,13 @@ def test_passwords_are_never_printed(url, command):
     r = CliRunner().invoke(cli, ["--redis", url, *command], env={"MOONCAKE_REDIS_URL": None})
     assert r.exit_code == 2, r.output
     assert "cr3t" not in r.output, r.output
+
+
+def test_a_loading_server_is_unavailable_not_an_internal_error():
+    """LOADING (and BUSY, MASTERDOWN, ...) mean the call did not run: a retryable code."""
+    from mooncake_redis.functions import error_of
+
+    assert error_of(redis.BusyLoadingError("Valkey is loading the dataset in memory")).code == ErrorCode.UNAVAILABLE
+    assert error_of(redis.ResponseError("BUSY Valkey is busy running a script.")).code == ErrorCode.UNAVAILABLE
+    assert error_of(redis.ResponseError("NOPERM no permissions")).code == ErrorCode.INTERNAL_ERROR
+    assert error_of(redis.ResponseError("INVALID_PARAMS -600 bad")).code == ErrorCode.INVALID_PARAMS

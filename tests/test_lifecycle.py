@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import WRITER, keys_on_shard, mount, put, raises_code, shard_keys, shard_of_key
+from helpers import WRITER, keys_of, keys_on_shard, mount, put, raises_code, shard_keys, shard_of_key
 from mooncake_redis import ErrorCode, ReplicaStatus, ReplicateConfig
 from mooncake_redis.keys import shard_of
 
@@ -306,34 +306,63 @@ def test_batch_put_end_and_revoke_return_codes_in_order(master):
 # ---- the wire protocol -------------------------------------------------------------------
 
 def test_functions_are_the_wire_protocol(master):
-    """A non-Python engine calls the functions with any Redis client."""
+    """A non-Python engine calls the functions with any Redis client: named options, then the
+    declared per-key fields, then the rows."""
     mount(master, "seg", 1 << 16)
     r = master.redis
     key = b"wire/key"
     p = shard_keys(master, shard_of(key, master.shards)).P
-    # put_start: client, tenant, replica_num, soft_pin_action, soft_pin_ttl, hard_pin, group,
-    # n_preferred, then key/size pairs -> one reply per key: [segment, offset, ...]
-    reply = r.execute_command("FCALL", "mc_put_start", 1, p, "engine", "default", 1, "preserve", "", 0, "", 0,
-                              key, 4096)
+
+    def fcall(fn, *argv):
+        return r.execute_command("FCALL", fn, 1, p, *argv)
+
+    # put_start: 1 option (client_id; the rest take their defaults), 2 fields (key, size)
+    reply = fcall("mc_put_start", 1, "client_id", "engine", 2, "key", "size", key, 4096)
     assert len(reply) == 1 and reply[0][0] == b"seg" and isinstance(reply[0][1], int)
     offset = reply[0][1]
-    assert r.execute_command("FCALL", "mc_exist_key", 1, p, "default", key) == [0]
-    assert r.execute_command("FCALL", "mc_get_replica_list", 1, p, "default", key) == [
+    assert fcall("mc_exist_key", 0, 1, "key", key) == [0]  # tenant defaults to "default"
+    assert fcall("mc_get_replica_list", 1, "tenant", "default", 1, "key", key) == [
         int(ErrorCode.REPLICA_IS_NOT_READY)]
-    assert r.execute_command("FCALL", "mc_put_end", 1, p, "engine", "default", key, b"missing") == [
+    assert fcall("mc_put_end", 2, "client_id", "engine", "tenant", "default", 1, "key", key, b"missing") == [
         0, int(ErrorCode.OBJECT_NOT_FOUND)]
-    assert r.execute_command("FCALL", "mc_exist_key", 1, p, "default", key, b"missing") == [1, 0]
+    assert fcall("mc_exist_key", 0, 1, "key", key, b"missing") == [1, 0]
     ttl = master.config.default_kv_lease_ttl
-    assert r.execute_command("FCALL", "mc_get_replica_list", 1, p, "default", key) == [
-        [ttl, 4096, b"seg", offset]]
+    assert fcall("mc_get_replica_list", 0, 1, "key", key) == [[ttl, 4096, b"seg", offset]]
     # the typed client sees the same object
     assert master.get_replica_list(key).replicas[0].offset == offset
-    assert r.execute_command("FCALL", "mc_remove", 1, p, "default", 0, key) == [int(ErrorCode.OBJECT_HAS_LEASE)]
-    assert r.execute_command("FCALL", "mc_remove", 1, p, "default", 1, key) == [0]
+    assert fcall("mc_remove", 0, 1, "key", key) == [int(ErrorCode.OBJECT_HAS_LEASE)]
+    assert fcall("mc_remove", 1, "force", 1, 1, "key", key) == [0]
     assert master.usage().used_bytes == 0
     # whole-call errors are "<NAME> <code> <detail>" replies
     import redis as redis_py
 
+    for argv, why in [((1, "tenant", "bad tenant", 1, "key", key), "tenant_id"),
+                      ((1, "colour", "red", 1, "key", key), "unknown option colour"),
+                      ((0, 1, "prefix", key), "unknown or repeated field prefix"),
+                      ((0, 2, "key", "key", key, key), "unknown or repeated field key"),
+                      ((2, "tenant", "a", "tenant", "b", 1, "key", key), "option tenant given twice"),
+                      ((3, "tenant", "a", 1, "key", key), "expected n_opts"),
+                      ((0,), "expected n_fields")]:
+        with pytest.raises(redis_py.ResponseError) as info:
+            fcall("mc_exist_key", *argv)
+        assert str(info.value).startswith("INVALID_PARAMS -600") and why in str(info.value), (argv, info.value)
     with pytest.raises(redis_py.ResponseError) as info:
-        r.execute_command("FCALL", "mc_exist_key", 1, p, "bad tenant", key)
-    assert str(info.value).startswith("INVALID_PARAMS -600")
+        fcall("mc_put_start", 1, "client_id", "engine", 1, "key", key)
+    assert "missing field size" in str(info.value)
+    with pytest.raises(redis_py.ResponseError) as info:
+        fcall("mc_put_start", 0, 2, "key", "size", key, 1)
+    assert "missing option client_id" in str(info.value)
+    with pytest.raises(redis_py.ResponseError) as info:
+        fcall("mc_put_start", 1, "client_id", "engine", 2, "key", "size", key)
+    assert "each row must have 2 values" in str(info.value)
+
+
+def test_put_start_keeps_a_prefix_field_passed_per_key(master):
+    """The prefix hash is computed by the caller and passed per key (field `prefix`)."""
+    mount(master, "seg", 1 << 16)
+    key = b"{w}a"
+    p = keys_of(master, key).P
+    reply = master.redis.execute_command("FCALL", "mc_put_start", 1, p, 1, "client_id", WRITER,
+                                         3, "key", "prefix", "size", key, "ab" * 16, 100, b"{w}b", "", 100)
+    assert isinstance(reply[0], list) and reply[1] == int(ErrorCode.INVALID_PARAMS)  # an empty prefix
+    assert master.describe(key).fields["prefix"] == "ab" * 16

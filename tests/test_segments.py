@@ -87,7 +87,7 @@ def test_unmount_hides_replicas_at_once(master):
     put(master, "only-a", 100, config=ReplicateConfig(preferred_segments=("a",)))
     put(master, "both", 200, config=ReplicateConfig(replica_num=2))
     for p in all_shard_keys(master):  # the raw per-shard step, without the client's sweep
-        master.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, "a", OWNER)
+        master.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, 2, "name", "a", "client_id", OWNER)
     assert master.usage().capacity_bytes == size_b and master.usage().used_bytes == 200
     with raises_code(ErrorCode.OBJECT_NOT_FOUND):
         master.get_replica_list("only-a")

@@ -18,8 +18,9 @@ import redis
 from click.testing import CliRunner
 
 import mooncake_redis.server as server_module
-from cli.main import cli, safe_url
 from mooncake_redis import Master
+from mooncake_redis.cli.main import cli, safe_url
+from mooncake_redis.functions import server_library
 from mooncake_redis.server import EmbeddedValkey, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,12 +32,12 @@ def _env() -> dict:
 
 
 class Serve:
-    """`python -m cli.main serve --data-dir DIR ...` as a child process."""
+    """`python -m mooncake_redis.cli serve --data-dir DIR ...` as a child process."""
 
     def __init__(self, tmp: Path, data_dir: Path, *args: str):
         self.data_dir = data_dir
         self.err_path = tmp / f"serve-{time.monotonic_ns()}.err"
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "serve", "--data-dir", str(data_dir), *args],
                                      cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=open(self.err_path, "w"),
                                      text=True)
         self.lines: queue.Queue = queue.Queue()
@@ -109,7 +110,7 @@ def unauthenticated_ping(port: int) -> bytes:
 
 def serve_once(tmp: Path, data: Path, *args: str) -> subprocess.CompletedProcess:
     """A `serve` expected to fail at start."""
-    return subprocess.run([sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data), *args],
+    return subprocess.run([sys.executable, "-m", "mooncake_redis.cli", "serve", "--data-dir", str(data), *args],
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=START_TIMEOUT_S)
 
 
@@ -122,7 +123,7 @@ def test_serve_process(tmp_path):
         password = (data / "password").read_text().strip()
         assert url == f"redis://:{password}@127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
-        assert client.execute_command("FCALL", "mc_version", 0).decode() == version
+        assert server_library(client)[0] == version
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert client.config_get("dir")["dir"] == str(data.resolve())
         assert client.hget("mc:{mc:0}:config", "shards") == b"1"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from helpers import mount, put, raises_code
-from mooncake_redis import ErrorCode, MasterError
+from mooncake_redis import ErrorCode, MasterError, wire
 from mooncake_redis.keys import ShardKeys, shard_of
 from mooncake_redis.transport import Shards
 
@@ -43,22 +43,25 @@ def test_batch_groups_by_shard_chunks_and_keeps_input_order(master):
     for key in stored:
         put(m, key, 10)
     t, sent = recording(m)
-    replies = t.batch("mc_exist_key", ["default"], [(k,) for k in keys], keys, chunk=4)
+    head = wire.head(wire.KEY, tenant="default")
+    replies = t.batch("mc_exist_key", head, [(k,) for k in keys], keys, chunk=4)
     assert replies == [1 if k in stored else 0 for k in keys]
     assert len(sent) == 1  # one pipeline
     per_shard = {s: sum(1 for k in keys if shard_of(k, m.shards) == s) for s in range(m.shards)}
     assert len(sent[0]) == sum(math.ceil(n / 4) for n in per_shard.values())
     for command in sent[0]:
-        assert command[:2] == ("FCALL", "mc_exist_key") and command[4] == "default"
+        assert command[:2] == ("FCALL", "mc_exist_key") and list(command[4:4 + len(head)]) == head
         shard = next(i for i, k in enumerate(t.keys) if k.P == command[3])
-        assert 1 <= len(command[5:]) <= 4 and all(shard_of(k, m.shards) == shard for k in command[5:])
+        rows = command[4 + len(head):]
+        assert 1 <= len(rows) <= 4 and all(shard_of(k, m.shards) == shard for k in rows)
 
 
 def test_call_each_and_command_address_one_shard(master):
     t, sent = recording(master)
     assert t.command("mc_now", 0) == ("FCALL", "mc_now", 1, t.keys[0].P)
-    assert t.call("mc_ping", t.count - 1, "nobody") == 0
-    assert t.each("mc_ping", "nobody") == [0] * t.count
+    nobody = wire.options(client_id="nobody")
+    assert t.call("mc_ping", t.count - 1, *nobody) == 0
+    assert t.each("mc_ping", *nobody) == [0] * t.count
     assert [c[3] for c in sent[-1]] == [k.P for k in t.keys]
 
 

@@ -114,6 +114,67 @@ local function valid_name(s, max_len)
   return type(s) == 'string' and #s >= 1 and #s <= max_len
 end
 
+-- The wire format of the engine-facing functions: named options, then declared per-key fields.
+--   ARGV = n_opts, (name, value) x n_opts [, n_fields, field name x n_fields, rows...]
+-- where each row has n_fields values in the declared order. A caller written for an older
+-- protocol keeps working when options or fields are added; an unknown option or field is
+-- INVALID_PARAMS, so a newer caller learns at once what this library does not know.
+-- spec = { opts = { name = 'required' | 'optional' | 'list' }, fields = { name = 'required' |
+-- 'optional' } (nil for a function without rows), max_rows = N }.
+-- Returns { opts = {name = value or {values} for 'list'}, fields = {names in order}, stride,
+-- first (ARGV index of the first row), rows (count) }, or nil and the reason.
+local function parse_call(args, spec)
+  local n = int_arg(args[1], 0, 128)
+  if not n or #args < 1 + 2 * n then return nil, 'expected n_opts, then that many option name, value pairs' end
+  local opts = {}
+  for i = 2, 2 * n, 2 do
+    local name, value = args[i], args[i + 1]
+    local kind = spec.opts[name]
+    if not kind then return nil, 'unknown option ' .. tostring(name) end
+    if kind == 'list' then
+      opts[name] = opts[name] or {}
+      opts[name][#opts[name] + 1] = value
+    elseif opts[name] ~= nil then
+      return nil, 'option ' .. name .. ' given twice'
+    else
+      opts[name] = value
+    end
+  end
+  for name, kind in pairs(spec.opts) do
+    if kind == 'required' and opts[name] == nil then return nil, 'missing option ' .. name end
+  end
+  local call = { opts = opts }
+  if not spec.fields then
+    if #args ~= 1 + 2 * n then return nil, 'unexpected arguments after the options' end
+    return call
+  end
+  local at = 2 + 2 * n
+  local nf = int_arg(args[at], 1, 8)
+  if not nf then return nil, 'expected n_fields (1-8) after the options' end
+  local fields, seen = {}, {}
+  for i = 1, nf do
+    local f = args[at + i]
+    if not spec.fields[f] or seen[f] then return nil, 'unknown or repeated field ' .. tostring(f) end
+    seen[f], fields[i] = true, f
+  end
+  for name, kind in pairs(spec.fields) do
+    if kind == 'required' and not seen[name] then return nil, 'missing field ' .. name end
+  end
+  call.fields, call.stride, call.first = fields, nf, at + nf + 1
+  local values = #args - call.first + 1
+  if values < 0 or values % nf ~= 0 then return nil, 'each row must have ' .. nf .. ' values' end
+  call.rows = values / nf
+  if call.rows > spec.max_rows then return nil, 'at most ' .. spec.max_rows .. ' keys per call' end
+  return call
+end
+
+-- Row r (1-based) of a parsed call, as { field = value }.
+local function row_of(args, call, r)
+  local t, at = {}, call.first + (r - 1) * call.stride
+  for i, f in ipairs(call.fields) do t[f] = args[at + i - 1] end
+  return t
+end
+
 -- The one entry check of every function that takes a shard: exactly one key, a well-formed
 -- shard key "<ns>:{<ns>:<i>}" of an initialised store with i below its shard count, and a
 -- valid configuration. Runs before anything is written, so a call under a made-up key plants

@@ -16,17 +16,38 @@ local function grp_members_key(P, tenant, group) return P .. K.group_members .. 
 -- Python client sends at most 32-128 keys a call, see CHUNK_OF in mooncake_redis/master.py).
 local MAX_KEYS_PER_CALL = 512
 
--- The driver of every per-key batch function: validates the tenant and the key count, reads the
--- clock once and replies one(P, tenant, key, now) for each key in args[first..], in order.
-local function per_key(P, args, tenant, first, one)
-  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'tenant_id must match [A-Za-z0-9_.-]{1,64}') end
-  if #args - first + 1 > MAX_KEYS_PER_CALL then
-    return fail(E.INVALID_PARAMS, 'at most ' .. MAX_KEYS_PER_CALL .. ' keys per call')
+-- Parse the call of a per-key function (parse_call) and check its tenant option (default
+-- "default"). Returns the call (with .tenant) or nil and an error reply.
+local function object_call(args, spec)
+  local call, err = parse_call(args, spec)
+  if not call then return nil, fail(E.INVALID_PARAMS, err) end
+  call.tenant = call.opts.tenant or 'default'
+  if not valid_tenant(call.tenant) then
+    return nil, fail(E.INVALID_PARAMS, 'tenant_id must match [A-Za-z0-9_.-]{1,64}')
   end
+  return call
+end
+
+-- The driver of every per-key batch function: reads the clock once and replies
+-- one(P, tenant, row, now) for each row of the call, in order. `row` is one table refilled for
+-- every row (no allocation per key): one() must not keep it.
+local function per_row(P, args, call, one)
   local now = now_ms(P)
-  local reply = {}
-  for i = first, #args do reply[#reply + 1] = one(P, tenant, args[i], now) end
+  local reply, row, fields, stride = {}, {}, call.fields, call.stride
+  for r = 1, call.rows do
+    local at = call.first + (r - 1) * stride
+    for i = 1, stride do row[fields[i]] = args[at + i - 1] end
+    reply[r] = one(P, call.tenant, row, now)
+  end
   return reply
+end
+
+-- The spec of a function whose rows are keys, with option tenant and optionally one more.
+-- (Specs are built when the library loads, where Lua's pairs is not available.)
+local function keys_spec(option, kind)
+  local opts = { tenant = 'optional' }
+  if option then opts[option] = kind end
+  return { opts = opts, fields = { key = 'required' }, max_rows = MAX_KEYS_PER_CALL }
 end
 
 -- HGETALL as a table, nil when the object does not exist.

@@ -149,11 +149,12 @@ local function being_evicted(P, tenant, o)
   return o.group ~= nil and group_draining(P, tenant, o.group)
 end
 
--- A read leases the object's unit: the object, or its whole group. Both tiers are re-scored
+-- A read leases the object's unit: the object, or its whole group. Every tier is re-scored
 -- with XX (only a unit that is a candidate moves; protected units stay out): a unit whose soft
 -- pin expired may still sit in the soft tier until the sweep moves it, and its score must stay
--- its lease.
-local function extend_lease(P, tenant, key, okey, o, until_ms)
+-- its lease. With `rescore` (a batch's list), the re-scores are queued for flush_rescore, which
+-- sends one variadic ZADD per tier for the whole batch.
+local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
   local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
   if o.group then
     target, unit = grp_key(P, tenant, o.group), group_unit(tenant, o.group)
@@ -161,8 +162,18 @@ local function extend_lease(P, tenant, key, okey, o, until_ms)
   end
   if until_ms <= cur then return cur end
   redis.call('HSET', target, 'lease_until', S(until_ms))
-  for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', S(until_ms), unit) end
+  if rescore then
+    rescore[#rescore + 1] = S(until_ms)
+    rescore[#rescore + 1] = unit
+  else
+    for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', S(until_ms), unit) end
+  end
   return until_ms
+end
+
+local function flush_rescore(P, rescore)
+  if #rescore == 0 then return end
+  for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', unpack(rescore)) end
 end
 
 local function join_group(P, tenant, key, group, hard_pin, now)

@@ -1,11 +1,11 @@
 -- get_replica_list / exist_key: reads. Only complete objects with a live replica are readable;
 -- a successful read leases the object (or its group) until now + default_kv_lease_ttl.
--- KEYS: P.  ARGV: tenant, key...
+-- KEYS: P.  ARGV: options tenant; fields key.
 -- get_replica_list reply, per key: {lease_ttl_ms, size, segment, offset, segment, offset, ...}
 --   or an error code.   exist_key reply, per key: 1 or 0.
 
 -- Returns the live replicas, or nil and an error code; leases the object on success.
-local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
+local function read_one(P, tenant, key, now, lease_ttl, mount_cache, rescore)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o or being_evicted(P, tenant, o) then return nil, E.OBJECT_NOT_FOUND end
@@ -15,15 +15,21 @@ local function read_one(P, tenant, key, now, lease_ttl, mount_cache)
     delete_object(P, tenant, key, okey, o, nil, now)
     return nil, E.OBJECT_NOT_FOUND
   end
-  local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl)
+  local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl, rescore)
   return live, leased_until - now, tonumber(o.size)
 end
 
+local READ_SPEC = keys_spec()
+
 local function batch_read(P, args, cfg, shape)
-  local mount_cache = {}
-  return per_key(P, args, args[1], 2, function(_, tenant, key, now)
-    return shape(read_one(P, tenant, key, now, cfg.default_kv_lease_ttl, mount_cache))
+  local call, err = object_call(args, READ_SPEC)
+  if not call then return err end
+  local mount_cache, rescore = {}, {}
+  local reply = per_row(P, args, call, function(_, tenant, row, now)
+    return shape(read_one(P, tenant, row.key, now, cfg.default_kv_lease_ttl, mount_cache, rescore))
   end)
+  flush_rescore(P, rescore)
+  return reply
 end
 
 local function replica_reply(live, ttl_or_code, size)

@@ -1,11 +1,13 @@
 -- Read-only functions: no lease is granted, nothing is written.
 
--- describe. KEYS: P. ARGV: tenant, key.
+-- describe. KEYS: P. ARGV: options tenant, key (required).
 -- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}}.
+local DESCRIBE_SPEC = { opts = { tenant = 'optional', key = 'required' } }
+
 local function describe(P, args)
-  local tenant, key = args[1], args[2]
-  if not valid_tenant(tenant) then return fail(E.INVALID_PARAMS, 'tenant_id must match [A-Za-z0-9_.-]{1,64}') end
-  if type(key) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected tenant, key') end
+  local call, err = object_call(args, DESCRIBE_SPEC)
+  if not call then return err end
+  local tenant, key = call.tenant, call.opts.key
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o then return E.OBJECT_NOT_FOUND end
@@ -47,8 +49,9 @@ end
 -- now. KEYS: P. Reply: the store clock in ms.
 local function now(P) return now_ms(P) end
 
--- version. KEYS: none. Reply: the library version (a hash of its source).
-local function version() return LIBRARY_VERSION end
+-- version. KEYS: none. Reply: {version (a hash of the source), protocol (an integer; a newer one
+-- means callers of an older package must not replace this library)}.
+local function version() return { LIBRARY_VERSION, LIBRARY_PROTOCOL } end
 
 register('mc_describe', {}, describe, { 'no-writes' })
 register('mc_now', {}, now, { 'no-writes' })

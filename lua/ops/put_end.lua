@@ -1,5 +1,5 @@
 -- put_end / put_revoke: the writer finishes or abandons its puts.
--- KEYS: P.  ARGV: client_id, tenant, key...   Reply: one code per key (0 = OK).
+-- KEYS: P.  ARGV: options client_id (required), tenant; fields key.  Reply: one code per key (0 = OK).
 
 local function check_writer(o, client)
   if not o then return E.OBJECT_NOT_FOUND end
@@ -46,10 +46,14 @@ local function revoke_one(P, tenant, key, now, client)
   return E.OK
 end
 
+local WRITER_SPEC = keys_spec('client_id', 'required')
+
 local function batch_writer_op(P, args, one)
-  local client = args[1]
+  local call, err = object_call(args, WRITER_SPEC)
+  if not call then return err end
+  local client = call.opts.client_id
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
-  return per_key(P, args, args[2], 3, function(_, tenant, key, now) return one(P, tenant, key, now, client) end)
+  return per_row(P, args, call, function(_, tenant, row, now) return one(P, tenant, row.key, now, client) end)
 end
 
 register('mc_put_end', {}, function(P, args) return batch_writer_op(P, args, end_one) end)

@@ -1,7 +1,10 @@
 -- put_start: allocate replicas for new objects.
--- KEYS: P.  ARGV: client_id, tenant, replica_num, soft_pin_action (enable|preserve|disable),
---   soft_pin_ttl_ms ("" = default), hard_pin (0|1), group ("" = none), n_preferred,
---   preferred segment x n_preferred, then key, size pairs.
+-- KEYS: P.  ARGV (see parse_call): options client_id (required), tenant, replica_num (1-64,
+--   default 1), soft_pin_action (enable|preserve|disable, default preserve), soft_pin_ttl_ms
+--   (only with enable; default default_kv_soft_pin_ttl), hard_pin (0|1), group, preferred
+--   (repeatable, in order of preference); fields key, size, prefix (optional: the key's prefix
+--   hash, computed by the caller with the store's one extraction rule; kept as the object's
+--   `prefix` field for prefix-wide operations).
 -- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code.
 -- Bounds: at most MAX_PUTS_PER_CALL keys and MAX_PREFERRED preferred segments a call; the search
 -- for space looks at the preferred segments and the SEARCH_EXTRA + replica_num segments with
@@ -27,10 +30,11 @@ local function allocate(P, size, want, preferred, by_free)
   return got
 end
 
--- Evict-on-put: a put_start call evicts at most EVICT_ON_PUT_UNITS candidates of its shard in
--- all (shared by the keys of a batch), so the call stays short; past that, puts fail with
--- NO_AVAILABLE_HANDLE and P.put_failed starts the workers' eviction.
-local EVICT_ON_PUT_UNITS = 16
+-- Evict-on-put: each key that finds no space may evict up to EVICT_PER_KEY units (a unit costs
+-- 1, a group 1 per member dropped), so a batch evicts what its keys need, and a call at most
+-- EVICT_PER_CALL in all, so it stays short; past that, puts fail with NO_AVAILABLE_HANDLE and
+-- P.put_failed starts the workers' eviction.
+local EVICT_PER_KEY, EVICT_PER_CALL = 16, 256
 local MAX_PUTS_PER_CALL, MAX_PREFERRED, SEARCH_EXTRA = 128, 64, 16
 
 -- Could `size` fit in some segment slice of this shard if it were empty?
@@ -53,12 +57,16 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
   -- evict only for a put that eviction can help: never for one larger than every slice
   local fits = could_fit(P, size, by_free)
   if cfg.evict_on_put ~= 1 or not fits then return got, fits end
-  if a.evict_budget == EVICT_ON_PUT_UNITS then sweep_deadlines(P, now, EVICT_ON_PUT_UNITS) end
-  while a.evict_budget > 0 do
+  if not a.swept then
+    sweep_deadlines(P, now, EVICT_PER_KEY)
+    a.swept = true
+  end
+  local budget = math.min(EVICT_PER_KEY, a.evict_budget)
+  while budget > 0 do
     local unit = next_candidate(P, now, cfg)
     if not unit then break end
-    local n, _, spent = evict_unit(P, unit, now, a.evict_budget, cfg)
-    a.evict_budget = a.evict_budget - spent
+    local n, _, spent = evict_unit(P, unit, now, budget, cfg)
+    budget, a.evict_budget = budget - spent, a.evict_budget - spent
     if n > 0 then
       by_free = most_free(P, a) -- the freed bytes may sit in a segment the first search passed over
       a.by_free = by_free
@@ -82,8 +90,10 @@ local function retry_reply(P, o)
   return reply
 end
 
-local function put_one(P, a, key, size, now, cfg, by_free)
+local function put_one(P, a, row, size, now, cfg, by_free)
+  local key, prefix = row.key, row.prefix
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
+  if prefix ~= nil and not valid_name(prefix, 256) then return E.INVALID_PARAMS end
   if a.group and group_draining(P, a.tenant, a.group) then return E.NO_AVAILABLE_HANDLE end
   local okey = obj_key(P, a.tenant, key)
   local old = load_object(okey)
@@ -111,6 +121,7 @@ local function put_one(P, a, key, size, now, cfg, by_free)
     'soft_pin_action', a.pin_action }
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
   if a.group then fields[#fields + 1] = 'group'; fields[#fields + 1] = a.group end
+  if prefix then fields[#fields + 1] = 'prefix'; fields[#fields + 1] = prefix end
   local reply = {}
   for _, r in ipairs(got) do
     fields[#fields + 1] = 'rep:' .. r.seg
@@ -125,19 +136,30 @@ local function put_one(P, a, key, size, now, cfg, by_free)
   return reply
 end
 
+local PUT_SPEC = {
+  opts = { client_id = 'required', tenant = 'optional', replica_num = 'optional', soft_pin_action = 'optional',
+    soft_pin_ttl_ms = 'optional', hard_pin = 'optional', group = 'optional', preferred = 'list' },
+  fields = { key = 'required', size = 'required', prefix = 'optional' },
+  max_rows = MAX_PUTS_PER_CALL,
+}
+
 local function parse_put_args(args, cfg)
-  local a = { client = args[1], tenant = args[2], pin_action = args[4], hard_pin = args[6] }
+  local call, err = parse_call(args, PUT_SPEC)
+  if not call then return nil, err end
+  local o = call.opts
+  local a = { call = call, client = o.client_id, tenant = o.tenant or 'default',
+    pin_action = o.soft_pin_action or 'preserve', hard_pin = o.hard_pin or '0' }
   if not valid_name(a.client, 256) then return nil, 'client_id must be 1-256 bytes' end
   if not valid_tenant(a.tenant) then return nil, 'tenant_id must match [A-Za-z0-9_.-]{1,64}' end
-  a.replica_num = int_arg(args[3], 1, 64)
+  a.replica_num = int_arg(o.replica_num or '1', 1, 64)
   if not a.replica_num then return nil, 'replica_num must be an integer in [1, 64]' end
   if a.hard_pin ~= '0' and a.hard_pin ~= '1' then return nil, 'hard_pin must be 0 or 1' end
-  if args[7] ~= '' then
-    if not valid_name(args[7], 256) then return nil, 'group_id must be 1-256 bytes' end
-    a.group = args[7]
+  if o.group then
+    if not valid_name(o.group, 256) then return nil, 'group_id must be 1-256 bytes' end
+    a.group = o.group
   end
-  if args[5] ~= '' then
-    a.pin_ttl = int_arg(args[5], 0, MAX_INT)
+  if o.soft_pin_ttl_ms then
+    a.pin_ttl = int_arg(o.soft_pin_ttl_ms, 0, MAX_INT)
     if not a.pin_ttl then return nil, 'soft_pin_ttl_ms must be an integer >= 0' end
   end
   if a.pin_action == 'enable' then
@@ -150,17 +172,8 @@ local function parse_put_args(args, cfg)
   else
     return nil, 'soft_pin_action must be enable, preserve or disable'
   end
-  local npref = int_arg(args[8], 0, MAX_PREFERRED)
-  if not npref then return nil, 'n_preferred must be an integer in [0, ' .. MAX_PREFERRED .. ']' end
-  a.preferred = {}
-  for i = 1, npref do a.preferred[i] = args[8 + i] end
-  a.first_pair = 9 + npref
-  if #args < a.first_pair or (#args - a.first_pair + 1) % 2 ~= 0 then
-    return nil, 'expected key, size pairs after the preferred segments'
-  end
-  if (#args - a.first_pair + 1) / 2 > MAX_PUTS_PER_CALL then
-    return nil, 'at most ' .. MAX_PUTS_PER_CALL .. ' keys per call'
-  end
+  a.preferred = o.preferred or {}
+  if #a.preferred > MAX_PREFERRED then return nil, 'at most ' .. MAX_PREFERRED .. ' preferred segments' end
   return a
 end
 
@@ -169,12 +182,12 @@ local function put_start(P, args, cfg)
   if not a then return fail(E.INVALID_PARAMS, err) end
   local now = now_ms(P)
   release_held(P, now, 16)
-  a.evict_budget = EVICT_ON_PUT_UNITS
+  a.evict_budget = EVICT_PER_CALL
   a.by_free = most_free(P, a)
   local reply = {}
-  for i = a.first_pair, #args, 2 do
-    local size = int_arg(args[i + 1], 1, MAX_INT)
-    reply[#reply + 1] = put_one(P, a, args[i], size, now, cfg, a.by_free)
+  for r = 1, a.call.rows do
+    local row = row_of(args, a.call, r)
+    reply[r] = put_one(P, a, row, int_arg(row.size, 1, MAX_INT), now, cfg, a.by_free)
   end
   return reply
 end

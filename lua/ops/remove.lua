@@ -1,7 +1,8 @@
 -- remove: delete objects. Leased objects, and objects referenced by a replication/offload task,
 -- are kept unless force=1; objects whose put is still in progress are never removed here
 -- (put_revoke or the discard timeout handles them).
--- KEYS: P.  ARGV: tenant, force (0|1), key...   Reply: one code per key (0 = removed).
+-- KEYS: P.  ARGV: options tenant, force (0|1, default 0); fields key.
+-- Reply: one code per key (0 = removed).
 
 local function remove_one(P, tenant, key, force, now)
   local okey = obj_key(P, tenant, key)
@@ -14,11 +15,15 @@ local function remove_one(P, tenant, key, force, now)
   return E.OK
 end
 
+local REMOVE_SPEC = keys_spec('force', 'optional')
+
 local function remove(P, args)
-  local force = args[2]
+  local call, err = object_call(args, REMOVE_SPEC)
+  if not call then return err end
+  local force = call.opts.force or '0'
   if force ~= '0' and force ~= '1' then return fail(E.INVALID_PARAMS, 'force must be 0 or 1') end
-  return per_key(P, args, args[1], 3, function(_, tenant, key, now)
-    return remove_one(P, tenant, key, force == '1', now)
+  return per_row(P, args, call, function(_, tenant, row, now)
+    return remove_one(P, tenant, row.key, force == '1', now)
   end)
 end
 

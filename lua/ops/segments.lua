@@ -3,12 +3,17 @@
 -- allocates only inside its own slice. P:seg:<name> hash: client, base, size, used, mount,
 -- mounted_at. P:segs zset: segment -> free bytes. P:clients zset: client -> last ping ms.
 
--- mount_segment. KEYS: P. ARGV: name, client_id, slice_base, slice_size. Reply: 0 (OK).
+-- mount_segment. KEYS: P. ARGV: options name, client_id, base (the slice base), size (the slice size),
+-- all required. Reply: 0 (OK).
 -- Idempotent: mounting the same name again with the same client, base and size is OK (and counts
 -- as a ping). A refused mount writes nothing.
+local MOUNT_SPEC = { opts = { name = 'required', client_id = 'required', base = 'required', size = 'required' } }
+
 local function mount_segment(P, args)
-  local name, client = args[1], args[2]
-  local base, size = int_arg(args[3], 0, MAX_INT), int_arg(args[4], 1, MAX_INT)
+  local call, err = parse_call(args, MOUNT_SPEC)
+  if not call then return fail(E.INVALID_PARAMS, err) end
+  local name, client = call.opts.name, call.opts.client_id
+  local base, size = int_arg(call.opts.base, 0, MAX_INT), int_arg(call.opts.size, 1, MAX_INT)
   if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
   if not base or not size or base + size > MAX_INT then
@@ -42,12 +47,16 @@ local function mount_segment(P, args)
   return E.OK
 end
 
--- unmount_segment. KEYS: P. ARGV: name, client_id. Reply: 0 (OK).
+-- unmount_segment. KEYS: P. ARGV: options name, client_id. Reply: 0 (OK).
 -- The segment's replicas become unreadable at once (their mount id no longer matches);
 -- sweep_replicas then removes them from the object hashes in bounded batches (the caller, or a
 -- worker when P:sweep_pending is set).
+local UNMOUNT_SPEC = { opts = { name = 'required', client_id = 'required' } }
+
 local function unmount_segment(P, args)
-  local name, client = args[1], args[2]
+  local call, err = parse_call(args, UNMOUNT_SPEC)
+  if not call then return fail(E.INVALID_PARAMS, err) end
+  local name, client = call.opts.name, call.opts.client_id
   if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
   local owner = redis.call('HGET', P .. K.segment .. name, 'client')
   if not owner then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. name .. ' is not mounted') end
@@ -56,12 +65,16 @@ local function unmount_segment(P, args)
   return E.OK
 end
 
--- sweep_replicas. KEYS: P. ARGV: tenant, key...  Drops replicas on unmounted segments;
+-- sweep_replicas. KEYS: P. ARGV: options tenant; fields key.  Drops replicas on unmounted segments;
 -- an object left with no replica is deleted. Reply: number of objects deleted.
+local SWEEP_SPEC = keys_spec()
+
 local function sweep_replicas(P, args)
-  local tenant = args[1]
+  local call, err = object_call(args, SWEEP_SPEC)
+  if not call then return err end
   local deleted = 0
-  local reply = per_key(P, args, tenant, 2, function(_, _, key, now)
+  per_row(P, args, call, function(_, tenant, row, now)
+    local key = row.key
     local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
     if o and #live_replicas(P, okey, o) == 0 then
@@ -70,14 +83,17 @@ local function sweep_replicas(P, args)
     end
     return 0
   end)
-  if reply.err then return reply end
   return deleted
 end
 
--- ping. KEYS: P. ARGV: client_id. Reply: 1 if the client is known (has mounted and not
+-- ping. KEYS: P. ARGV: option client_id. Reply: 1 if the client is known (has mounted and not
 -- expired) and its ping time was recorded, 0 if it must remount.
+local PING_SPEC = { opts = { client_id = 'required' } }
+
 local function ping(P, args)
-  local client = args[1]
+  local call, err = parse_call(args, PING_SPEC)
+  if not call then return fail(E.INVALID_PARAMS, err) end
+  local client = call.opts.client_id
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
   if not redis.call('ZSCORE', P .. K.clients, client) then return 0 end
   redis.call('ZADD', P .. K.clients, S(now_ms(P)), client)

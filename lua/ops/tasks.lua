@@ -2,7 +2,7 @@
 -- (or the group it belongs to) is protected from eviction, and remove without force answers
 -- OBJECT_HAS_REPLICATION_TASK. The task takes a reference before it starts and drops it when it
 -- ends (or fails).
--- KEYS: P.  ARGV: tenant, delta (1 | -1), key...
+-- KEYS: P.  ARGV: options tenant, delta (1 | -1, required); fields key.
 -- Reply: per key, the object's reference count after the change, or a code:
 --   OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY (put in progress), INVALID_PARAMS (would go below 0).
 -- The count is returned as an array {count} so that 0 is not mistaken for the OK code.
@@ -23,11 +23,15 @@ local function task_ref_one(P, tenant, key, delta, now)
   return { refs }
 end
 
+local TASK_SPEC = keys_spec('delta', 'required')
+
 local function task_ref(P, args)
-  local delta = args[2]
+  local call, err = object_call(args, TASK_SPEC)
+  if not call then return err end
+  local delta = call.opts.delta
   if delta ~= '1' and delta ~= '-1' then return fail(E.INVALID_PARAMS, 'delta must be 1 or -1') end
-  return per_key(P, args, args[1], 3, function(_, tenant, key, now)
-    return task_ref_one(P, tenant, key, tonumber(delta), now)
+  return per_row(P, args, call, function(_, tenant, row, now)
+    return task_ref_one(P, tenant, row.key, tonumber(delta), now)
   end)
 end
 
