@@ -240,7 +240,7 @@ def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[st
                          for f, d, argc in fill_slow if f == fn]
                 d, k = max(calls, default=(0, 0))
                 res[f"fill_{name}_max_us"] = d
-                longest = (f"longest {d:,} us ({k} keys, {d / max(k, 1):.1f} us/key), {len(calls)} calls over "
+                longest = (f"longest {d:,} us ({k} keys, {d / max(k, 1):.1f} us/key), {len(calls):,} calls over "
                            f"{SLOW_US:,} us" if d else f"none over {SLOW_US:,} us")
                 out(f"  fill {name:<13} server mean {t.per_call():,.0f} us/call over {t.calls:,} calls, "
                     f"{t.usec / n:.1f} us/key; {longest}")
