@@ -1,18 +1,21 @@
 """Eviction benchmark: the cost of one mc_evict step as the store grows, eviction throughput, and
 puts into a store four times over capacity. See docs/bench-evict.md.
 
+Server times come from INFO commandstats (the usec and calls of FCALL read just before and after
+what is measured: exact, and nothing added inside the calls). Maxima come from the SLOWLOG, set
+once to log the calls over SLOW_US (1 ms) and read once at the end of each phase (never reset: the
+first call after a SLOWLOG RESET that frees many entries is slow, which is not eviction's doing).
+
 For each size N: a fresh store (FLUSHALL of the private server) is bulk-loaded through the functions
 (batch_put_start + batch_put_end, 1000 keys a batch) with N objects of 1 KiB on one segment sized so
 that the store sits just under the high watermark (used = 0.899 x capacity); then it is pushed over
 the watermark and measured:
 
-  * one mc_evict step that frees STEP_UNITS units: the median (and max) of STEPS steps, server side
-    (the usec of INFO commandstats' fcall around each call, slowlog-log-slower-than SLOW_US) and
-    client side (one round trip); after each step the evicted units are put back so that every
-    step runs at the same size and over the watermark; then STEPS more steps with
-    slowlog-log-slower-than 0, timed by SLOWLOG GET (Valkey then also logs each command the
-    script runs, 18 per evicted unit, and that bookkeeping lands inside the FCALL's time);
-  * the longest single function call (SLOWLOG) of the fill (per call and per key) and of mc_evict;
+  * one mc_evict step that frees STEP_UNITS units: the median and max of STEPS steps, server side
+    (commandstats around each call) and client side (one round trip); after each step the evicted
+    units are put back so that every step runs at the same size and over the watermark; the same
+    with SMALL_UNITS units;
+  * the fill's mean server time per call and per key, and its longest call;
   * throughput: run_eviction from OVERSHOOT x capacity down to the target (0.85 x capacity).
 
 Then the 4x-over-capacity put test: one segment of S bytes, 4 x S / 64 KiB puts of 64 KiB
@@ -28,6 +31,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -53,9 +57,10 @@ STEP_UNITS = EVICT_STEP_UNITS  # max_units of one measured mc_evict step (the wo
 STEPS = 20                   # measured steps per size (median reported)
 SMALL_UNITS = 8               # a second, smaller step size measured the same way
 PUT_OBJ = 64 * 1024          # object size of the 4x-over-capacity put test
-SLOWLOG_LEN = 100_000
-SLOW_US = 100                # slowlog-log-slower-than of the main passes: every FCALL of interest is
-                             # longer; 0 would log each command the scripts run as well (see above)
+SLOWLOG_LEN = 100_000        # room for every call over SLOW_US of the largest phase (the 1M fill)
+SLOW_US = 1000               # slowlog-log-slower-than, set once: the maxima reported are the calls
+                             # over 1 ms (a lower threshold logs far more, and 0 also logs each
+                             # command the scripts run, inside the calls' time)
 
 _MORE_ARGS = re.compile(rb"\.\.\. \((\d+) more arguments\)$")
 
@@ -79,31 +84,31 @@ def _argc(command: bytes) -> int:
 
 
 class SlowLog:
-    """Every command's server-side duration, via SLOWLOG with slowlog-log-slower-than 0."""
+    """The function calls over SLOW_US, phase by phase. slowlog-log-slower-than is set once;
+    `begin` notes the newest entry's id, `end` reads SLOWLOG GET once and keeps what is newer."""
 
-    def __init__(self, r: redis.Redis, slower_than_us: int = SLOW_US):
+    def __init__(self, r: redis.Redis):
         self.r = r
         self.saved = {k: r.config_get(k)[k] for k in ("slowlog-log-slower-than", "slowlog-max-len")}
         r.config_set("slowlog-max-len", SLOWLOG_LEN)
-        self.threshold(slower_than_us)
+        r.config_set("slowlog-log-slower-than", SLOW_US)
+        self.mark = -1
 
-    def threshold(self, us: int, reset: bool = True) -> None:
-        self.r.config_set("slowlog-log-slower-than", us)
-        if reset:
-            self.r.slowlog_reset()
+    def begin(self) -> None:
+        newest = self.r.slowlog_get(1)
+        self.mark = int(newest[0]["id"]) if newest else -1
 
-    def take(self) -> list[tuple[bytes, int, int]]:
-        """(function name, duration us, argc) of the FCALLs since the last take; resets the log."""
-        entries = self.r.slowlog_get(SLOWLOG_LEN)
-        self.r.slowlog_reset()
+    def end(self) -> list[tuple[bytes, int, int]]:
+        """(function name, duration us, argc) of the FCALLs over SLOW_US since `begin`."""
+        entries = [e for e in self.r.slowlog_get(SLOWLOG_LEN) if int(e["id"]) > self.mark]
+        if len(entries) >= SLOWLOG_LEN:
+            raise RuntimeError("SLOWLOG overflowed: raise SLOWLOG_LEN")
         out = []
         for e in entries:
             cmd = e["command"] if isinstance(e["command"], bytes) else str(e["command"]).encode()
             parts = cmd.split(b" ", 2)
             if parts[0].upper() == b"FCALL" and len(parts) > 1:
                 out.append((parts[1], int(e["duration"]), _argc(cmd)))
-        if len(entries) >= SLOWLOG_LEN:
-            raise RuntimeError("SLOWLOG overflowed: take() more often")
         return out
 
     def restore(self) -> None:
@@ -111,10 +116,38 @@ class SlowLog:
             self.r.config_set(k, v)
 
 
+def _longest(calls: list[tuple[bytes, int, int]], *fns: bytes) -> tuple[int, str]:
+    """The longest of the calls to `fns` (us, 0 when none) and how to say it."""
+    d = max((d for f, d, _ in calls if f in fns), default=0)
+    if not d:
+        return 0, f"none over {SLOW_US:,} us"
+    f = next(f for f, dd, _ in calls if f in fns and dd == d)
+    return d, f"{f.decode()} {d:,} us"
+
+
 def _fcall_stats(r: redis.Redis) -> tuple[int, int]:
     """(calls, usec) of FCALL so far (INFO commandstats)."""
     row = r.info("commandstats").get("cmdstat_fcall", {"calls": 0, "usec": 0})
     return int(row["calls"]), int(row["usec"])
+
+
+class FcallTime:
+    """Sums the server's FCALL calls and usec (commandstats deltas) around what it wraps."""
+
+    def __init__(self, r: redis.Redis):
+        self.r, self.calls, self.usec = r, 0, 0
+
+    def __enter__(self) -> "FcallTime":
+        self._c0, self._u0 = _fcall_stats(self.r)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        c1, u1 = _fcall_stats(self.r)
+        self.calls += c1 - self._c0
+        self.usec += u1 - self._u0
+
+    def per_call(self) -> float:
+        return self.usec / max(self.calls, 1)
 
 
 def _fresh(r: redis.Redis, private: bool) -> None:
@@ -137,12 +170,20 @@ def _connect(url: str) -> Master:
     return m
 
 
-def _put_batch(m: Master, keys: list[str], size: int) -> None:
-    started = m.batch_put_start(CLIENT, keys, [size] * len(keys))
+def _put_batch(m: Master, keys: list[str], size: int, timed: dict[bytes, FcallTime] | None = None) -> None:
+    """batch_put_start + batch_put_end of `keys`; with `timed` ({b"mc_put_start": FcallTime,
+    b"mc_put_end": FcallTime}), the server time of each half is added to its FcallTime."""
+    def run(fn: bytes, call):
+        if timed is None:
+            return call()
+        with timed[fn]:
+            return call()
+
+    started = run(b"mc_put_start", lambda: m.batch_put_start(CLIENT, keys, [size] * len(keys)))
     bad = [x for x in started if not isinstance(x, list)]
     if bad:
         raise RuntimeError(f"batch_put_start failed: {bad[0]!r} ({len(bad)} of {len(keys)})")
-    ended = m.batch_put_end(CLIENT, keys)
+    ended = run(b"mc_put_end", lambda: m.batch_put_end(CLIENT, keys))
     bad = [c for c in ended if c != ErrorCode.OK]
     if bad:
         raise RuntimeError(f"batch_put_end failed: {bad[0]!r}")
@@ -173,18 +214,17 @@ def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[st
         slow = SlowLog(r)
         try:
             # ---- fill ----
+            slow.begin()
+            timed = {b"mc_put_start": FcallTime(r), b"mc_put_end": FcallTime(r)}
             t0 = time.perf_counter()
-            fill_calls: list[tuple[bytes, int, int]] = []
             left = n
             while left:
                 chunk = keys.take(min(BATCH, left))
-                _put_batch(m, chunk, OBJ)
+                _put_batch(m, chunk, OBJ, timed)
                 m.advance_clock(1)  # each batch is a little younger than the one before
                 left -= len(chunk)
-                if keys.n % 20_000 == 0:
-                    fill_calls += slow.take()
             fill_s = time.perf_counter() - t0
-            fill_calls += slow.take()
+            fill_slow = slow.end()
             u = m.usage()
             mem = r.info("memory")["used_memory"]
             res.update(fill_s=fill_s, fill_keys_per_s=n / fill_s, capacity=cap, used=u.used_bytes,
@@ -193,78 +233,63 @@ def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[st
                 f"used {u.used_bytes / cap:.2%} of {cap:,} B, server used_memory {mem / 2**20:,.0f} MiB")
             heads = {b"mc_put_start": 4 + len(m._put_head(CLIENT, "default", None)),  # FCALL fn 1 P + options
                      b"mc_put_end": 4 + len(wire.head(wire.KEY, client_id=CLIENT, tenant="default"))}
-            for fn, head in heads.items():
-                calls = [(d, (argc - head) // (2 if fn == b"mc_put_start" else 1)) for f, d, argc in fill_calls
-                         if f == fn]
-                if calls:
-                    d, k = max(calls)
-                    res[f"fill_{fn.decode()}_max_us"] = d
-                    res[f"fill_{fn.decode()}_max_us_per_key"] = d / max(k, 1)
-                    out(f"  slowest fill call {fn.decode():<13} {d:,} us ({k} keys, {d / max(k, 1):.1f} us/key); "
-                        f"median {statistics.median(c[0] for c in calls):,.0f} us over {len(calls)} calls")
+            for fn, t in timed.items():
+                name = fn.decode()
+                res[f"fill_{name}_mean_us"], res[f"fill_{name}_us_per_key"] = t.per_call(), t.usec / n
+                calls = [(d, (argc - heads[fn]) // (2 if fn == b"mc_put_start" else 1))
+                         for f, d, argc in fill_slow if f == fn]
+                d, k = max(calls, default=(0, 0))
+                res[f"fill_{name}_max_us"] = d
+                longest = (f"longest {d:,} us ({k} keys, {d / max(k, 1):.1f} us/key), {len(calls):,} calls over "
+                           f"{SLOW_US:,} us" if d else f"none over {SLOW_US:,} us")
+                out(f"  fill {name:<13} server mean {t.per_call():,.0f} us/call over {t.calls:,} calls, "
+                    f"{t.usec / n:.1f} us/key; {longest}")
 
             # ---- over the watermark: STEPS measured steps of STEP_UNITS units each ----
             over = math.ceil(OVER_RATIO * cap / OBJ) - n
             _put_batch(m, keys.take(over), OBJ)
             m.advance_clock(1)
-            slow.take()
+            slow.begin()
             srv, cli, used_after = _measure_steps(m, r, keys, STEP_UNITS)
-            logged = [d for f, d, _ in slow.take() if f == b"mc_evict"]
+            logged, text = _longest(slow.end(), b"mc_evict")
             med_srv, max_srv = statistics.median(srv), max(srv)
             med_cli, max_cli = statistics.median(cli), max(cli)
             res.update(step_server_us=med_srv, step_server_max_us=max_srv, step_client_us=med_cli * 1e6,
                        step_client_max_us=max_cli * 1e6, step_us_per_unit=med_srv / STEP_UNITS,
-                       step_slowlog_max_us=max(logged, default=0))
+                       step_slowlog_max_us=logged)
             out(f"  mc_evict step ({STEP_UNITS} units, used {used_after / cap:.2%} after): "
                 f"median server {med_srv:,.0f} us ({med_srv / STEP_UNITS:.1f} us/unit), client {_us(med_cli)}; "
-                f"max server {max_srv:,} us, client {_us(max_cli)} ({STEPS} steps, commandstats; "
-                f"SLOWLOG max {res['step_slowlog_max_us']:,} us)")
+                f"max server {max_srv:,} us, client {_us(max_cli)} ({STEPS} steps, commandstats); "
+                f"SLOWLOG: {text}")
             # the same with a smaller step
+            slow.begin()
             srv, cli, _ = _measure_steps(m, r, keys, SMALL_UNITS)
-            logged = [d for f, d, _ in slow.take() if f == b"mc_evict"]
+            logged, text = _longest(slow.end(), b"mc_evict")
             res.update(small_step_server_us=statistics.median(srv), small_step_server_max_us=max(srv),
-                       small_step_slowlog_max_us=max(logged, default=0), small_step_client_max_us=max(cli) * 1e6)
+                       small_step_slowlog_max_us=logged, small_step_client_max_us=max(cli) * 1e6)
             out(f"  mc_evict step ({SMALL_UNITS} units): median server {statistics.median(srv):,.0f} us, "
-                f"client {_us(statistics.median(cli))}; max server {max(srv):,} us, client {_us(max(cli))}, "
-                f"SLOWLOG max {res['small_step_slowlog_max_us']:,} us")
-            # the STEP_UNITS steps once more, timed by SLOWLOG with slowlog-log-slower-than 0; last,
-            # because the call after releasing ~20k slowlog entries is slow (seen: 15-20 ms at 1M;
-            # the refill before run_eviction absorbs it)
-            slow.take()
-            for _ in range(STEPS):
-                slow.threshold(0, reset=False)
-                step = m.evict_step(0, STEP_UNITS)
-                slow.threshold(-1, reset=False)  # the refill is not logged
-                _put_batch(m, keys.take(step.units), OBJ)
-                m.advance_clock(1)
-            logged0 = [d for f, d, _ in slow.take() if f == b"mc_evict"]
-            slow.threshold(SLOW_US)
-            res["step_slowlog0_median_us"] = statistics.median(logged0) if logged0 else None
-            if logged0:
-                out(f"  same step timed with slowlog-log-slower-than 0 (SLOWLOG GET): median "
-                    f"{res['step_slowlog0_median_us']:,.0f} us, max {max(logged0):,} us ({len(logged0)} steps)")
+                f"client {_us(statistics.median(cli))}; max server {max(srv):,} us, client {_us(max(cli))}; "
+                f"SLOWLOG: {text}")
 
             # ---- throughput: run_eviction from OVERSHOOT x capacity to the target ----
             now_objs = m.usage().objects
             _put_batch_many(m, keys, math.ceil(OVERSHOOT * cap / OBJ) - now_objs)
             m.advance_clock(1)
-            slow.take()
             before = m.usage().used_bytes
-            c0, u0 = _fcall_stats(r)
-            t0 = time.perf_counter()
-            report = m.run_eviction(max_units_per_step=STEP_UNITS)
-            run_s = time.perf_counter() - t0
-            c1, u1 = _fcall_stats(r)
-            run_logged = [d for f, d, _ in slow.take() if f == b"mc_evict"]
+            slow.begin()
+            with FcallTime(r) as t:
+                t0 = time.perf_counter()
+                report = m.run_eviction(max_units_per_step=STEP_UNITS)
+                run_s = time.perf_counter() - t0
+            logged, text = _longest(slow.end(), b"mc_evict")
             final = report.final[0]
-            mean_us = (u1 - u0) / max(c1 - c0, 1)
             res.update(run_units=report.evicted_units, run_s=run_s, run_units_per_s=report.evicted_units / run_s,
-                       run_steps=report.steps, run_state=final.state, run_step_mean_us=mean_us,
-                       run_step_max_us=max(run_logged, default=0), run_server_s=(u1 - u0) / 1e6)
+                       run_steps=report.steps, run_state=final.state, run_step_mean_us=t.per_call(),
+                       run_step_max_us=logged, run_server_s=t.usec / 1e6)
             out(f"  run_eviction {before / cap:.2%} -> {final.used_bytes / cap:.2%} ({final.state}): "
                 f"{report.evicted_units:,} units in {run_s:.2f} s = {_fmt(report.evicted_units / run_s)} units/s "
-                f"({_fmt(report.evicted_units / max((u1 - u0) / 1e6, 1e-9))} units/s of server time), "
-                f"{report.steps} steps, server mean {mean_us:,.0f} us, max {res['run_step_max_us']:,} us")
+                f"({_fmt(report.evicted_units / max(t.usec / 1e6, 1e-9))} units/s of server time), "
+                f"{report.steps} steps, server mean {t.per_call():,.0f} us; SLOWLOG: {text}")
             res["max_evict_call_us"] = max(max_srv, res["step_slowlog_max_us"], res["run_step_max_us"])
             res["max_small_step_us"] = max(res["small_step_server_max_us"], res["small_step_slowlog_max_us"])
         finally:
@@ -315,30 +340,31 @@ def _bench_put_over(url: str, r: redis.Redis, private: bool, seg_bytes: int, out
         failures: dict[str, int] = {}
         try:
             ps, pe = m.put_start, m.put_end
-            t0 = time.perf_counter()
-            for i in range(total):
-                key = f"p{i:09d}"
-                try:
-                    ps(CLIENT, key, PUT_OBJ)
-                    pe(CLIENT, key)
-                except MasterError as exc:
-                    failures[exc.code.name] = failures.get(exc.code.name, 0) + 1
-            secs = time.perf_counter() - t0
-            calls = slow.take()
+            slow.begin()
+            with FcallTime(r) as t:
+                t0 = time.perf_counter()
+                for i in range(total):
+                    key = f"p{i:09d}"
+                    try:
+                        ps(CLIENT, key, PUT_OBJ)
+                        pe(CLIENT, key)
+                    except MasterError as exc:
+                        failures[exc.code.name] = failures.get(exc.code.name, 0) + 1
+                secs = time.perf_counter() - t0
+            longest, text = _longest(slow.end(), b"mc_put_start", b"mc_put_end")
         finally:
             slow.restore()
         u = m.usage()
         evicted = total - sum(failures.values()) - u.objects
-        ps_us = [d for f, d, _ in calls if f == b"mc_put_start"]
         res = {"segment_bytes": seg_bytes, "puts": total, "failures": sum(failures.values()),
                "failure_codes": failures, "puts_per_s": total / secs, "seconds": secs, "evicted": evicted,
                "objects_left": u.objects, "used_ratio": u.used_bytes / u.capacity_bytes,
-               "put_start_max_us": max(ps_us), "put_start_median_us": statistics.median(ps_us)}
+               "fcall_mean_us": t.per_call(), "server_us_per_put": t.usec / total, "put_max_us": longest}
         out(f"4x over capacity: segment {seg_bytes / 2**20:,.0f} MiB, {total:,} puts of {PUT_OBJ // 1024} KiB "
             f"(put_start+put_end, no reads): {res['failures']} failures{' ' + str(failures) if failures else ''}, "
             f"{_fmt(res['puts_per_s'])} puts/s ({secs:.1f} s), {evicted:,} evicted on put, "
-            f"{u.objects:,} objects left, used {res['used_ratio']:.2%}; put_start server median "
-            f"{res['put_start_median_us']:,.0f} us, max {res['put_start_max_us']:,} us")
+            f"{u.objects:,} objects left, used {res['used_ratio']:.2%}; server mean {t.per_call():,.0f} us/call, "
+            f"{res['server_us_per_put']:,.0f} us/put (put_start + put_end); SLOWLOG: {text}")
         return res
     finally:
         m.close()
@@ -390,7 +416,9 @@ def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
             f"(worst {big['step_ratio']:.2f}x); no mc_evict call over 1 ms with max_units={STEP_UNITS}: "
             f"{'met' if call_ok else 'MISSED'} (longest {big['max_evict_call_us']:,} us server, "
             f"{big['step_client_max_us']:,.0f} us client), with max_units={SMALL_UNITS}: "
-            f"{'met' if small_ok else 'MISSED'} (longest {big['max_small_step_us']:,} us server)")
+            f"{'met' if small_ok else 'MISSED'} (longest {big['max_small_step_us']:,} us server); "
+            f"longest = the measured steps' commandstats maximum, or a SLOWLOG entry (calls over "
+            f"{SLOW_US:,} us) of the steps and run_eviction if longer")
         results["put_over_capacity"] = _bench_put_over(url, r, server is not None, put_bytes, out)
         return results
     finally:
@@ -399,6 +427,7 @@ def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
         r.close()
         if server is not None:
             server.stop()
+            shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
 def _cli(argv: list[str] | None = None) -> None:

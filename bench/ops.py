@@ -1,8 +1,11 @@
 """Single-client operations benchmark: one Python client, one thread, one connection.
 
 Measures the Master API (put_start+put_end, get_replica_list, exist_key, batch_exist_key,
-remove) next to the raw Redis baselines it cannot beat (a no-op FCALL round trip; a pipelined
-HGET of the same keys), and the memory one stored object costs. See docs/bench.md.
+remove) next to baselines measured in the same run, which it cannot beat: a no-op FCALL round
+trip on a plain socket (pre-encoded RESP, no client library), the same no-op through redis-py,
+and a pipelined HGET of the same keys; and the memory one stored object costs. Every figure
+comes with the server's time per call and per key (INFO commandstats deltas around its loop).
+See docs/bench.md.
 
     python -m mooncake_redis.bench.ops [--n N] [--shards S] [--redis URL]
 
@@ -16,6 +19,7 @@ import argparse
 import os
 import platform
 import shutil
+import socket
 import statistics
 import time
 from typing import Any, Callable
@@ -36,10 +40,10 @@ REPEATS = 3                     # each figure is the median of 3 runs
 BATCH = 100                     # keys per batch_exist_key call
 MEM_OBJECTS = 100_000           # objects stored for the memory figure
 MEM_CHUNK = 1000                # keys per batch_put_start / batch_put_end
-MOONCAKE_EXIST_KEY = 13_700     # Mooncake's C++ master, one Python client, this machine class
-MOONCAKE_BATCH_KEYS = 317_000   # the same, batch_exist_key of 100 keys, keys/s
+FCALLS = ("fcall", "fcall_ro")  # the commandstats rows of function calls
+NOOP = b"*3\r\n$8\r\nFCALL_RO\r\n$10\r\nmc_version\r\n$1\r\n0\r\n"  # FCALL_RO mc_version 0, as RESP
 
-Run = Callable[[int], int]      # run(repeat index) -> ops done
+Run = Callable[[int], int]      # run(repeat index) -> ops (or keys) done
 
 
 def _fmt(x: float) -> str:
@@ -79,29 +83,102 @@ class Placement:
         return None if c is None or s is None else c == s
 
 
-def _measure(r: redis.Redis, where: Placement, cases: list[tuple[str, str, Run]]) -> dict[str, dict]:
-    """Run each case REPEATS times, the cases alternating within every repeat so that an
-    operation and its baseline see the same machine. case = (name, server command, run).
-    Returns name -> {rate: median ops/s, server_us: server usec per call of that command over
-    all repeats, same_cpu: "k/m" samples (before and after each run) with client and server on
-    one CPU}."""
+def _reply_end(buf: bytes, pos: int = 0) -> int | None:
+    """Where the RESP2 reply that starts at buf[pos] ends, or None while buf holds only part of it."""
+    eol = buf.find(b"\r\n", pos)
+    if eol < 0:
+        return None
+    kind, end = buf[pos:pos + 1], eol + 2
+    if kind in (b"+", b"-", b":"):
+        return end
+    n = int(buf[pos + 1:eol])
+    if kind == b"$":
+        return end if n < 0 else (end + n + 2 if len(buf) >= end + n + 2 else None)
+    if kind == b"*":
+        for _ in range(max(n, 0)):
+            end = _reply_end(buf, end)
+            if end is None:
+                return None
+        return end
+    raise RuntimeError(f"not a RESP2 reply: {buf[pos:pos + 40]!r}")
+
+
+class RawNoop:
+    """The floor of a round trip: FCALL_RO mc_version 0 sent pre-encoded on a plain socket, its
+    (constant) reply read back as bytes and compared with the first one. No client library."""
+
+    def __init__(self, r: redis.Redis):
+        kw = r.connection_pool.connection_kwargs
+        if "path" in kw:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.connect(kw["path"])
+        else:
+            self.sock = socket.create_connection((kw.get("host", "localhost"), kw.get("port", 6379)))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if kw.get("password"):
+            args = [b"AUTH", *([kw["username"].encode()] if kw.get("username") else []), kw["password"].encode()]
+            self._ask(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+        self.reply = self._ask(NOOP)
+
+    def _ask(self, command: bytes) -> bytes:
+        self.sock.sendall(command)
+        buf = b""
+        while (end := _reply_end(buf)) is None:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("the server closed the raw socket")
+            buf += chunk
+        if buf.startswith(b"-"):
+            raise RuntimeError(f"the server refused the raw socket's command: {buf.decode(errors='replace')}")
+        return buf[:end]
+
+    def run(self, n: int) -> int:
+        send, recv, want, reply = self.sock.sendall, self.sock.recv, len(self.reply), self.reply
+        for _ in range(n):
+            send(NOOP)
+            got = recv(want)
+            while len(got) < want:
+                more = recv(want - len(got))
+                if not more:
+                    raise RuntimeError("the server closed the raw socket")
+                got += more
+            if got != reply:
+                raise RuntimeError(f"unexpected reply on the raw socket: {got!r}")
+        return n
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _measure(r: redis.Redis, where: Placement,
+             cases: list[tuple[str, tuple[str, ...], Run]]) -> dict[str, dict]:
+    """Run each case REPEATS times, all the cases in turn within every repeat, so that every
+    operation and every baseline see the same machine. case = (name, commandstats rows, run).
+    Returns name -> {rate: median ops (or keys) per second; server_us: server usec per call of
+    those commands, server_us_per_unit: per op (or key), both over all repeats, from INFO
+    commandstats read just before and after each run; same_cpu: "k/m" samples (before and
+    after each run) with client and server on one CPU}."""
     rates: dict[str, list[float]] = {name: [] for name, _, _ in cases}
-    server: dict[str, list[int]] = {name: [0, 0] for name, _, _ in cases}
+    server: dict[str, list[int]] = {name: [0, 0, 0] for name, _, _ in cases}  # calls, usec, units
     same: dict[str, list[bool]] = {name: [] for name, _, _ in cases}
     for rep in range(REPEATS):
-        for name, cmd, run in cases:
-            before = _cmdstats(r).get(cmd, (0, 0))
+        for name, cmds, run in cases:
             s0 = where.sample()
+            before = _cmdstats(r)
             t0 = time.perf_counter()
-            ops = run(rep)
-            rates[name].append(ops / (time.perf_counter() - t0))
+            units = run(rep)
+            rates[name].append(units / (time.perf_counter() - t0))
+            after = _cmdstats(r)
             s1 = where.sample()
-            after = _cmdstats(r).get(cmd, (0, 0))
-            server[name][0] += after[0] - before[0]
-            server[name][1] += after[1] - before[1]
+            for cmd in cmds:
+                a, b = after.get(cmd, (0, 0)), before.get(cmd, (0, 0))
+                server[name][0] += a[0] - b[0]
+                server[name][1] += a[1] - b[1]
+            server[name][2] += units
             same[name] += [x for x in (s0, s1) if x is not None]
     return {name: {"rate": statistics.median(rates[name]),
                    "server_us": server[name][1] / server[name][0] if server[name][0] else None,
+                   "server_us_per_unit": server[name][1] / server[name][2] if server[name][0] else None,
                    "same_cpu": f"{sum(same[name])}/{len(same[name])}" if same[name] else None}
             for name, _, _ in cases}
 
@@ -218,7 +295,12 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -
     out(f"{'batch_put x' + str(MEM_CHUNK):<22}{_fmt(res['batch_put_keys_per_s']):>10} keys/s   "
         f"(batch_put_start + batch_put_end of {MEM_CHUNK} keys; one run, while filling the store above)")
 
-    # ---- the operations, each beside its baseline ----
+    # ---- the operations and their baselines, measured side by side ----
+    raw = None if issubclass(rc.connection_pool.connection_class, redis.SSLConnection) else RawNoop(rc)
+
+    def raw_noop(rep: int) -> int:
+        return raw.run(n)
+
     def noop(rep: int) -> int:
         ex = rc.execute_command
         for _ in range(n):
@@ -274,64 +356,86 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -
         return calls * BATCH
 
     def removes(rep: int) -> int:
+        # the keys the same repeat's puts stored; put_end leases an object until that moment
+        # only, so no remove meets OBJECT_HAS_LEASE (remove raises unless the object went)
         rm = master.remove
         for key in put_keys[rep]:
-            rm(key)  # raises unless the object was removed
+            rm(key)
         return n
 
-    where = Placement(r)
+    cases = [("raw_noop", FCALLS, raw_noop)] if raw else []
+    cases += [("noop", FCALLS, noop), ("put", FCALLS, puts), ("get_replica_list", FCALLS, gets),
+              ("exist_key", FCALLS, exists), ("hget", ("hget",), hget_pipelined),
+              ("batch_exist_key", FCALLS, batch_exists), ("remove", FCALLS, removes)]
+    try:
+        m = _measure(r, Placement(r), cases)
+    finally:
+        if raw:
+            raw.close()
 
-    def tail(op: dict) -> str:
-        s = f"   server {op['server_us']:.1f} us/FCALL" if op["server_us"] is not None else ""
+    def server(op: dict, per_key: bool = True) -> str:
+        """The server's usec per call (and per key) of the figure, and the placement samples."""
+        s = f"   server {op['server_us']:.1f} us/call" if op["server_us"] is not None else ""
+        s += f", {op['server_us_per_unit']:.1f} us/key" if s and per_key else ""
         return s + (f"   same cpu {op['same_cpu']}" if op["same_cpu"] else "")
 
-    def line(key: str, label: str, op: dict, base_name: str, base: dict, halve: bool = False) -> None:
-        base_rate = base["rate"] / 2 if halve else base["rate"]
-        res[f"{key}_ops_per_s"], res[f"{key}_server_us_per_fcall"] = op["rate"], op["server_us"]
-        res[f"{key}_ratio"], res[f"{key}_same_cpu"] = op["rate"] / base_rate, op["same_cpu"]
-        out(f"{label:<22}{_fmt(op['rate']):>10} ops/s   baseline {base_name} {_fmt(base_rate)} ops/s   "
-            f"ratio {op['rate'] / base_rate:.2f}" + tail(op))
-
-    noop_all = []
-    m = _measure(r, where, [("noop", "fcall_ro", noop), ("put", "fcall", puts)])
-    noop_all.append(m["noop"])
-    line("put", "put_start+put_end", m["put"], "2 no-op FCALLs", m["noop"], halve=True)
-
-    m = _measure(r, where, [("noop", "fcall_ro", noop), ("get", "fcall", gets)])
-    noop_all.append(m["noop"])
-    line("get_replica_list", "get_replica_list", m["get"], "no-op FCALL", m["noop"])
-
-    m = _measure(r, where, [("noop", "fcall_ro", noop), ("exist", "fcall", exists)])
-    noop_all.append(m["noop"])
-    line("exist_key", "exist_key", m["exist"], "no-op FCALL", m["noop"])
-
-    m = _measure(r, where, [("hget", "hget", hget_pipelined), ("batch", "fcall", batch_exists)])
-    op, base = m["batch"], m["hget"]
-    rate = op["rate"]
-    res["batch_exist_key_keys_per_s"], res["batch_exist_key_calls_per_s"] = rate, rate / BATCH
-    res["batch_exist_key_server_us_per_fcall"] = op["server_us"]
-    res["batch_exist_key_same_cpu"] = op["same_cpu"]
+    # the baselines
+    noop_rate, raw_rate = m["noop"]["rate"], m["raw_noop"]["rate"] if raw else None
+    res["noop_fcall_ops_per_s"], res["noop_fcall_server_us"] = noop_rate, m["noop"]["server_us"]
+    res["raw_noop_fcall_ops_per_s"] = raw_rate
+    res["raw_noop_fcall_server_us"] = m["raw_noop"]["server_us"] if raw else None
+    out("baselines, measured in this run (each repeat runs every baseline and operation in turn):")
+    if raw:
+        out(f"{'raw-socket no-op':<22}{_fmt(raw_rate):>10} ops/s   FCALL_RO mc_version 0, pre-encoded RESP on a "
+            f"plain socket (no client library)" + server(m["raw_noop"], per_key=False))
+    else:
+        out(f"{'raw-socket no-op':<22}{'n/a':>10}         (a TLS connection: no plain socket)")
+    out(f"{'no-op FCALL':<22}{_fmt(noop_rate):>10} ops/s   FCALL_RO mc_version 0 through the Master's redis-py "
+        f"client" + server(m["noop"], per_key=False))
+    base = m["hget"]
     res["hget_pipelined_keys_per_s"], res["hget_pipelined_calls_per_s"] = base["rate"], base["rate"] / BATCH
     res["hget_server_us"] = base["server_us"]
+    out(f"{'pipelined HGET x' + str(BATCH):<22}{_fmt(base['rate']):>10} keys/s ({_fmt(base['rate'] / BATCH)} calls/s)   "
+        f"HGET <object key> size of the batch_exist_key keys, one pipeline per {BATCH}"
+        + (f"   server {base['server_us']:.1f} us/HGET" if base["server_us"] is not None else ""))
+
+    def vs(rate: float, pair: bool = False) -> tuple[float, float | None, str]:
+        """Ratios of an op rate to the redis-py and raw no-ops (a put pair makes two round trips)."""
+        div = 2 if pair else 1
+        r_noop, r_raw = rate / (noop_rate / div), rate / (raw_rate / div) if raw else None
+        two = "2 " if pair else ""
+        text = (f"vs {two}raw no-op{'s' if pair else ''} {r_raw:.2f}   " if raw else "") + \
+            f"vs {two}redis-py no-op{'s' if pair else ''} {r_noop:.2f}"
+        return r_noop, r_raw, text
+
+    out("operations (ratio = rate / baseline rate):")
+    for key, label, pair in (("put", "put_start+put_end", True), ("get_replica_list", "get_replica_list", False),
+                             ("exist_key", "exist_key", False)):
+        op = m[key]
+        r_noop, r_raw, text = vs(op["rate"], pair)
+        res[f"{key}_ops_per_s"], res[f"{key}_server_us_per_fcall"] = op["rate"], op["server_us"]
+        res[f"{key}_server_us_per_key"], res[f"{key}_same_cpu"] = op["server_us_per_unit"], op["same_cpu"]
+        res[f"{key}_ratio"], res[f"{key}_ratio_raw"] = r_noop, r_raw
+        out(f"{label:<22}{_fmt(op['rate']):>10} ops/s   {text}" + server(op))
+
+    op = m["batch_exist_key"]
+    rate = op["rate"]
+    c_noop, c_raw, text = vs(rate / BATCH)
+    res["batch_exist_key_keys_per_s"], res["batch_exist_key_calls_per_s"] = rate, rate / BATCH
+    res["batch_exist_key_server_us_per_fcall"] = op["server_us"]
+    res["batch_exist_key_server_us_per_key"] = op["server_us_per_unit"]
+    res["batch_exist_key_same_cpu"] = op["same_cpu"]
     res["batch_exist_key_ratio"] = rate / base["rate"]
+    res["batch_exist_key_calls_ratio"], res["batch_exist_key_calls_ratio_raw"] = c_noop, c_raw
     out(f"{'batch_exist_key x' + str(BATCH):<22}{_fmt(rate):>10} keys/s ({_fmt(rate / BATCH)} calls/s)   "
-        f"baseline pipelined HGET x{BATCH} {_fmt(base['rate'])} keys/s ({_fmt(base['rate'] / BATCH)} calls/s)   "
-        f"ratio {rate / base['rate']:.2f}" + tail(op))
+        f"vs pipelined HGET {rate / base['rate']:.2f}   calls {text}" + server(op))
 
-    # remove: move the store clock past every lease first, so no remove meets OBJECT_HAS_LEASE
-    master.freeze_clock(master.now_ms())
-    master.advance_clock(master.config.default_kv_lease_ttl + 1)
-    m = _measure(r, where, [("noop", "fcall_ro", noop), ("remove", "fcall", removes)])
-    noop_all.append(m["noop"])
-    master.unfreeze_clock()
-    line("remove", "remove", m["remove"], "no-op FCALL", m["noop"])
-
-    res["noop_fcall_ops_per_s"] = statistics.median(x["rate"] for x in noop_all)
-    us = [x["server_us"] for x in noop_all if x["server_us"] is not None]
-    res["noop_fcall_server_us"] = statistics.median(us) if us else None
-    out(f"{'no-op FCALL':<22}{_fmt(res['noop_fcall_ops_per_s']):>10} ops/s   (FCALL_RO mc_version 0; "
-        f"median of the 4 baseline figures above: {', '.join(_fmt(x['rate']) for x in noop_all)})"
-        + (f"   server {res['noop_fcall_server_us']:.1f} us/FCALL" if us else ""))
+    op = m["remove"]
+    r_noop, r_raw, text = vs(op["rate"])
+    res["remove_ops_per_s"], res["remove_server_us_per_fcall"] = op["rate"], op["server_us"]
+    res["remove_server_us_per_key"], res["remove_same_cpu"] = op["server_us_per_unit"], op["same_cpu"]
+    res["remove_ratio"], res["remove_ratio_raw"] = r_noop, r_raw
+    out(f"{'remove':<22}{_fmt(op['rate']):>10} ops/s   {text}" + server(op))
 
     cpu1, wall = _cpu_seconds(r), time.perf_counter() - wall0
     if cpu0 and cpu1:
@@ -340,10 +444,6 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -
         res["cpu_other_cores"] = max(0.0, busy - client - srv_cpu) / wall
         out(f"cpu      client {res['cpu_client_cores']:.2f} cores, server {res['cpu_server_cores']:.2f}, "
             f"other processes {res['cpu_other_cores']:.2f} (of {res['cores']}) over the {wall:.0f} s run")
-
-    out(f"vs Mooncake C++ master (~{_fmt(MOONCAKE_EXIST_KEY)} exist_key/s, ~{_fmt(MOONCAKE_BATCH_KEYS)} keys/s "
-        f"in batches of 100): exist_key {res['exist_key_ops_per_s'] / MOONCAKE_EXIST_KEY:.2f}x, "
-        f"batch_exist_key {res['batch_exist_key_keys_per_s'] / MOONCAKE_BATCH_KEYS:.2f}x")
     return res
 
 

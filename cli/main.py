@@ -733,5 +733,29 @@ def bench_evict(opts: Opts, sizes: str, put_mib: int) -> None:
                put_bytes=put_mib * 2**20)
 
 
+@bench.command("capacity")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Mooncake-format JSONL trace (default: ../shared/traces/conversation_trace.jsonl "
+                   "of the repository, when it exists).")
+@click.option("--limit-requests", type=click.IntRange(1), default=None, help="Replay only the first K requests.")
+@click.option("--capacity-blocks", type=click.IntRange(1), default=5859, show_default=True,
+              help="Store (and ideal LRU) capacity in blocks.")
+@click.option("--block-bytes", type=click.IntRange(1), default=64 * 1024, show_default=True,
+              help="Bytes per block.")
+@click.pass_obj
+def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, capacity_blocks: int,
+                   block_bytes: int) -> None:
+    """Block hit rate of a store replaying a trace, beside an ideal LRU of the same capacity,
+    with and without the background worker (bench/capacity.py). Always on a private Valkey."""
+    from mooncake_redis.bench.capacity import main as capacity_main
+
+    if opts.url:
+        click.echo("note: bench capacity runs on its own private Valkey, not on --redis", err=True)
+    try:
+        capacity_main(trace, limit_requests, capacity_blocks, block_bytes, out=click.echo)
+    except (ValueError, OSError, RuntimeError) as exc:  # a bad trace; a private Valkey that did not start
+        raise CliError(str(exc)) from None
+
+
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")
