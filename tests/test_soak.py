@@ -314,9 +314,11 @@ def test_soak_outage_longer_than_client_ttl(tmp_path):
     ttl = 3_000
     soak = Soak(tmp_path, client_ttl_ms=ttl)
     try:
-        time.sleep(4)
+        # the soak runs on the real clock on purpose: it injects real process faults (pauses,
+        # kills, restarts), so these waits are wall time between faults, not store deadlines
+        time.sleep(4)  # traffic before the first outage
         soak.pause(3 * ttl / 1000)
-        time.sleep(4)
+        time.sleep(4)  # traffic between the two outages
         soak.restart(signal.SIGKILL, 3 * ttl / 1000)
         time.sleep(6)  # several worker passes after the outage, more than client_ttl
         soak.wait_silent_expired(15)
