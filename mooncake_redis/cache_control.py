@@ -107,7 +107,9 @@ def render_segments(messages: Sequence[Mapping[str, Any]], system: Any = None, *
     the message itself (as some OpenAI-compatible servers accept) after `message_end`. With the
     defaults the prompt is the blocks' texts joined with nothing between them; pass the pieces of
     your chat template (e.g. ChatML: `lambda role: f"<|im_start|>{role}\\n"` and
-    `"<|im_end|>\\n"`) to render what the model sees."""
+    `"<|im_end|>\\n"`) to render what the model sees. Tool definitions (Anthropic's `tools`) and
+    blocks other than text are left to a `render` of your own, which yields them as text segments
+    with their cache_control."""
     turns: list[tuple[str, Any, Any]] = []
     if system is not None:
         turns.append(("system", system, None))

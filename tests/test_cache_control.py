@@ -137,6 +137,13 @@ def test_custom_render():
     assert prompt.marks == [CacheMark(6, FIVE_MIN)] and len(prompt.token_ids) == 8
 
 
+def test_render_must_yield_text_and_a_null_mark_is_no_mark():
+    with pytest.raises(ValueError, match="segments are"):
+        prompt_marks([], byte_tokens, render=lambda messages, system: iter([(b"bytes", None)]))
+    messages = [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": None}]}]
+    assert prompt_marks(messages, byte_tokens).marks == []
+
+
 segments = st.lists(st.tuples(st.text(max_size=8), st.none() | st.sampled_from(
     [EPHEMERAL, {"type": "ephemeral", "ttl": "5m"}, {"type": "ephemeral", "ttl": "1h"}])), max_size=12)
 
