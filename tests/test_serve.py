@@ -324,6 +324,18 @@ def test_embedded_valkey_password(tmp_path):
         EmbeddedValkey(password="has space")
 
 
+def test_embedded_valkey_removes_the_directory_it_made_up(tmp_path):
+    """Without a data_dir it runs in a fresh /tmp/mooncake-valkey-* directory, gone after stop();
+    a data_dir given by the caller stays."""
+    with EmbeddedValkey(appendonly=False) as server:
+        made_up = Path(server.data_dir)
+        assert made_up.name.startswith("mooncake-valkey-") and made_up.is_dir()
+    assert not made_up.exists()
+    with EmbeddedValkey(str(tmp_path / "data"), appendonly=False):
+        pass
+    assert (tmp_path / "data" / "valkey.log").exists()
+
+
 # ---- docker compose ----------------------------------------------------------------------
 
 def test_docker_compose_file():
