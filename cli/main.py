@@ -33,7 +33,7 @@ from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
 
-from .output import deadline, human, iso, pct, span, table  # noqa: F401 (shared by the commands)
+from .output import deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
 
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_DATA_DIR = "./mooncake-data"
@@ -200,11 +200,22 @@ def valkey_cli_binary() -> str | None:
 # ---- status ----------------------------------------------------------------------------
 
 @cli.command()
+@json_option
 @click.pass_obj
-def status(opts: Opts) -> None:
+def status(opts: Opts, as_json: bool) -> None:
     """Capacity, usage and objects per shard, mounted segments, store clock, functions version.
 
-    Read-only: writes nothing and loads nothing. Exit 1 if there is no store under the namespace."""
+    Sizes in human units (--json: exact bytes). Read-only: writes nothing and loads nothing.
+    Exit 1 if there is no store under the namespace."""
+    report = _status_report(opts)
+    if as_json:
+        emit_json("status", report)
+    else:
+        _print_status(report)
+
+
+def _status_report(opts: Opts) -> dict:
+    """What status shows, as the documented JSON fields (docs/json.md)."""
     master = _open_existing(opts)
     try:
         usage = master.usage()
@@ -212,67 +223,92 @@ def status(opts: Opts) -> None:
         per_shard = master.transport.run([c for k in master.transport.keys for c in (
             ("ZCARD", k.processing), ("ZCARD", k.held), ("GET", k.clock), ("ZCARD", k.tier_ordinary),
             ("ZCARD", k.tier_soft), ("GET", k.worker), ("HGETALL", k.metrics))])
-        extra = [v for i in range(0, len(per_shard), 7) for v in per_shard[i:i + 3]]
-        workers = [v for i in range(0, len(per_shard), 7) for v in per_shard[i + 3:i + 7]]
         secs, micros = master.redis.time()
-        now = int(extra[2]) if extra[2] is not None else secs * 1000 + micros // 1000  # the store clock
         running = server_library(master.redis)
     finally:
         master.close()
-    local = f"{library_source()[1]} protocol {LIBRARY_PROTOCOL}"
+    rows = [per_shard[i:i + 7] for i in range(0, len(per_shard), 7)]
+    clocks = [int(r[2]) if r[2] is not None else None for r in rows]
+    now = clocks[0] if clocks[0] is not None else secs * 1000 + micros // 1000  # the store clock
+    shards = []
+    for s, (processing, held, _clock, ordinary, soft, claim, metrics) in zip(usage.shards, rows):
+        m = {text(k): text(v) for k, v in metrics.items()}
+        shards.append({
+            "shard": s.shard, "capacity_bytes": s.capacity_bytes, "used_bytes": s.used_bytes,
+            "objects": s.objects, "puts_in_progress": processing, "held_extents": held,
+            "candidates": ordinary, "soft_pinned_candidates": soft,
+            # the claim is "<worker id> <until ms>"; ids are bytes on the wire
+            "claimed_by": text(claim).rsplit(" ", 1)[0] if claim else None,
+            "last_pass_ms": int(m["last_pass_ms"]) if "last_pass_ms" in m else None,
+            **{name: int(m.get(name, 0)) for name in WORKER_TOTALS}})
+    return {
+        "store": {"url": safe_url(opts.url), "namespace": opts.namespace, "shards": len(shards)},
+        "functions": {"library": LIBRARY_NAME, "version": running[0] if running else None,
+                      "protocol": running[1] if running else None,
+                      "package_version": library_source()[1], "package_protocol": LIBRARY_PROTOCOL},
+        "clock": {"now_ms": now, "frozen_shards": [i for i, c in enumerate(clocks) if c is not None],
+                  "frozen_values_ms": sorted({c for c in clocks if c is not None})},
+        "total": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
+                  "objects": usage.objects,
+                  "puts_in_progress": sum(s["puts_in_progress"] for s in shards),
+                  "held_extents": sum(s["held_extents"] for s in shards)},
+        "shards": shards,
+        "segments": [{"name": s["name"], "client": s["client"], "size_bytes": s["size"], "used_bytes": s["used"]}
+                     for s in sorted(segments, key=lambda s: s["name"])],
+    }
 
-    out = click.echo
-    out(f"store      {safe_url(opts.url)}  namespace {master.ns}  shards {master.shards}")
-    if running is None:
+
+# worker metrics (P:metrics fields) that status shows per shard
+WORKER_TOTALS = ("evicted_objects_total", "evicted_bytes_total", "discarded_puts_total", "clients_expired_total")
+
+
+def _print_status(r: dict) -> None:
+    out, fn, total = click.echo, r["functions"], r["total"]
+    out(f"store      {r['store']['url']}  namespace {r['store']['namespace']}  shards {r['store']['shards']}")
+    local = f"{fn['package_version']} protocol {fn['package_protocol']}"
+    if fn["version"] is None:
         out(f"functions  library {LIBRARY_NAME!r} not loaded (this package: {local}; "
             f"the next master call loads it)")
-    elif running[0] == library_source()[1]:  # the same build
+    elif fn["version"] == fn["package_version"]:  # the same build
         out(f"functions  library {LIBRARY_NAME!r} version {local} (same as this package)")
     else:
-        out(f"functions  library {LIBRARY_NAME!r} version {running[0]} protocol {running[1]} "
+        out(f"functions  library {LIBRARY_NAME!r} version {fn['version']} protocol {fn['protocol']} "
             f"(this package has {local})")
-    clocks = [extra[3 * i + 2] for i in range(master.shards)]
-    frozen = [int(c) for c in clocks if c is not None]
+    frozen, n = r["clock"]["frozen_shards"], r["store"]["shards"]
+    values = r["clock"]["frozen_values_ms"]
     if not frozen:
         out("clock      server TIME (not frozen)")
-    elif len(frozen) == master.shards and len(set(frozen)) == 1:
-        out(f"clock      FROZEN at {iso(frozen[0])} ({frozen[0]} ms) by the test hook "
-            f"{ShardKeys(master.ns, 0).clock.decode()}")
+    elif len(frozen) == n and len(values) == 1:
+        out(f"clock      FROZEN at {iso(values[0])} ({values[0]} ms) by the test hook "
+            f"{ShardKeys(r['store']['namespace'], 0).clock.decode()}")
     else:
-        shards = [i for i, c in enumerate(clocks) if c is not None]
-        out(f"clock      FROZEN on shards {shards} only (values {sorted(set(frozen))}); "
+        out(f"clock      FROZEN on shards {frozen} only (values {values}); "
             f"the other shards read server TIME")
-    out(f"usage      {human(usage.used_bytes)} used of {human(usage.capacity_bytes)} "
-        f"({pct(usage.used_bytes, usage.capacity_bytes)}), {usage.objects} objects")
+    out(f"usage      {human(total['used_bytes'])} used of {human(total['capacity_bytes'])} "
+        f"({pct(total['used_bytes'], total['capacity_bytes'])}), {total['objects']} objects")
     out("")
-    rows = []
-    for s in usage.shards:
-        rows.append([s.shard, s.capacity_bytes, s.used_bytes, pct(s.used_bytes, s.capacity_bytes), s.objects,
-                     extra[3 * s.shard], extra[3 * s.shard + 1]])
-    rows.append(["total", usage.capacity_bytes, usage.used_bytes, pct(usage.used_bytes, usage.capacity_bytes),
-                 usage.objects, sum(r[5] for r in rows), sum(r[6] for r in rows)])
+    rows = [[s["shard"], human(s["capacity_bytes"]), human(s["used_bytes"]), pct(s["used_bytes"], s["capacity_bytes"]),
+             s["objects"], s["puts_in_progress"], s["held_extents"]] for s in r["shards"]]
+    rows.append(["total", human(total["capacity_bytes"]), human(total["used_bytes"]),
+                 pct(total["used_bytes"], total["capacity_bytes"]), total["objects"], total["puts_in_progress"],
+                 total["held_extents"]])
     for line in table(["shard", "capacity", "used", "used%", "objects", "in-progress", "held"], rows):
         out(line)
     out("")
-    rows = []
-    for i in range(master.shards):
-        ordinary, soft, claim, metrics = workers[4 * i:4 * i + 4]
-        m = {k.decode(errors="backslashreplace"): v.decode(errors="backslashreplace") for k, v in metrics.items()}
-        last = int(m["last_pass_ms"]) if "last_pass_ms" in m else None
-        # ids are bytes on the wire: show any byte, never fail on one
-        rows.append([i, ordinary, soft, claim.decode(errors="backslashreplace").rsplit(" ", 1)[0] if claim else "-",
-                     span(now - last) + " ago" if last is not None else "never",
-                     m.get("evicted_objects_total", 0), human(int(m.get("evicted_bytes_total", 0))),
-                     m.get("discarded_puts_total", 0), m.get("clients_expired_total", 0)])
+    now = r["clock"]["now_ms"]
+    rows = [[s["shard"], s["candidates"], s["soft_pinned_candidates"], s["claimed_by"] or "-",
+             span(now - s["last_pass_ms"]) + " ago" if s["last_pass_ms"] is not None else "never",
+             s["evicted_objects_total"], human(s["evicted_bytes_total"]), s["discarded_puts_total"],
+             s["clients_expired_total"]] for s in r["shards"]]
     out("eviction and workers")
     for line in table(["shard", "candidates", "soft-pinned", "claimed by", "last pass", "evicted",
                        "evicted bytes", "discarded puts", "clients expired"], rows, left=4):
         out("  " + line)
     out("")
-    out(f"segments   {len(segments)} mounted")
-    if segments:
-        rows = [[s["name"], s["client"], s["size"], s["used"], pct(s["used"], s["size"])]
-                for s in sorted(segments, key=lambda s: s["name"])]
+    out(f"segments   {len(r['segments'])} mounted")
+    if r["segments"]:
+        rows = [[s["name"], s["client"], human(s["size_bytes"]), human(s["used_bytes"]),
+                 pct(s["used_bytes"], s["size_bytes"])] for s in r["segments"]]
         for line in table(["name", "client", "size", "used", "used%"], rows, left=2):
             out("  " + line)
 

@@ -1,8 +1,13 @@
 """Output helpers shared by the CLI's commands: times, durations, byte counts in human units,
-aligned tables."""
+aligned tables, the --json convention, progress lines."""
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, is_dataclass
 from datetime import datetime, timezone
+from enum import Enum
+
+import click
 
 
 def iso(ms: int) -> str:
@@ -51,3 +56,60 @@ def table(header: list[str], rows: list[list[object]], left: int = 1) -> list[st
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
             for r in cells]
+
+
+# ---- --json ------------------------------------------------------------------------------
+# One JSON object on stdout per command run, its fields documented in docs/json.md. Every
+# object starts with "command" and "format" (JSON_FORMAT: raised only when a field changes
+# meaning or goes away; new fields may appear at any time). Byte counts are exact integers
+# named *_bytes, times are store-clock milliseconds named *_ms; messages stay on stderr.
+
+JSON_FORMAT = 1
+
+
+def json_option(command):
+    """The --json flag (parameter `as_json`) of a command with a documented JSON output."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON object (fields: docs/json.md) instead of text.")(command)
+
+
+def emit_json(command: str, body: dict) -> None:
+    click.echo(json.dumps({"command": command, "format": JSON_FORMAT, **body}, default=_plain))
+
+
+def _plain(value):
+    if isinstance(value, bytes):  # names and ids are bytes on the wire: any byte shows, as \xNN
+        return value.decode(errors="backslashreplace")
+    if is_dataclass(value):
+        return asdict(value)
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def text(value) -> str:
+    """A name or id read from Redis as text (bytes that are not UTF-8 show as \\xNN)."""
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
+
+
+# ---- progress ----------------------------------------------------------------------------
+
+PLAIN_PROGRESS_EVERY = 100_000  # off a terminal: one line per this many items
+
+
+def progress_printer(label: str, every: int = PLAIN_PROGRESS_EVERY):
+    """A progress callback (count so far) for stderr: one line rewritten in place on a terminal;
+    elsewhere (a file, a pipe, a log collector) a plain line each time `every` more are done."""
+    if click.get_text_stream("stderr").isatty():
+        def show(n: int) -> None:
+            click.echo(f"\r  {n} {label}", nl=False, err=True)
+        show.done = lambda: click.echo("", err=True)
+        return show
+    shown = [0]
+
+    def plain(n: int) -> None:
+        if n // every > shown[0] // every:
+            click.echo(f"  {n} {label}", err=True)
+        shown[0] = n
+    plain.done = lambda: None
+    return plain
