@@ -319,11 +319,13 @@ def _print_status(r: dict) -> None:
 @click.argument("key")
 @click.option("--tenant", default="default", show_default=True, help="Tenant id of the object.")
 @click.option("--raw", is_flag=True, help="Print the object hash's fields as stored.")
+@json_option
 @click.pass_obj
-def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
+def inspect(opts: Opts, key: str, tenant: str, raw: bool, as_json: bool) -> None:
     """Show one object: size, status, writer, times, lease, pins, group, replicas.
 
-    An inspection, not a read: no lease is granted. Exit 1 if the object does not exist."""
+    An inspection, not a read: no lease is granted. Exit 1 if the object does not exist
+    (--json: prints found false)."""
     master = _open_existing(opts)
     try:
         try:
@@ -332,6 +334,8 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
             if exc.code != ErrorCode.OBJECT_NOT_FOUND:
                 raise
             click.echo(f"not found: object {key!r} (tenant {tenant!r}, namespace {master.ns!r})", err=True)
+            if as_json:
+                emit_json("inspect", {"key": key, "tenant": tenant, "found": False})
             raise click.exceptions.Exit(1)
         now = master.now_ms()
     finally:
@@ -340,6 +344,9 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
     shard = shard_of(bkey, master.shards)
     rkey = ShardKeys(master.ns, shard).object(tenant, bkey).decode(errors="replace")
     out = click.echo
+    if as_json:
+        emit_json("inspect", _inspect_report(info, key, tenant, shard, rkey, now))
+        return
     if raw:
         out(f"# HGETALL {rkey}")
         for name in sorted(info.fields):
@@ -372,6 +379,24 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
         out(f"  {r.segment}  offset {r.offset}  size {r.size}  {r.status.value}")
     for seg in dead:
         out(f"  {seg}  offset {f['rep:' + seg].split()[0]}  dead (segment unmounted or remounted)")
+
+
+def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int) -> dict:
+    """inspect's documented JSON fields (docs/json.md)."""
+    f = info.fields
+    live = {r.segment for r in info.replicas}
+    return {
+        "key": key, "tenant": tenant, "found": True, "shard": shard, "redis_key": rkey,
+        "size_bytes": info.size, "status": info.status.value, "writer": info.writer,
+        "put_started_ms": info.put_started_ms, "now_ms": now,
+        "lease_until_ms": info.lease_until_ms or None, "soft_pin_until_ms": info.soft_pin_until_ms or None,
+        "hard_pin": info.hard_pinned, "group": info.group_id,
+        "replicas": [{"segment": r.segment, "offset": r.offset, "size_bytes": r.size, "status": r.status.value}
+                     for r in info.replicas],
+        "dead_replicas": [{"segment": name[4:], "offset": int(f[name].split()[0])}
+                          for name in sorted(f) if name.startswith("rep:") and name[4:] not in live],
+        "fields": dict(f),
+    }
 
 
 # ---- serve -----------------------------------------------------------------------------
@@ -635,16 +660,30 @@ def worker(opts: Opts, interval: float, step_units: int) -> None:
         for s, handler in previous.items():
             signal.signal(s, handler)
         master.close()
-    click.echo(f"worker stopped after {passes} pass(es)")
+    # the worker logs its own stop line ("worker <id> stopped after N pass(es)")
 
 
 @cli.command()
-@click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True)
+@click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True,
+              help="Units evicted at most per eviction step (one atomic call; a group costs one unit "
+                   "per member).")
+@json_option
 @click.pass_obj
-def evict(opts: Opts, step_units: int) -> None:
-    """Run eviction now, in bounded steps, until every shard is at its target."""
+def evict(opts: Opts, step_units: int, as_json: bool) -> None:
+    """Run eviction now, in bounded steps, until every shard is at its target or has nothing
+    evictable; print what was evicted and where each shard ended."""
     master = _open_existing(opts)
-    report = master.run_eviction(step_units)
+    try:
+        report = master.run_eviction(step_units)
+    finally:
+        master.close()
+    if as_json:
+        emit_json("evict", {
+            "evicted_units": report.evicted_units, "evicted_objects": report.evicted_objects,
+            "evicted_bytes": report.evicted_bytes, "steps": report.steps,
+            "shards": [{"shard": s.shard, "state": s.state, "used_bytes": s.used_bytes,
+                        "target_bytes": s.target_bytes} for s in report.final]})
+        return
     click.echo(f"evicted {report.evicted_units} unit(s), {report.evicted_objects} object(s), "
                f"{human(report.evicted_bytes)} in {report.steps} step(s)")
     for step in report.final:
@@ -654,23 +693,33 @@ def evict(opts: Opts, step_units: int) -> None:
 
 @cli.command("fsck")
 @click.option("--repair", is_flag=True, help="Fix what can be fixed (overlapping extents are only reported).")
+@json_option
 @click.pass_obj
-def fsck_cmd(opts: Opts, repair: bool) -> None:
+def fsck_cmd(opts: Opts, repair: bool, as_json: bool) -> None:
     """Audit: recompute every derived structure (used bytes, free lists, candidate and deadline
     indexes, group membership) from the object hashes, in bounded batches on a live store.
+    Progress goes to stderr (rewritten in place on a terminal, plain lines otherwise).
     Exit code 0 when clean (or everything found was repaired), 1 otherwise."""
     from mooncake_redis.fsck import fsck
 
     master = _open_existing(opts)
-
-    def progress(checked: int) -> None:
-        click.echo(f"\r  {checked} objects checked", nl=False, err=True)
-
-    report = fsck(master, repair=repair, progress=progress)
-    click.echo("", err=True)
-    click.echo(report.summary())
-    left = [f for f in report.findings if not f.repaired]
-    if left or report.unverified:
+    progress = progress_printer("objects checked")
+    try:
+        report = fsck(master, repair=repair, progress=progress)
+    finally:
+        progress.done()
+        master.close()
+    clean = not report.unrepaired and not report.unverified
+    if as_json:
+        emit_json("fsck", {
+            "clean": clean, "repair": repair, "shards": report.shards, "objects_checked": report.objects_checked,
+            "findings": [{"kind": f.kind, "shard": f.shard, "subject": f.subject, "expected": f.expected,
+                          "found": f.found, "severity": f.severity, "repairable": f.repairable,
+                          "repaired": f.repaired, "note": f.note} for f in report.findings],
+            "unverified": [{"shard": s, "reason": why} for s, why in sorted(report.unverified.items())]})
+    else:
+        click.echo(report.summary())
+    if not clean:
         raise click.exceptions.Exit(1)
 
 
@@ -678,48 +727,80 @@ def fsck_cmd(opts: Opts, repair: bool) -> None:
 
 @cli.group()
 def bench() -> None:
-    """Benchmarks."""
+    """Benchmarks: each prints its figures with ratios against baselines measured in the same
+    run (--json: the figures as one JSON object). Method and results: docs/bench.md."""
+
+
+def _bench_json(command):
+    """--json for a bench: the figures the bench returns, as {"results": {...}} on stdout (its
+    text lines go to stderr meanwhile). The figures are documented in docs/json.md."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the figures as one JSON object (docs/json.md); the text goes to stderr.")(command)
+
+
+def _bench_out(as_json: bool):
+    return (lambda line: click.echo(line, err=True)) if as_json else click.echo
 
 
 @bench.command("ops")
 @click.option("--n", "n", type=click.IntRange(1), default=20000, show_default=True, help="Operations per kind.")
 @click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count.")
+@_bench_json
 @click.pass_obj
-def bench_ops(opts: Opts, n: int, shards: int) -> None:
+def bench_ops(opts: Opts, n: int, shards: int, as_json: bool) -> None:
     """Per-operation latency and throughput (bench/ops.py).
 
     Without --redis it runs against a private, throw-away Valkey (no AOF). With --redis it
     runs against that server; see bench/ops.py for what it writes there."""
     from mooncake_redis.bench.ops import main as ops_main
 
+    out = _bench_out(as_json)
     if opts.url:
-        ops_main(opts.url, n=n, shards=shards, out=click.echo)
-        return
-    with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
-        server = EmbeddedValkey(data_dir=tmp, appendonly=False)
-        try:
+        results = ops_main(opts.url, n=n, shards=shards, out=out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
+            server = EmbeddedValkey(data_dir=tmp, appendonly=False)
             try:
-                server.start()
-            except RuntimeError as exc:
-                raise CliError(str(exc)) from None
-            ops_main(server.url, n=n, shards=shards, out=click.echo)
-        finally:
-            server.stop()
+                try:
+                    server.start()
+                except RuntimeError as exc:
+                    raise CliError(str(exc)) from None
+                results = ops_main(server.url, n=n, shards=shards, out=out)
+            finally:
+                server.stop()
+    if as_json:
+        emit_json("bench ops", {"results": results})
+
+
+def _sizes(_ctx, _param, value: str) -> list[int]:
+    """--sizes: comma-separated object counts, each at least 1000 (a usage error otherwise)."""
+    try:
+        sizes = [int(s) for s in value.split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 10000,100000") from None
+    if not sizes or min(sizes) < 1000:
+        raise click.BadParameter(f"{value!r}: each size must be at least 1000 objects")
+    return sizes
 
 
 @bench.command("evict")
-@click.option("--sizes", default="10000,100000,1000000", show_default=True,
-              help="Comma-separated store sizes in objects.")
+@click.option("--sizes", default="10000,100000,1000000", show_default=True, callback=_sizes,
+              help="Comma-separated store sizes in objects (each at least 1000).")
 @click.option("--put-mib", type=click.IntRange(1), default=256, show_default=True,
               help="Segment size of the 4x-over-capacity put test.")
+@_bench_json
 @click.pass_obj
-def bench_evict(opts: Opts, sizes: str, put_mib: int) -> None:
+def bench_evict(opts: Opts, sizes: list[int], put_mib: int, as_json: bool) -> None:
     """Eviction step cost at several store sizes, longest call, eviction throughput, and the
     4x-over-capacity put test (bench/evict.py). Without --redis it runs on a private Valkey."""
     from mooncake_redis.bench.evict import main as evict_main
 
-    evict_main(opts.url, sizes=[int(s) for s in sizes.split(",") if s], out=click.echo,
-               put_bytes=put_mib * 2**20)
+    try:
+        results = evict_main(opts.url, sizes=sizes, out=_bench_out(as_json), put_bytes=put_mib * 2**20)
+    except RuntimeError as exc:  # a private Valkey that did not start
+        raise CliError(str(exc)) from None
+    if as_json:
+        emit_json("bench evict", {"results": results})
 
 
 @bench.command("capacity")
@@ -731,9 +812,10 @@ def bench_evict(opts: Opts, sizes: str, put_mib: int) -> None:
               help="Store (and ideal LRU) capacity in blocks.")
 @click.option("--block-bytes", type=click.IntRange(1), default=64 * 1024, show_default=True,
               help="Bytes per block.")
+@_bench_json
 @click.pass_obj
 def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, capacity_blocks: int,
-                   block_bytes: int) -> None:
+                   block_bytes: int, as_json: bool) -> None:
     """Block hit rate of a store replaying a trace, beside an ideal LRU of the same capacity,
     with and without the background worker (bench/capacity.py). Always on a private Valkey."""
     from mooncake_redis.bench.capacity import main as capacity_main
@@ -741,9 +823,11 @@ def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, ca
     if opts.url:
         click.echo("note: bench capacity runs on its own private Valkey, not on --redis", err=True)
     try:
-        capacity_main(trace, limit_requests, capacity_blocks, block_bytes, out=click.echo)
+        results = capacity_main(trace, limit_requests, capacity_blocks, block_bytes, out=_bench_out(as_json))
     except (ValueError, OSError, RuntimeError) as exc:  # a bad trace; a private Valkey that did not start
         raise CliError(str(exc)) from None
+    if as_json:
+        emit_json("bench capacity", {"results": results})
 
 
 if __name__ == "__main__":

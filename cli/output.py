@@ -3,6 +3,7 @@ aligned tables, the --json convention, progress lines."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -100,7 +101,7 @@ PLAIN_PROGRESS_EVERY = 100_000  # off a terminal: one line per this many items
 def progress_printer(label: str, every: int = PLAIN_PROGRESS_EVERY):
     """A progress callback (count so far) for stderr: one line rewritten in place on a terminal;
     elsewhere (a file, a pipe, a log collector) a plain line each time `every` more are done."""
-    if click.get_text_stream("stderr").isatty():
+    if sys.stderr.isatty():
         def show(n: int) -> None:
             click.echo(f"\r  {n} {label}", nl=False, err=True)
         show.done = lambda: click.echo("", err=True)
