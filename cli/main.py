@@ -34,6 +34,7 @@ from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
 
+from .logs import log_options
 from .output import deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
 
 CONNECT_TIMEOUT_S = 5.0
@@ -606,6 +607,7 @@ def _serve_banner(private: PrivateValkey, tool: str) -> None:
               help="Shard count of a new store (default 1). An existing store keeps its own; "
                    "a different value is an error.")
 @metrics_options
+@log_options
 @click.pass_context
 def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None, metrics_port: int | None,
           metrics_addr: str) -> None:
@@ -685,12 +687,12 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
 @click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True,
               help="Units evicted at most per eviction step (one atomic call).")
 @metrics_options
+@log_options
 @click.pass_obj
 def worker(opts: Opts, interval: float, step_units: int, metrics_port: int | None, metrics_addr: str) -> None:
     """Run the background loops against --redis until SIGINT/SIGTERM: eviction, discard and
     release of abandoned puts, client-TTL expiry, dead-replica sweeps. Any number of workers
     may run; shards are claimed with short leases so work is not repeated."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     master = _open_existing(opts)
     stop = threading.Event()
     previous = stop_on_signals(stop)
@@ -771,6 +773,7 @@ def fsck_cmd(opts: Opts, repair: bool, as_json: bool) -> None:
               help="Serve the metrics on this port (GET /metrics) until SIGINT/SIGTERM, instead of "
                    "printing them once.")
 @click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on with --port.")
+@log_options
 @click.pass_obj
 def metrics_cmd(opts: Opts, port: int | None, addr: str) -> None:
     """The store's Prometheus metrics (text exposition format): per shard capacity, used bytes,

@@ -148,3 +148,38 @@ def test_worker_prints_its_stop_line_once(valkey):
     text = "".join(lines) + rest
     assert proc.returncode == 0, text
     assert text.count("stopped after") == 1, text
+
+
+def test_worker_logs_one_json_line_per_event_with_the_shard(valkey):
+    """--log-format json: one object per line; a shard's work is logged with its shard."""
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=1))
+    m.mount_segment("seg-a", 1 << 20, "client-1")
+    for i in range(16):  # over the high watermark: the worker evicts
+        m.put_start("client-1", f"k{i}", 60 << 10)
+        m.put_end("client-1", f"k{i}")
+    m.close()
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "--redis", valkey.url, "worker",
+                             "--interval", "0.05", "--log-format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # bounded by the test timeout
+        lines.append(json.loads(line))
+        if "counts" in lines[-1]:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=30)
+    lines += [json.loads(line) for line in rest.splitlines()]
+    assert proc.returncode == 0
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    work = next(line for line in lines if "counts" in line)
+    assert work["level"] == "INFO" and work["shard"] == 0 and work["counts"]["evicted_objects"] >= 1
+    assert work["message"].startswith("shard 0: ") and "evicted_objects=" in work["message"]
+    assert sum("stopped after" in line["message"] for line in lines) == 1
+
+
+def test_log_options_text_and_level():
+    assert "--log-format [text|json]" in run("worker", "--help").stdout
+    assert "--log-level" in run("serve", "--help").stdout
+    r = run("worker", "--log-format", "xml")
+    assert r.exit_code == 2 and "xml" in r.stderr
