@@ -1,6 +1,9 @@
 """The `mooncake-redis` operator CLI.
 
-    mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | bench ops
+    mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | worker | evict
+                   | fsck | metrics | bench ops|evict|capacity
+
+status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
 
 Exit codes: 0 success; 1 not found (an object, or no store under the namespace); 2 bad usage,
 a master error (MasterError, printed as "error <NAME> (<code>): <detail>"), an unreachable Redis,
