@@ -11,6 +11,7 @@ or a failed start of the private Valkey.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -406,19 +407,12 @@ def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int
 
 # ---- serve -----------------------------------------------------------------------------
 
-def run_background(master: Master, stop_event: threading.Event, metrics: "MetricsAddress | None" = None,
-                   worker: Worker | None = None, interval_s: float = 0.2) -> int:
+def run_background(master: Master, stop_event: threading.Event, worker: Worker | None = None,
+                   interval_s: float = 0.2) -> int:
     """Run a worker (eviction, discard of abandoned puts, client-TTL expiry, dead-replica
-    sweeps) until `stop_event` is set; the step in flight finishes first. With `metrics`, serve
-    the store's Prometheus metrics there meanwhile. Returns the number of passes."""
-    worker = worker or Worker(master)
-    http = _serve_metrics(master, metrics, worker) if metrics else None
-    try:
-        return worker.run(stop_event, interval_s=interval_s)
-    finally:
-        if http is not None:
-            http.shutdown()
-            http.server_close()
+    sweeps) until `stop_event` is set; the step in flight finishes first. Returns the number
+    of passes."""
+    return (worker or Worker(master)).run(stop_event, interval_s=interval_s)
 
 
 @dataclass
@@ -436,7 +430,13 @@ def metrics_options(command):
                              "names in the README.")(command)
 
 
-def _serve_metrics(master: Master, where: MetricsAddress, worker: Worker | None = None):
+@contextlib.contextmanager
+def metrics_endpoint(master: Master, where: MetricsAddress | None, worker: Worker | None = None):
+    """The store's metrics served on `where` (and the pass durations of `worker`) for the
+    duration of the block; nothing when `where` is None."""
+    if where is None:
+        yield
+        return
     from mooncake_redis.metrics import serve_metrics
 
     try:
@@ -444,7 +444,11 @@ def _serve_metrics(master: Master, where: MetricsAddress, worker: Worker | None 
     except OSError as exc:
         raise CliError(f"cannot serve metrics on {where.addr}:{where.port}: {exc}") from None
     logging.getLogger("mooncake_redis.metrics").info("metrics on http://%s:%d/metrics", where.addr, where.port)
-    return http
+    try:
+        yield
+    finally:
+        http.shutdown()
+        http.server_close()
 
 
 def _port_free(port: int) -> bool:
@@ -659,11 +663,13 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         else:
             out(f"  redis-cli {tool} -u {safe_url(url)}")
         out("  background work: one worker (eviction, abandoned puts, client TTL, sweeps)")
+        background = Worker(master)
         metrics = MetricsAddress(metrics_port, metrics_addr) if metrics_port else None
-        if metrics:
-            out(f"  metrics   http://{metrics_addr}:{metrics_port}/metrics (Prometheus)")
-        out("  stop with Ctrl-C or SIGTERM")
-        run_background(master, stop, metrics)
+        with metrics_endpoint(master, metrics, background):  # up before the banner ends
+            if metrics:
+                out(f"  metrics   http://{metrics_addr}:{metrics_port}/metrics (Prometheus)")
+            out("  stop with Ctrl-C or SIGTERM")
+            run_background(master, stop, background)
     finally:
         if master is not None:
             master.close()
@@ -700,8 +706,9 @@ def worker(opts: Opts, interval: float, step_units: int, metrics_port: int | Non
     stop = threading.Event()
     previous = stop_on_signals(stop)
     try:
-        metrics = MetricsAddress(metrics_port, metrics_addr) if metrics_port else None
-        run_background(master, stop, metrics, Worker(master, step_units=step_units), interval)
+        background = Worker(master, step_units=step_units)
+        with metrics_endpoint(master, MetricsAddress(metrics_port, metrics_addr) if metrics_port else None, background):
+            run_background(master, stop, background, interval)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -792,14 +799,12 @@ def metrics_cmd(opts: Opts, port: int | None, addr: str) -> None:
             return
         stop = threading.Event()
         previous = stop_on_signals(stop)
-        http = _serve_metrics(master, MetricsAddress(port, addr))
-        click.echo(f"metrics of {safe_url(opts.url)} namespace {master.ns} on http://{addr}:{port}/metrics; "
-                   f"stop with Ctrl-C or SIGTERM")
         try:
-            stop.wait()
+            with metrics_endpoint(master, MetricsAddress(port, addr)):
+                click.echo(f"metrics of {safe_url(opts.url)} namespace {master.ns} on "
+                           f"http://{addr}:{port}/metrics; stop with Ctrl-C or SIGTERM")
+                stop.wait()
         finally:
-            http.shutdown()
-            http.server_close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
     finally:

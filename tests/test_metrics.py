@@ -140,3 +140,29 @@ def test_worker_metrics_port_after_puts_and_an_eviction(store, valkey):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
+
+
+def test_metrics_command_serves_until_sigterm(store, valkey):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "--redis", valkey.url, "metrics",
+                             "--port", str(port), "--addr", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert f"on http://127.0.0.1:{port}/metrics" in proc.stdout.readline()  # printed once it listens
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert samples(body)[("mooncake_shard_segments", (("shard", "0"),))] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_a_taken_metrics_port_is_an_error_exit_2(store, valkey):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(cli, ["--redis", valkey.url, "metrics", "--port", str(port), "--addr", "127.0.0.1"],
+                               env={"MOONCAKE_REDIS_URL": None})
+    assert r.exit_code == 2 and f"error: cannot serve metrics on 127.0.0.1:{port}" in r.stderr

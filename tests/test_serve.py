@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -132,6 +133,22 @@ def test_serve_process(tmp_path):
         assert serve.stop() == 0
         assert _gone(valkey_pid), "valkey-server outlived serve"
         assert not (data / "valkey.pid").exists()
+    finally:
+        serve.cleanup()
+
+
+def test_serve_metrics_port(tmp_path):
+    """serve --metrics-port: its banner names the endpoint, which reads the store; it stops with serve."""
+    data, metrics_port = tmp_path / "data", free_port()
+    serve = Serve(tmp_path, data, "--metrics-port", str(metrics_port), "--metrics-addr", "127.0.0.1")
+    try:
+        serve.wait_ready()
+        assert f"metrics   http://127.0.0.1:{metrics_port}/metrics" in "".join(serve.output)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert "mooncake_up 1.0" in body and 'mooncake_shard_capacity_bytes{shard="0"} 0.0' in body
+        assert serve.stop() == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
     finally:
         serve.cleanup()
 
