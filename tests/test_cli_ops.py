@@ -183,3 +183,35 @@ def test_log_options_text_and_level():
     assert "--log-level" in run("serve", "--help").stdout
     r = run("worker", "--log-format", "xml")
     assert r.exit_code == 2 and "xml" in r.stderr
+
+
+def test_every_command_and_option_has_help():
+    import click
+
+    missing = []
+
+    def walk(command, path):
+        missing.extend(f"{path} {p.opts[0]}" for p in command.params if isinstance(p, click.Option) and not p.help)
+        for name, sub in getattr(command, "commands", {}).items():
+            if not sub.help:
+                missing.append(f"{path} {name}")
+            walk(sub, f"{path} {name}")
+
+    walk(cli, "mooncake-redis")
+    assert missing == []
+
+
+def test_progress_printer_on_a_terminal(monkeypatch):
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    show = output.progress_printer("objects checked")
+    show(5)
+    show(10)
+    show.done()
+    assert tty.getvalue() == "\r  5 objects checked\r  10 objects checked\n"
