@@ -39,9 +39,13 @@ SHARD_GAUGES = {
     "clients": ("Clients known to the shard (mounted, not expired).", ("zcard", "clients")),
     "segments": ("Segments mounted on the shard.", ("zcard", "segments")),
     "groups_draining": ("Groups whose eviction is under way.", ("zcard", "draining")),
+    "guaranteed_bytes": ("Bytes of live replicas of guaranteed objects (explicit context caching).",
+                         ("field", "guaranteed_bytes")),
+    "guaranteed_objects": ("Objects with a guarantee not yet swept (P:guaranteed).", ("zcard", "guaranteed")),
 }
-# the gauges read with ZCARD: name -> ShardKeys attribute
+# the gauges read with ZCARD: name -> ShardKeys attribute; with HMGET: name -> field of P
 ZCARDS = {name: attr for name, (_, (kind, attr)) in SHARD_GAUGES.items() if kind == "zcard"}
+FIELDS = {name: field for name, (_, (kind, field)) in SHARD_GAUGES.items() if kind == "field"}
 # eviction candidates per tier (label tier)
 TIERS = {"ordinary": "tier_ordinary", "soft_pinned": "tier_soft"}
 
@@ -83,8 +87,7 @@ class StoreCollector(Collector):
         t = self.master.transport
         commands = []
         for k in t.keys:
-            commands += [("HMGET", k.P, "capacity_bytes", "used_bytes", "objects"),
-                         ("HGETALL", k.metrics), ("EXISTS", k.clock)]
+            commands += [("HMGET", k.P, *FIELDS.values()), ("HGETALL", k.metrics), ("EXISTS", k.clock)]
             commands += [("ZCARD", getattr(k, attr)) for attr in [*ZCARDS.values(), *TIERS.values()]]
         replies = t.run(commands)
         per_shard = 3 + len(ZCARDS) + len(TIERS)
@@ -107,12 +110,10 @@ class StoreCollector(Collector):
                   for field, attr in _TOTALS.items()}
         for shard in range(len(t.keys)):
             row = replies[shard * per_shard:(shard + 1) * per_shard]
-            (capacity, used, objects), metrics, clock = row[0], row[1], row[2]
+            values, metrics, clock = row[0], row[1], row[2]
             label = [str(shard)]
-            fields = {"capacity_bytes": capacity, "used_bytes": used, "objects": objects}
-            for name, (_, (kind, what)) in SHARD_GAUGES.items():
-                if kind == "field":
-                    gauges[name].add_metric(label, int(fields[what] or 0))
+            for name, value in zip(FIELDS, values):
+                gauges[name].add_metric(label, int(value or 0))
             for name, value in zip(zcards, row[3:3 + len(zcards)]):
                 gauges[name].add_metric(label, value)
             for tier, value in zip(TIERS, row[3 + len(zcards):]):
