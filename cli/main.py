@@ -242,6 +242,7 @@ def _status_report(opts: Opts) -> dict:
         shards.append({
             "shard": s.shard, "capacity_bytes": s.capacity_bytes, "used_bytes": s.used_bytes,
             "objects": s.objects, "puts_in_progress": processing, "held_extents": held,
+            "guaranteed_bytes": s.guaranteed_bytes, "guaranteed_limit_bytes": s.guaranteed_limit_bytes,
             "candidates": ordinary, "soft_pinned_candidates": soft,
             # the claim is "<worker id> <until ms>"; ids are bytes on the wire
             "claimed_by": text(claim).rsplit(" ", 1)[0] if claim else None,
@@ -255,7 +256,8 @@ def _status_report(opts: Opts) -> dict:
         "clock": {"now_ms": now, "frozen_shards": [i for i, c in enumerate(clocks) if c is not None],
                   "frozen_values_ms": sorted({c for c in clocks if c is not None})},
         "total": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
-                  "objects": usage.objects,
+                  "objects": usage.objects, "guaranteed_bytes": usage.guaranteed_bytes,
+                  "guaranteed_limit_bytes": usage.guaranteed_limit_bytes,
                   "puts_in_progress": sum(s["puts_in_progress"] for s in shards),
                   "held_extents": sum(s["held_extents"] for s in shards)},
         "shards": shards,
@@ -292,6 +294,8 @@ def _print_status(r: dict) -> None:
             f"the other shards read server TIME")
     out(f"usage      {human(total['used_bytes'])} used of {human(total['capacity_bytes'])} "
         f"({pct(total['used_bytes'], total['capacity_bytes'])}), {total['objects']} objects")
+    out(f"guaranteed {human(total['guaranteed_bytes'])} of a limit of {human(total['guaranteed_limit_bytes'])} "
+        f"({pct(total['guaranteed_bytes'], total['guaranteed_limit_bytes'])})")
     out("")
     rows = [[s["shard"], human(s["capacity_bytes"]), human(s["used_bytes"]), pct(s["used_bytes"], s["capacity_bytes"]),
              s["objects"], s["puts_in_progress"], s["held_extents"]] for s in r["shards"]]
@@ -376,6 +380,7 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool, as_json: bool) -> None
         ttl = f" ttl {f['soft_pin_ttl']} ms" if "soft_pin_ttl" in f else ""
         pin += f" (the first put_end applies soft_pin_action {f['soft_pin_action']}{ttl})"
     out(f"soft pin     {pin}")
+    out(f"guaranteed   {deadline(info.guaranteed_until_ms, now)}")
     out(f"hard pin     {'yes' if info.hard_pinned else 'no'}")
     out(f"group        {info.group_id if info.group_id is not None else 'none'}")
     live = {r.segment for r in info.replicas}
@@ -396,13 +401,30 @@ def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int
         "size_bytes": info.size, "status": info.status.value, "writer": info.writer,
         "put_started_ms": info.put_started_ms, "now_ms": now,
         "lease_until_ms": info.lease_until_ms or None, "soft_pin_until_ms": info.soft_pin_until_ms or None,
-        "hard_pin": info.hard_pinned, "group": info.group_id,
+        "guaranteed_until_ms": info.guaranteed_until_ms, "hard_pin": info.hard_pinned, "group": info.group_id,
         "replicas": [{"segment": r.segment, "offset": r.offset, "size_bytes": r.size, "status": r.status.value}
                      for r in info.replicas],
         "dead_replicas": [{"segment": name[4:], "offset": int(f[name].split()[0])}
                           for name in sorted(f) if name.startswith("rep:") and name[4:] not in live],
         "fields": dict(f),
     }
+
+
+@cli.command("expire-guaranteed")
+@click.argument("prefixes", nargs=-1, required=True)
+@click.option("--tenant", default="default", show_default=True, help="Tenant id of the objects.")
+@click.pass_obj
+def expire_guaranteed(opts: Opts, prefixes: tuple[str, ...], tenant: str) -> None:
+    """End at once the guarantees of the tenant's objects whose key has one of these prefix
+    hashes (a key without one is its own prefix); they become ordinary objects, which eviction
+    may take. Prints, per prefix, how many active guarantees ended."""
+    master = _open_existing(opts)
+    try:
+        ended = master.expire_guaranteed(list(prefixes), tenant)
+    finally:
+        master.close()
+    for prefix, n in zip(prefixes, ended):
+        click.echo(f"{prefix}  {n} guarantee(s) ended")
 
 
 # ---- serve -----------------------------------------------------------------------------
