@@ -34,6 +34,8 @@ from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
 
+from .retention import Duration, group_lines, status_lines
+
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_DATA_DIR = "./mooncake-data"
 DATA_DIR_ENV = "MOONCAKE_DATA_DIR"
@@ -264,6 +266,7 @@ def status(opts: Opts) -> None:
         secs, micros = master.redis.time()
         now = int(extra[2]) if extra[2] is not None else secs * 1000 + micros // 1000  # the store clock
         running = server_library(master.redis)
+        retention = master.retention_usage()
     finally:
         master.close()
     local = f"{library_source()[1]} protocol {LIBRARY_PROTOCOL}"
@@ -291,6 +294,8 @@ def status(opts: Opts) -> None:
             f"the other shards read server TIME")
     out(f"usage      {human(usage.used_bytes)} used of {human(usage.capacity_bytes)} "
         f"({pct(usage.used_bytes, usage.capacity_bytes)}), {usage.objects} objects")
+    for line in status_lines(retention, now):
+        out(line)
     out("")
     rows = []
     for s in usage.shards:
@@ -327,14 +332,19 @@ def status(opts: Opts) -> None:
 # ---- inspect ---------------------------------------------------------------------------
 
 @cli.command()
-@click.argument("key")
+@click.argument("key", required=False)
 @click.option("--tenant", default="default", show_default=True, help="Tenant id of the object.")
 @click.option("--raw", is_flag=True, help="Print the object hash's fields as stored.")
+@click.option("--group", default=None, help="Show this group (members, retention, lease) instead of an object.")
 @click.pass_obj
-def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
+def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | None) -> None:
     """Show one object: size, status, writer, times, lease, pins, group, replicas.
 
     An inspection, not a read: no lease is granted. Exit 1 if the object does not exist."""
+    if (key is None) == (group is None):
+        raise click.UsageError("give an object KEY or --group GROUP")
+    if group is not None:
+        return _inspect_group(opts, group, tenant)
     master = _open_existing(opts)
     try:
         try:
@@ -383,6 +393,43 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
         out(f"  {r.segment}  offset {r.offset}  size {r.size}  {r.status.value}")
     for seg in dead:
         out(f"  {seg}  offset {f['rep:' + seg].split()[0]}  dead (segment unmounted or remounted)")
+
+
+def _inspect_group(opts: Opts, group: str, tenant: str) -> None:
+    master = _open_existing(opts)
+    try:
+        try:
+            info = master.describe_group(group, tenant)
+        except MasterError as exc:
+            if exc.code != ErrorCode.OBJECT_NOT_FOUND:
+                raise
+            click.echo(f"not found: group {group!r} (tenant {tenant!r}): no members and no active retention", err=True)
+            raise click.exceptions.Exit(1)
+        now = master.now_ms()
+    finally:
+        master.close()
+    for line in group_lines(info, master.ns, now, deadline):
+        click.echo(line)
+
+
+# ---- retain ----------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("groups", nargs=-1, required=True)
+@click.option("--ttl", type=Duration(), required=True, help="Retention from now: 10m, 90s, 2h, 500ms.")
+@click.option("--tenant", default="default", show_default=True, help="Tenant id of the groups.")
+@click.pass_obj
+def retain(opts: Opts, groups: tuple[str, ...], ttl: int, tenant: str) -> None:
+    """Retain GROUPs for --ttl (never shortens a later deadline). Exit 1 if any was refused."""
+    master = _open_existing(opts)
+    try:
+        results = master.retain_groups(list(groups), ttl, tenant)
+    finally:
+        master.close()
+    for g, r in zip(groups, results):
+        click.echo(f"{g}  " + (f"refused: {r.name} ({int(r)})" if isinstance(r, ErrorCode) else f"retained until {iso(r)} ({r} ms)"))
+    if any(isinstance(r, ErrorCode) for r in results):
+        raise click.exceptions.Exit(1)
 
 
 # ---- serve -----------------------------------------------------------------------------

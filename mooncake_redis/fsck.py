@@ -51,7 +51,8 @@ import redis
 
 from . import wire
 from .errors import MasterError
-from .keys import ShardKeys
+from .fsck_retention import repair_counts, retention_count_findings
+from .keys import K, ShardKeys
 from .transport import Shards
 
 CRITICAL, ERROR, WARNING = "critical", "error", "warning"
@@ -99,6 +100,9 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     "group_member_stray": (ERROR, True, "a group member set holds a key whose object is missing or elsewhere"),
     "group_counters": (ERROR, True, "members / processing / hard_pinned / task_refs differ from the members' objects"),
     "group_soft_pin": (ERROR, True, "the group's member soft pins (P:agg:soft_pin:<unit>) differ from its complete members'"),
+    # group retention
+    "retention_deadline": (ERROR, True, "a P:deadline:retention entry differs from its group's retained_until record"),
+    "retention_counts": (ERROR, True, "P:retained_tenants differs from the tenant's P:deadline:retention entries"),
 }
 
 SCAN_COUNT = 1000
@@ -290,6 +294,11 @@ class _Audit:
                     out.append(self.finding("unit_score", shard, u, f"score {_d(v)}", f"score {act_t[i]}", action))
         for i in sorted(deadlines):
             want, have = expected.get(i), actual.get(i)
+            if i == K["deadline_retention"].encode():  # a record's deadline: any drift is drift
+                if (None if want is None else _score(want)) != have:
+                    out.append(self.finding("retention_deadline", shard, u, f"{_d(i)} entry {_d(want) if want else 'none'}",
+                                            "none" if have is None else have, action))
+                continue
             if want is not None and (have is None or _score(want) != have):
                 out.append(self.finding("soft_deadline", shard, u, f"{_d(i)} entry {_d(want)}",
                                         "none" if have is None else have, action))
@@ -469,7 +478,7 @@ class _Audit:
                 flush()
         flush()
         # tiers, deadline index, processing index: what no scanned object accounts for
-        for index in k.unit_indexes:
+        for index in k.unit_indexes + (k.deadline_retention,):
             ps.units |= set(self.zall(index))
         ps.processing = set(self.zall(k.processing))
         # segments: bytes and allocator
@@ -772,6 +781,7 @@ class _Audit:
                 groups.setdefault((m.group(2), m.group(3)), set())
         for (tenant, group), keys in sorted(groups.items()):
             findings += self.check_group(shard, tenant, group, keys)
+        findings += retention_count_findings(self, shard)
         # units and processing entries no scanned object accounts for: re-read, then judge
         recheck: set[tuple[bytes, bytes]] = set()
         for unit in sorted(ps.units):
@@ -820,7 +830,7 @@ class _Audit:
     # ---- repairs -----------------------------------------------------------------------
     # segment used bytes before free lists: a rebuild reclaims leaked bytes only when the
     # allocations it is given add up to the (repaired) used bytes
-    ORDER = {"place": 0, "unit": 0, "group": 1, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4, "sweep": 5}
+    ORDER = {"place": 0, "unit": 0, "group": 1, "retention_counts": 2, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4, "sweep": 5}
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)
@@ -850,6 +860,9 @@ class _Audit:
             self.fcall("mc_fsck_unit", shard, action[2])
         elif kind == "group":
             self.fcall("mc_fsck_group", shard, action[2], action[3], GROUP_MAX_MEMBERS, *action[4])
+            self.fcall("mc_fsck_retention", shard, action[2], action[3])  # the group's retention index entry
+        elif kind == "retention_counts":
+            return repair_counts(self, action)
         elif kind == "forget":
             self.fcall("mc_fsck_forget_segment", shard, action[2])
         elif kind == "sweep":
