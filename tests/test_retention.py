@@ -463,3 +463,63 @@ def test_retention_survives_a_valkey_restart_with_aof(tmp_path):
         m.close()
     finally:
         server.stop()
+
+
+# ---- invariants under random traffic -----------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_traffic_keeps_limits_rule_and_records_consistent(new_master, seed):
+    """Random retains (two tenants), member puts and removals, reads, evictions and clock moves;
+    after every step: no shard holds more records than its shares allow, every active retention
+    the API reports is the latest deadline retain_groups answered, and fsck finds nothing."""
+    import random
+
+    rnd = random.Random(seed)
+    m = new_master(max_retained_groups=12, max_retained_groups_per_tenant=8)
+    mount(m, per_shard=20 * OBJ)
+    groups = [f"{{t}}g{i}" for i in range(8)] + [f"h{i}" for i in range(8)]  # half on one shard
+    latest: dict[tuple[str, str], int] = {}
+    n = 0
+    outcomes: set = set()
+    for _ in range(60):
+        op = rnd.random()
+        tenant = rnd.choice(["default", "b"])
+        if op < 0.35:
+            picked = rnd.sample(groups, 3)
+            for g, got in zip(picked, m.retain_groups(picked, rnd.choice([500, 2_000, 9_000]), tenant_id=tenant)):
+                outcomes.add(got if not admitted(got) else "admitted")
+                if admitted(got):
+                    assert got >= latest.get((tenant, g), 0) or got > m.now_ms()
+                    latest[(tenant, g)] = got
+        elif op < 0.6:
+            g = rnd.choice(groups)
+            n += 1
+            try:
+                member(m, g, (g if "{" in g else "{" + g + "}") + f"/m{n}", tenant=tenant)  # on g's shard
+            except MasterError as exc:
+                assert exc.code == ErrorCode.NO_AVAILABLE_HANDLE
+        elif op < 0.7:
+            g = rnd.choice(groups)
+            for key in m.redis.smembers(shard_keys(m, shard_of_str(m, g)).group_members(tenant, g)):
+                m.remove(key, force=True, tenant_id=tenant)
+                break
+        elif op < 0.85:
+            m.advance_clock(rnd.choice([100, 700, 3_000]))
+        else:
+            m.run_eviction()
+        now = m.now_ms()
+        for s in m.retention_usage():
+            assert s.held <= s.share
+            k = shard_keys(m, s.shard)
+            counts = {t: int(v) for t, v in m.redis.hgetall(k.retained_tenants).items()}
+            assert all(v <= s.tenant_share for v in counts.values())
+        for (tenant, g), deadline in latest.items():
+            try:
+                info = m.describe_group(g, tenant)
+            except MasterError as exc:
+                assert exc.code == ErrorCode.OBJECT_NOT_FOUND and deadline <= now
+                continue
+            assert info.retained_until_ms == (deadline if deadline > now else None)
+        report = fsck(m)
+        assert report.ok, report.summary()
+    assert outcomes == {"admitted", ErrorCode.RETENTION_LIMIT_EXCEEDED}  # the run reached the limits
