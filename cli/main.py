@@ -338,7 +338,8 @@ def status(opts: Opts) -> None:
 @click.option("--group", default=None, help="Show this group (members, retention, lease) instead of an object.")
 @click.pass_obj
 def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | None) -> None:
-    """Show one object: size, status, writer, times, lease, pins, group, replicas.
+    """Show one object: size, status, writer, times, lease, pins, group, replicas (or, with
+    --group, one group: members, retention, lease, eviction tier).
 
     An inspection, not a read: no lease is granted. Exit 1 if the object does not exist."""
     if (key is None) == (group is None):
@@ -427,7 +428,8 @@ def retain(opts: Opts, groups: tuple[str, ...], ttl: int, tenant: str) -> None:
     finally:
         master.close()
     for g, r in zip(groups, results):
-        click.echo(f"{g}  " + (f"refused: {r.name} ({int(r)})" if isinstance(r, ErrorCode) else f"retained until {iso(r)} ({r} ms)"))
+        refused = isinstance(r, ErrorCode)  # an IntEnum: check it before treating r as a deadline
+        click.echo(f"{g}  " + (f"refused: {r.name} ({int(r)})" if refused else f"retained until {iso(r)} ({r} ms)"))
     if any(isinstance(r, ErrorCode) for r in results):
         raise click.exceptions.Exit(1)
 

@@ -295,8 +295,9 @@ class _Audit:
         for i in sorted(deadlines):
             want, have = expected.get(i), actual.get(i)
             if i == K["deadline_retention"].encode():  # a record's deadline: any drift is drift
-                if (None if want is None else _score(want)) != have:
-                    out.append(self.finding("retention_deadline", shard, u, f"{_d(i)} entry {_d(want) if want else 'none'}",
+                if _int(want) != have:
+                    out.append(self.finding("retention_deadline", shard, u,
+                                            f"{_d(i)} entry {_d(want) if want else 'none'}",
                                             "none" if have is None else have, action))
                 continue
             if want is not None and (have is None or _score(want) != have):
@@ -830,7 +831,8 @@ class _Audit:
     # ---- repairs -----------------------------------------------------------------------
     # segment used bytes before free lists: a rebuild reclaims leaked bytes only when the
     # allocations it is given add up to the (repaired) used bytes
-    ORDER = {"place": 0, "unit": 0, "group": 1, "retention_counts": 2, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4, "sweep": 5}
+    ORDER = {"place": 0, "unit": 0, "group": 1, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4, "sweep": 5}
+    ORDER["retention_counts"] = 2
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)

@@ -230,6 +230,25 @@ def test_soft_pinned_units_stay_when_not_allowed_and_a_both_unit_needs_both_flag
     assert _eviction_order(m, units) == ["o0", "o1", "ga", "gb"]
 
 
+def test_the_step_rechecks_the_retention_when_it_evicts(new_master):
+    """A stale index (the group left in the ordinary tier) cannot get a retained group evicted
+    while retained groups may not be: the step re-checks the rule and re-places it instead."""
+    m = new_master(allow_evict_retained_groups=False)
+    mount(m)
+    put(m, "{t}filler", ReplicateConfig(with_hard_pin=True), size=95_000)
+    member(m, "{t}g", "{t}g/1")
+    m.retain_groups(["{t}g"], HOUR)
+    k = shard_keys(m, shard_of_str(m, "{t}"))
+    m.redis.zrem(k.tier_retained, "g:default:{t}g")
+    m.redis.zadd(k.tier_ordinary, {"g:default:{t}g": T0})
+    step = m.evict_step(shard_of_str(m, "{t}"))
+    assert step.units == 0 and alive(m, "{t}g/1")
+    assert m.describe_group("{t}g").tier == "retained" and m.redis.zscore(k.tier_retained, "g:default:{t}g") == T0
+    m.advance_clock(HOUR)  # expired: the same step now finds it ordinary
+    m.evict_step(shard_of_str(m, "{t}"))
+    assert not alive(m, "{t}g/1")
+
+
 def test_expired_retention_makes_the_group_ordinary_again(master):
     m = master
     units = _scenario(m)

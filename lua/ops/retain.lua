@@ -51,7 +51,8 @@ local function retain_groups(P, args, cfg)
   if not call then return err end
   local ttl = int_arg(call.opts.ttl_ms, 1, cfg.max_group_retention)
   if not ttl then
-    return fail(E.INVALID_PARAMS, 'ttl_ms must be an integer in [1, ' .. S(cfg.max_group_retention) .. '] (max_group_retention)')
+    return fail(E.INVALID_PARAMS,
+      'ttl_ms must be an integer in [1, ' .. S(cfg.max_group_retention) .. '] (max_group_retention)')
   end
   local now = now_ms(P)
   sweep_retention(P, now, call.rows + 16)
@@ -86,7 +87,8 @@ end
 local function retention_usage(P, args, cfg)
   local index = P .. RETENTION_INDEX
   return { redis.call('ZCOUNT', index, '(' .. S(now_ms(P)), '+inf'), redis.call('ZCARD', index),
-    shard_share(P, cfg.max_retained_groups, cfg.shards), shard_share(P, cfg.max_retained_groups_per_tenant, cfg.shards) }
+    shard_share(P, cfg.max_retained_groups, cfg.shards),
+    shard_share(P, cfg.max_retained_groups_per_tenant, cfg.shards) }
 end
 
 local function fsck_retention(P, args)
