@@ -1,7 +1,7 @@
 -- Read-only functions: no lease is granted, nothing is written.
 
 -- describe. KEYS: P. ARGV: options tenant, key (required).
--- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}}.
+-- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}, now}.
 local DESCRIBE_SPEC = { opts = { tenant = 'optional', key = 'required' } }
 
 local function describe(P, args)
@@ -15,20 +15,22 @@ local function describe(P, args)
   for _, r in ipairs(replicas_of(P, o)) do
     if r.live then live[#live + 1] = r.seg end
   end
-  return { redis.call('HGETALL', okey), lease_until(P, tenant, o), live }
+  return { redis.call('HGETALL', okey), lease_until(P, tenant, o), live, now_ms(P) }
 end
 
 -- unit_state. KEYS: P. ARGV: unit ("o:<tenant>:<key>" | "g:<tenant>:<group>").
 -- What the unit's index entries should be under the evictability rule at the store clock, and
--- what they are: {why, {index, score, ...} expected, {index, score, ...} actual, {deadline index...}}
--- where why is "" (evictable), a protection ("processing", "hard_pin", "task_ref",
--- "no_members"), "draining", "grouped" (an object whose group is the unit) or "missing"; an
--- index is a key suffix (":evict:soft"); an expected score "" means any. fsck compares the two.
+-- what they are: {why, {index, score, ...} expected, {index, score, ...} actual, {deadline index...},
+-- sweep_due} where why is "" (evictable), a protection ("processing", "hard_pin", "task_ref",
+-- "guaranteed", "no_members"), "draining", "grouped" (an object whose group is the unit) or "missing"; an
+-- index is a key suffix (":evict:soft"); an expected score "" means any; sweep_due is 1 while a
+-- guarantee of the unit ran out and the sweep has not ended it (its entries lag until then).
+-- fsck compares the two.
 local function unit_state_reply(P, args)
   local unit = args[1]
   if type(unit) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected unit') end
   local now = now_ms(P)
-  local why, entries = unit_state(P, unit, now)
+  local why, entries, sweep_due = unit_state(P, unit, now)
   local expected, actual, deadlines = {}, {}, {}
   for _, index in ipairs(INDEXES) do
     local score = entries[index]
@@ -44,7 +46,7 @@ local function unit_state_reply(P, args)
   end
   for _, kind in ipairs(DEADLINE_KINDS) do deadlines[#deadlines + 1] = DEADLINES[kind] end
   retention_state(P, unit, expected, actual, deadlines)
-  return { why, expected, actual, deadlines }
+  return { why, expected, actual, deadlines, sweep_due and 1 or 0 }
 end
 
 -- now. KEYS: P. Reply: the store clock in ms.
