@@ -14,3 +14,16 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def delete_namespace(client, namespace: str) -> int:
+    """SCAN + DEL every `<namespace>:*` key; returns how many were deleted."""
+    deleted, doomed = 0, []
+    for key in client.scan_iter(match=f"{namespace}:*", count=1000):
+        doomed.append(key)
+        if len(doomed) >= 1000:
+            deleted += client.delete(*doomed)
+            doomed = []
+    if doomed:
+        deleted += client.delete(*doomed)
+    return deleted

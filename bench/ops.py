@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import redis
 
-from .common import cpu_model
+from .common import cpu_model, delete_namespace
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
 from mooncake_redis.keys import object_key, shard_of
@@ -203,19 +203,6 @@ def _cpu_seconds(r: redis.Redis) -> tuple[float, float, float] | None:
         return None
 
 
-def _delete_namespace(r: redis.Redis) -> int:
-    """SCAN + DEL every `bench:*` key; returns how many were deleted."""
-    deleted, doomed = 0, []
-    for key in r.scan_iter(match=f"{NAMESPACE}:*", count=1000):
-        doomed.append(key)
-        if len(doomed) >= 1000:
-            deleted += r.delete(*doomed)
-            doomed = []
-    if doomed:
-        deleted += r.delete(*doomed)
-    return deleted
-
-
 def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> dict:
     """Run the benchmark; print one line per figure through `out`; return all figures."""
     if n < 1 or shards < 1:
@@ -232,7 +219,7 @@ def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> 
         if server is not None:
             r.flushall()
         else:
-            left = _delete_namespace(r)
+            left = delete_namespace(r, NAMESPACE)
             if left:
                 out(f"note     deleted {left} leftover {NAMESPACE}:* keys of an earlier run")
         master = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=shards))
@@ -242,7 +229,7 @@ def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> 
         if master is not None:
             master.close()
         if server is None:
-            _delete_namespace(r)
+            delete_namespace(r, NAMESPACE)
         r.close()
         if server is not None:
             server.stop()

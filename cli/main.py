@@ -757,5 +757,8 @@ def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, ca
         raise CliError(str(exc)) from None
 
 
+from mooncake_redis.cli.replay import replay  # noqa: E402  (the command's own module; imports cli.main)
+cli.add_command(replay)
+
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")
