@@ -443,11 +443,15 @@ def server_version(url: str) -> str:
 
 def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int], policies: list[str],
         url: str | None = None, block_bytes: int = BLOCK_BYTES, block_tokens: int = BLOCK_TOKENS,
-        shards: int = 1, worker: bool = True, progress: TextIO | None = sys.stderr) -> dict[str, Any]:
+        shards: int = 1, worker: bool = True, check: bool = False,
+        progress: TextIO | None = sys.stderr) -> dict[str, Any]:
     """Replay `requests` at every capacity (blocks) under every policy (names of
     replay_policies.POLICIES), each on a fresh store, beside the reference caches. Without `url`
     the stores live on a private Valkey (no AOF) in a temporary directory, removed at the end.
+    With `check`, each policy that has a model (replay_model.MODELS) is also run through it, and
+    the run's "check" says how far the store and the model are apart.
     Returns the JSON object of docs/replay.md."""
+    from .replay_model import MODELS
     from .replay_policies import make_policy
 
     for name in policies:
@@ -484,6 +488,9 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
                 finally:
                     bar.close()
                 entry["policies"][name] = st.figures()
+                if check and name in MODELS:
+                    model = MODELS[name](requests, capacity, block_bytes, block_tokens, shards, worker, chains)
+                    entry.setdefault("check", {})[name] = check_figures(st, model)
             out["runs"].append(entry)
     finally:
         if server is not None:
@@ -492,3 +499,12 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
     if len(out["runs"]) == 1:
         out.update(out["runs"][0])
     return out
+
+
+CHECK_TOLERANCE = 0.002  # the largest block hit rate difference between store and model that --check accepts
+
+
+def check_figures(store: Stats, model: Stats) -> dict[str, Any]:
+    diff = store.block_hit_rate - model.block_hit_rate
+    return {"model": model.figures(store=False) | {"puts_refused": dict(sorted(model.puts_refused.items()))},
+            "block_hit_rate_difference": diff, "agrees": abs(diff) <= CHECK_TOLERANCE}

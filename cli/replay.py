@@ -82,6 +82,12 @@ def print_report(res: dict, out=click.echo) -> None:
         rows += [_ideal_row(f"ideal {name}", f) for name, f in run["ideal"].items()]
         for line in _table(HEADER, rows):
             out(line)
+        for name, c in run.get("check", {}).items():
+            store = run["policies"][name]
+            out(f"  check {name}: store {_pct(store['block_hit_rate'])}, model {_pct(c['model']['block_hit_rate'])} "
+                f"(difference {100 * c['block_hit_rate_difference']:+.3f} points: "
+                + ("agrees" if c["agrees"] else "DISAGREES") + f" within {100 * engine.CHECK_TOLERANCE:.1f}); "
+                f"model evictions {c['model']['evictions']:,}, orphan-making {c['model']['orphan_evictions']:,}")
     if len(res["runs"]) > 1:
         out("")
         out("block hit rate by capacity")
@@ -140,13 +146,17 @@ def plot(res: dict, path: Path) -> None:
               help="Replay at each of these capacities (blocks) instead of one.")
 @click.option("--worker/--no-worker", default=True, show_default=True,
               help="Run Worker.run_once after every request (watermark eviction), as a deployed store does.")
+@click.option("--check", is_flag=True,
+              help="Also run the plain-Python model of the store (bench/replay_model.py) for the policies "
+                   f"that have one; exit 1 if a store's block hit rate is more than {engine.CHECK_TOLERANCE} "
+                   "from its model's.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (fields in docs/replay.md).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG of hit rate against capacity, one line per policy (needs matplotlib).")
 @click.pass_context
 def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacity_tokens: int | None,
            block_tokens: int, block_bytes: int, policies: tuple[str, ...], shards: int,
-           limit_requests: int | None, sweep: str | None, worker: bool, as_json: bool,
+           limit_requests: int | None, sweep: str | None, worker: bool, check: bool, as_json: bool,
            plot_path: Path | None) -> None:
     """Replay a Mooncake-format JSONL trace (timestamp, input_length, hash_ids) through real
     stores, one per policy and capacity, and compare hit rates, evictions and speed.
@@ -176,7 +186,8 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
     url = ctx.obj.url if ctx.obj is not None else None
     try:
         res = engine.run(trace, requests, sizes, list(policies or POLICIES), url=url, block_bytes=block_bytes,
-                         block_tokens=block_tokens, shards=shards, worker=worker, progress=sys.stderr)
+                         block_tokens=block_tokens, shards=shards, worker=worker, check=check,
+                         progress=sys.stderr)
     except RuntimeError as exc:  # the private Valkey did not start
         raise ReplayError(str(exc)) from None
     if as_json:
@@ -186,3 +197,7 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
     if plot_path is not None:
         plot(res, plot_path)
         click.echo(f"plot written to {plot_path}", err=True)
+    if any(not c["agrees"] for run in res["runs"] for c in run.get("check", {}).values()):
+        click.echo(f"check failed: a store and its model differ by more than {engine.CHECK_TOLERANCE} "
+                   f"of block hit rate", err=True)
+        ctx.exit(1)

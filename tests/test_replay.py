@@ -1,9 +1,10 @@
 """mooncake-redis replay: the reference caches and the store replay on small traces with
-hand-computed figures (on real Valkey, Redis 7 and memory://), and the command (exit codes,
---json fields, --sweep, --plot)."""
+hand-computed figures (on real Valkey, Redis 7 and memory://), the store's plain-Python model
+against both, and the command (exit codes, --json fields, --sweep, --plot, --check)."""
 from __future__ import annotations
 
 import json
+import random
 import sys
 import uuid
 
@@ -11,6 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from mooncake_redis.bench import replay as engine
+from mooncake_redis.bench import replay_model
+from mooncake_redis.bench.replay_model import model_lru
 from mooncake_redis.bench.replay_policies import POLICIES, Lru, make_policy
 from mooncake_redis.cli.main import cli
 
@@ -98,8 +101,6 @@ def test_ideal_radix_keeps_the_chain():
 
 
 def test_ideal_radix_never_orphans_on_random_traces():
-    import random
-
     rnd = random.Random(7)
     for _ in range(20):
         reqs, t = [], 0
@@ -245,3 +246,54 @@ def test_cli_with_redis_uses_that_server(valkey, store_trace):
     res = json.loads(r.stdout)
     assert "(private" not in res["server"]
     assert res["policies"]["lru"]["hits"] == WITH_WORKER["hits"]
+
+
+# ---- --check: the plain-Python model of the store --------------------------------------------------
+
+@pytest.mark.parametrize("worker, want", [(False, NO_WORKER), (True, WITH_WORKER)], ids=["no-worker", "worker"])
+def test_model_hand_computed(store_trace, worker, want):
+    st = model_lru(engine.load_trace(store_trace), 3, block_bytes=1024, worker=worker)
+    assert {k: getattr(st, k) for k in want} == want
+
+
+def random_trace(rnd: random.Random, n: int) -> list[engine.Request]:
+    """Chains from a small tree (a block's id spells its path: one parent each), with gaps of
+    0 to 15 s (leases of 10 s run out or not)."""
+    reqs, t = [], 0
+    for _ in range(n):
+        path = [rnd.randint(0, 2) for _ in range(rnd.randint(1, 8))]
+        reqs.append(engine.Request(t, tuple(int("9" + "".join(map(str, path[:i + 1]))) for i in range(len(path)))))
+        t += rnd.choice([0, 0, 500, 3000, 15_000])
+    return reqs
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_model_agrees_with_the_store_on_random_traces(url, shards, seed):
+    rnd = random.Random(seed)
+    reqs = random_trace(rnd, 40 if url.startswith("memory://") else 120)  # fakeredis runs Lua slowly
+    chains = engine.Chains(reqs)
+    for capacity, worker in ((rnd.randint(4, 12), True), (rnd.randint(4, 12), False), (40, True)):
+        store = engine.replay_store(url, reqs, Lru(), capacity, block_bytes=1000, shards=shards, worker=worker,
+                                    chains=chains)
+        model = model_lru(reqs, capacity, block_bytes=1000, shards=shards, worker=worker, chains=chains)
+        fields = ("hits", "evictions", "orphan_evictions", "written", "puts_refused", "objects_left", "worker_evicted")
+        assert {f: getattr(store, f) for f in fields} == {f: getattr(model, f) for f in fields}, (capacity, worker)
+
+
+def test_cli_check(store_trace, monkeypatch):
+    r = invoke(store_trace, "--capacity-blocks", 3, "--block-bytes", 1024, "--check", "--json")
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.stdout)["check"]["lru"]
+    assert c["agrees"] is True and c["block_hit_rate_difference"] == 0
+    assert c["model"]["hits"] == WITH_WORKER["hits"] and c["model"]["evictions"] == WITH_WORKER["evictions"]
+    r = invoke(store_trace, "--capacity-blocks", 3, "--block-bytes", 1024, "--check")
+    assert r.exit_code == 0 and "check lru: store 22.22%, model 22.22% (difference +0.000 points: agrees" in r.stdout
+
+    def off_by_one(requests, *args):
+        st = model_lru(requests, *args)
+        st.hits += 1
+        return st
+
+    monkeypatch.setitem(replay_model.MODELS, "lru", off_by_one)
+    r = invoke(store_trace, "--capacity-blocks", 3, "--block-bytes", 1024, "--check")
+    assert r.exit_code == 1 and "DISAGREES" in r.stdout and "check failed" in r.output
