@@ -25,6 +25,8 @@ class ReplicateConfig:
     with_hard_pin: bool = False
     preferred_segments: tuple[str, ...] = ()
     group_id: str | None = None
+    guaranteed_ttl_ms: int = 0         # > 0: guaranteed against eviction until put_start + this (ms)
+    guarantee_fallback: bool = False   # past the guaranteed-capacity limit: write an ordinary object
 
 
 MAX_INT = 2**53 - 1  # integers travel as Lua doubles: exact up to here
@@ -44,6 +46,7 @@ INT_RANGES = {
     "max_retained_groups": (0, MAX_INT),
     "max_group_retention": (0, MAX_INT),
     "max_key_length": (1, MAX_KEY_LENGTH),
+    "max_guaranteed_ttl": (0, MAX_INT),
 }
 _INT_TEXT = re.compile(r"-?[0-9]{1,17}")  # stored numbers: only forms Lua's tonumber reads the same
 _FLOAT_TEXT = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -76,6 +79,9 @@ class MasterConfig:
     max_group_retention: int = 24 * 3600 * 1000
     max_key_length: int = 4096
     evict_on_put: bool = True  # a put_start that finds no space evicts candidates of its shard first
+    guaranteed_capacity_ratio: float = 0.5  # share of each shard's capacity guaranteed bytes may hold (0: off)
+    guaranteed_tenant_ratio: float = 1.0    # share of that limit one tenant may hold
+    max_guaranteed_ttl: int = 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):
@@ -97,6 +103,9 @@ class MasterConfig:
             raise _bad("eviction_high_watermark_ratio must be in (0, 1]")
         if not 0 <= self.eviction_ratio <= self.eviction_high_watermark_ratio or self.eviction_ratio >= 1:
             raise _bad("eviction_ratio must be in [0, 1) and at most eviction_high_watermark_ratio")
+        for name in ("guaranteed_capacity_ratio", "guaranteed_tenant_ratio"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise _bad(f"{name} must be in [0, 1]")
         # as Mooncake's master
         if self.default_kv_soft_pin_ttl > self.max_kv_soft_pin_ttl:
             raise _bad("default_kv_soft_pin_ttl must not exceed max_kv_soft_pin_ttl")

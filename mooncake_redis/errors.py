@@ -27,6 +27,7 @@ class ErrorCode(IntEnum):
     # This project's own codes, clear of Mooncake's ranges (-1 to -1799 so far).
     OUTCOME_UNKNOWN = -10000  # no reply (timeout, lost connection): the call may or may not have run
     UNAVAILABLE = -10001      # the server did not run the call now (loading its data, busy, failing over): retry
+    GUARANTEED_CAPACITY_EXCEEDED = -10002  # a guaranteed put would pass the shard's or the tenant's guaranteed-bytes limit
 
 
 class MasterError(Exception):

@@ -99,6 +99,14 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     "group_member_stray": (ERROR, True, "a group member set holds a key whose object is missing or elsewhere"),
     "group_counters": (ERROR, True, "members / processing / hard_pinned / task_refs differ from the members' objects"),
     "group_soft_pin": (ERROR, True, "the group's member soft pins (P:agg:soft_pin:<unit>) differ from its complete members'"),
+    "group_guarantee": (ERROR, True, "the group's member guarantees (P:agg:guarantee:<unit>) differ from its members'"),
+    # guarantees (explicit context caching)
+    "shard_guaranteed_bytes": (ERROR, True, "P.guaranteed_bytes differs from the live replicas of guaranteed objects"),
+    "tenant_guaranteed_bytes": (ERROR, True, "a tenant's P:gtenants entry differs from its guaranteed objects' live replicas"),
+    "segment_guaranteed_bytes": (ERROR, True, "a segment's g:<tenant> field differs from the tenant's guaranteed replicas on it"),
+    "guarantee_index": (ERROR, True, "an object's P:guaranteed entry differs from its guaranteed_until"),
+    "guarantee_prefix_missing": (ERROR, True, "a guaranteed object is missing from its prefix's P:gpfx set"),
+    "guarantee_prefix_stray": (WARNING, True, "a P:gpfx set holds a key that is not a guaranteed object of that prefix"),
 }
 
 SCAN_COUNT = 1000
@@ -193,6 +201,7 @@ class _Seg:
     size: int
     used: int
     mount: bytes
+    guaranteed: dict = field(default_factory=dict)  # tenant -> its g:<tenant> field
 
 
 @dataclass
@@ -211,6 +220,8 @@ class _Pass:
     free_before: dict = field(default_factory=dict)            # seg -> (by_off, by_size) before the scan
     moved: bool = False                                        # a free list changed during the pass
     stable: bool = False
+    guaranteed: dict = field(default_factory=lambda: defaultdict(int))      # (segment | b"", tenant) -> bytes
+    guarantee_prefix: dict = field(default_factory=lambda: defaultdict(set))  # (tenant, prefix) -> {key}
 
 
 class _Audit:
@@ -252,9 +263,9 @@ class _Audit:
 
     def fingerprint(self, k: ShardKeys) -> tuple:
         pipe = self.t.pipeline(k.shard)
-        pipe.hmget(k.P, "used_bytes", "capacity_bytes", "objects")
+        pipe.hmget(k.P, "used_bytes", "capacity_bytes", "objects", "guaranteed_bytes")
         pipe.get(k.mount_seq)
-        for index in (k.held, k.processing, k.segments):
+        for index in (k.held, k.processing, k.segments, k.guaranteed):
             pipe.zcard(index)
         res = pipe.execute()
         return tuple(res[0]) + tuple(res[1:])
@@ -299,7 +310,8 @@ class _Audit:
 
     # ---- one object --------------------------------------------------------------------
     def snapshot_objects(self, shard: int, ids: list[tuple[bytes, bytes]]) -> tuple[int, list]:
-        """One MULTI: the clock, then per object its hash and its index entries."""
+        """One MULTI: the clock, then per object its hash and its index entries (processing,
+        unit state, guarantee)."""
         k = self.keys(shard)
         pipe = self.t.pipeline(shard)
         pipe.get(k.clock)
@@ -310,15 +322,16 @@ class _Audit:
             pipe.hgetall(k.object(tenant, key))
             pipe.zscore(k.processing, oid)
             pipe.execute_command("FCALL_RO", "mc_unit_state", 1, k.P, unit)
+            pipe.zscore(k.guaranteed, oid)
         res = pipe.execute(raise_on_error=False)
         for i, x in enumerate(res):
-            if isinstance(x, Exception) and (i < 2 or (i - 2) % 3 == 1):
+            if isinstance(x, Exception) and (i < 2 or (i - 2) % 4 in (1, 3)):
                 raise x  # only an object key of the wrong type is tolerated (reported as bad_object)
         now = self.clock(res)
-        return now, [res[2 + 3 * i: 5 + 3 * i] for i in range(len(ids))]
+        return now, [res[2 + 4 * i: 6 + 4 * i] for i in range(len(ids))]
 
     def check_object(self, shard: int, tenant: bytes, key: bytes, snap: list, now: int) -> list[Finding]:
-        h, s_proc, st = snap
+        h, s_proc, st, s_guarantee = snap
         oid = tenant + b":" + key
         subject = _d(oid)
         if isinstance(h, Exception):
@@ -330,6 +343,9 @@ class _Audit:
             if s_proc is not None:
                 out.append(self.finding("processing_stale", shard, subject, "no entry (object missing)",
                                         f"score {_score(s_proc)}", place))
+            if s_guarantee is not None:
+                out.append(self.finding("guarantee_index", shard, subject, "no P:guaranteed entry (object missing)",
+                                        f"score {_score(s_guarantee)}", place))
             return out + self.compare_unit(shard, unit, st, now, place)
         status = h.get(b"status")
         complete = status == b"complete"
@@ -357,6 +373,11 @@ class _Audit:
         elif s_proc is not None:
             out.append(self.finding("processing_stale", shard, subject, "no entry (object complete)",
                                     f"score {_score(s_proc)}", place))
+        want = _int(h.get(b"guaranteed_until")) if b"guaranteed_until" in h else None
+        if (want is None) != (s_guarantee is None) or (want is not None and _score(s_guarantee) != want):
+            out.append(self.finding("guarantee_index", shard, subject,
+                                    "no entry" if want is None else f"score {want} (guaranteed_until)",
+                                    "absent" if s_guarantee is None else f"score {_score(s_guarantee)}", place))
         if not isinstance(st, Exception):
             out += self.compare_unit(shard, unit, st, now, place)
         return out
@@ -384,7 +405,8 @@ class _Audit:
                 ps.aggregate.append(self.finding("bad_segment", shard, f"segment {_d(n)}",
                                                  "base, size, used, mount", {_d(k): _d(v) for k, v in row.items()}))
                 continue
-            segs[n] = _Seg(n, base, size, used, mount)
+            segs[n] = _Seg(n, base, size, used, mount,
+                           {f[2:]: _int(v) for f, v in row.items() if f.startswith(b"g:")})
             if n not in index:
                 ps.aggregate.append(self.finding("segment_not_indexed", shard, f"segment {_d(n)}",
                                                  "in P:segs", "absent", None))  # action set with segment_used
@@ -442,6 +464,9 @@ class _Audit:
                 group = h.get(b"group")
                 if group is not None:
                     ps.groups[(tenant, group)].add(key)
+                guaranteed = b"guaranteed_until" in h
+                if guaranteed:
+                    ps.guarantee_prefix[(tenant, h.get(b"prefix", key))].add(key)
                 n_reps = live = 0
                 for f, v in h.items():
                     if not f.startswith(b"rep:"):
@@ -452,6 +477,9 @@ class _Audit:
                     if m and seg in segs and segs[seg].mount == m.group(2):
                         live += 1
                         extents[seg].append((int(m.group(1)), size, ("rep", tenant, key, seg)))
+                        if guaranteed:
+                            ps.guaranteed[(seg, tenant)] += size
+                            ps.guaranteed[(b"", tenant)] += size
                 if live == 0 and not sweep_owed:
                     ps.aggregate.append(self.finding(
                         "no_live_replica", shard, _d(tenant + b":" + key), "at least one replica on a mounted segment",
@@ -480,12 +508,14 @@ class _Audit:
             used_total += used
             cap_total += seg.size
             self.check_segment(shard, seg, ext, used, ps)
+        self.check_guarantee_books(shard, segs, ps)
         fp1 = self.fingerprint(k)
         ps.stable = fp0 == fp1 and not ps.moved and self.zall(k.segments) == ps.segs_index
         # shard counters (fp1 holds the values read at the end of the pass)
         triples = []
+        guaranteed_total = sum(v for (seg, _), v in ps.guaranteed.items() if seg == b"")
         for i, (fname, want) in enumerate((("used_bytes", used_total), ("capacity_bytes", cap_total),
-                                           ("objects", ps.objects))):
+                                           ("objects", ps.objects), ("guaranteed_bytes", guaranteed_total))):
             have = _int(fp1[i]) or 0
             if have != want:
                 triples.append((fname, have, want - have))
@@ -493,6 +523,36 @@ class _Audit:
         for fname, have, delta in triples:
             ps.aggregate.append(self.finding(f"shard_{fname}", shard, f"P.{fname}", have + delta, have, action))
         return ps
+
+    # ---- guarantees: per-tenant bytes (shard and segment) and the prefix sets -------------
+    def check_guarantee_books(self, shard: int, segs: dict, ps: _Pass) -> None:
+        k = self.keys(shard)
+        have: dict[tuple[bytes, bytes], int] = {(b"", t): _int(v) or 0 for t, v in self.r.hgetall(k.guaranteed_tenants).items()}
+        for name, seg in segs.items():
+            have.update({(name, t): v or 0 for t, v in seg.guaranteed.items()})
+        quads = []
+        for where in sorted(set(have) | set(ps.guaranteed)):
+            want, found = ps.guaranteed.get(where, 0), have.get(where, 0)
+            if want != found:
+                quads.append((where[0], where[1], found, want - found))
+        action = ("guaranteed", shard, tuple(quads)) if quads else None
+        for seg, tenant, found, delta in quads:
+            kind, subject = (("tenant_guaranteed_bytes", f"P:gtenants {_d(tenant)}") if seg == b"" else
+                             ("segment_guaranteed_bytes", f"segment {_d(seg)} g:{_d(tenant)}"))
+            ps.aggregate.append(self.finding(kind, shard, subject, found + delta, found, action))
+        prefix = k.prefix("guarantee_prefix")
+        seen: dict[tuple[bytes, bytes], set] = {}
+        for set_key in self.scan(shard, prefix + b"*"):
+            tenant, _, pfx = set_key[len(prefix):].partition(b":")
+            seen[(tenant, pfx)] = set(self.r.smembers(set_key))
+        for (tenant, pfx) in sorted(set(seen) | set(ps.guarantee_prefix)):
+            want, found = ps.guarantee_prefix.get((tenant, pfx), set()), seen.get((tenant, pfx), set())
+            for key in sorted(want - found):
+                ps.aggregate.append(self.finding("guarantee_prefix_missing", shard, _d(tenant + b":" + key),
+                                                 f"in P:gpfx {_d(pfx)}", "absent", ("place", shard, tenant, key)))
+            for key in sorted(found - want):
+                ps.aggregate.append(self.finding("guarantee_prefix_stray", shard, _d(tenant + b":" + key),
+                                                 f"not in P:gpfx {_d(pfx)}", "present", ("place", shard, tenant, key, pfx)))
 
     # ---- one segment -------------------------------------------------------------------
     def check_segment(self, shard: int, seg: _Seg, ext: list, used: int, ps: _Pass) -> None:
@@ -649,13 +709,15 @@ class _Audit:
             pipe.smembers(mkey)
             pipe.execute_command("FCALL_RO", "mc_unit_state", 1, sk.P, unit)
             pipe.zrange(sk.aggregate(b"soft_pin", unit), 0, -1, withscores=True)
+            pipe.zrange(sk.aggregate(b"guarantee", unit), 0, -1, withscores=True)
             for key in order:
-                pipe.hmget(sk.object(tenant, key), "group", "status", "hard_pin", "soft_pin_until", "task_refs")
+                pipe.hmget(sk.object(tenant, key), "group", "status", "hard_pin", "soft_pin_until", "task_refs",
+                           "guaranteed_until")
             res = pipe.execute()
             if set(res[3]) <= cand:
                 break
             cand |= set(res[3])
-        now, g, mset, st, agg, rows = self.clock(res), res[2], set(res[3]), res[4], res[5], res[6:]
+        now, g, mset, st, agg, g_agg, rows = self.clock(res), res[2], set(res[3]), res[4], res[5], res[6], res[7:]
         members = {k: row for k, row in zip(order, rows) if row[0] == group}
         action = ("group", shard, tenant, group, tuple(sorted(members)))
         out: list[Finding] = []
@@ -664,7 +726,7 @@ class _Audit:
                                     "in the member set", "absent", action))
         row_of = dict(zip(order, rows))
         for k in sorted(mset - set(members)):
-            row = row_of.get(k, [None] * 5)
+            row = row_of.get(k, [None] * 6)
             why = ("object missing" if row[0] is None and row[1] is None else
                    "object has no group" if row[0] is None else f"object in group {_d(row[0])}")
             out.append(self.finding("group_member_stray", shard, f"group {subject} member {_d(k)}",
@@ -683,6 +745,10 @@ class _Audit:
         if pins != stored and g.get(b"draining") != b"1":  # a draining group's zset goes with it
             out.append(self.finding("group_soft_pin", shard, f"group {subject}", f"{len(pins)} member soft pins",
                                     f"{len(stored)} entries" if len(stored) != len(pins) else "other values", action))
+        guarantees = {k: _int(r[5]) for k, r in members.items() if r[5] is not None}
+        if guarantees != {k: int(v) for k, v in g_agg} and g.get(b"draining") != b"1":
+            out.append(self.finding("group_guarantee", shard, f"group {subject}", f"{len(guarantees)} member guarantees",
+                                    f"{len(g_agg)} entries" if len(g_agg) != len(guarantees) else "other values", action))
         return out + self.compare_unit(shard, unit, st, now, action)
 
     def group_keys(self, shard: int) -> set[tuple[bytes, bytes]]:
@@ -820,7 +886,8 @@ class _Audit:
     # ---- repairs -----------------------------------------------------------------------
     # segment used bytes before free lists: a rebuild reclaims leaked bytes only when the
     # allocations it is given add up to the (repaired) used bytes
-    ORDER = {"place": 0, "unit": 0, "group": 1, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4, "sweep": 5}
+    ORDER = {"place": 0, "unit": 0, "group": 1, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4,
+             "guaranteed": 4, "sweep": 5}
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)
@@ -845,7 +912,7 @@ class _Audit:
     def apply(self, action: tuple) -> tuple[bool, str]:
         kind, shard = action[0], action[1]
         if kind == "place":
-            self.fcall("mc_fsck_place", shard, action[2], action[3])
+            self.fcall("mc_fsck_place", shard, *action[2:])
         elif kind == "unit":
             self.fcall("mc_fsck_unit", shard, action[2])
         elif kind == "group":
@@ -858,6 +925,10 @@ class _Audit:
             applied, used, _ = self.fcall("mc_fsck_segment_used", shard, action[2], action[3], action[4])
             if not applied:
                 return False, f"not repaired: used moved to {used} since fsck read it; rerun fsck"
+        elif kind == "guaranteed":
+            replies = self.fcall("mc_fsck_guaranteed", shard, *(x for q in action[2] for x in q))
+            if not all(r[0] for r in replies):
+                return False, "not repaired: a guaranteed-bytes count moved since fsck read it; rerun fsck"
         elif kind == "counters":
             args = [x for t in action[2] for x in t]
             replies = self.fcall("mc_fsck_counters", shard, *args)

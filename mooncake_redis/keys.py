@@ -25,6 +25,7 @@ K: dict[str, str] = {
     "object": ":obj:", "group": ":grp:", "group_members": ":grpm:", "aggregate": ":agg:",
     "tier_ordinary": ":evict:ordinary", "tier_soft": ":evict:soft", "draining": ":evict:draining",
     "deadline_soft_pin": ":deadline:soft_pin", "sweep_pending": ":sweep_pending", "worker": ":worker",
+    "guaranteed": ":guaranteed", "guaranteed_tenants": ":gtenants", "guarantee_prefix": ":gpfx:",
     "metrics": ":metrics",  # Python only: the workers' counters (not master state)
 }
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
@@ -58,6 +59,8 @@ class ShardKeys:
         self.deadline_soft_pin = P + _KB["deadline_soft_pin"]
         self.sweep_pending = P + _KB["sweep_pending"]
         self.worker = P + _KB["worker"]
+        self.guaranteed = P + _KB["guaranteed"]
+        self.guaranteed_tenants = P + _KB["guaranteed_tenants"]
         self.metrics = P + _KB["metrics"]
         self.tiers = (self.tier_ordinary, self.tier_soft)  # eviction candidates, evicted in this order
         # every index an eviction unit can sit in
@@ -93,6 +96,10 @@ class ShardKeys:
     def group_members(self, tenant: str | bytes, group: str | bytes) -> bytes:
         return self.P + _KB["group_members"] + _b(tenant) + b":" + _b(group)
 
+    def guarantee_prefix(self, tenant: str | bytes, prefix: str | bytes) -> bytes:
+        """The set of a tenant's guaranteed keys under one prefix hash (expire_guaranteed)."""
+        return self.P + _KB["guarantee_prefix"] + _b(tenant) + b":" + _b(prefix)
+
     def aggregate(self, kind: str | bytes, unit: str | bytes) -> bytes:
         """A composite unit's per-member values, e.g. aggregate("soft_pin", b"g:<tenant>:<group>")."""
         return self.P + _KB["aggregate"] + _b(kind) + b":" + _b(unit)
@@ -105,14 +112,21 @@ def shard_key(namespace: str, shard: int) -> str:
     return f"{namespace}:{{{namespace}:{shard}}}"
 
 
+def prefix_of(key: bytes) -> bytes:
+    """A key's prefix hash (`<hex prefix hash>[_suffix]`), or the key itself when it has none:
+    the one extraction rule of routing, guarantees by prefix (expire_guaranteed) and the radix
+    index."""
+    m = PREFIX_KEY_RE.match(key)
+    return m.group(1) if m else key
+
+
 def routing_part(key: bytes) -> bytes:
     start = key.find(b"{")
     if start >= 0:
         end = key.find(b"}", start + 1)
         if end > start + 1:
             return key[start + 1:end]
-    m = PREFIX_KEY_RE.match(key)
-    return m.group(1) if m else key
+    return prefix_of(key)
 
 
 def shard_of(key: bytes, shards: int) -> int:

@@ -2,6 +2,8 @@
 background loops that drive these steps are mooncake_redis.worker's."""
 from __future__ import annotations
 
+import math
+
 from .models import EvictionReport, EvictionStep, ShardUsage, Usage
 from .api import ApiBase
 from .checks import _check_int
@@ -12,11 +14,16 @@ EVICT_STEP_UNITS = 16  # units per eviction step (about 25-40 us of server time 
 class MaintenanceApi(ApiBase):
     # ---- inspection ------------------------------------------------------------------
     def usage(self) -> Usage:
-        rows = self.transport.run([("HMGET", k.P, "used_bytes", "capacity_bytes", "objects")
+        rows = self.transport.run([("HMGET", k.P, "used_bytes", "capacity_bytes", "objects", "guaranteed_bytes")
                                    for k in self.transport.keys])
-        per = [ShardUsage(i, *(int(v or 0) for v in row)) for i, row in enumerate(rows)]
+        ratio = self.config.guaranteed_capacity_ratio
+        per = []
+        for i, row in enumerate(rows):
+            used, cap, objects, guaranteed = (int(v or 0) for v in row)
+            per.append(ShardUsage(i, used, cap, objects, guaranteed, math.floor(cap * ratio)))
         return Usage(sum(s.used_bytes for s in per), sum(s.capacity_bytes for s in per),
-                     sum(s.objects for s in per), per)
+                     sum(s.objects for s in per), per, sum(s.guaranteed_bytes for s in per),
+                     sum(s.guaranteed_limit_bytes for s in per))
 
     # ---- eviction --------------------------------------------------------------------
     def evict_step(self, shard: int, max_units: int = EVICT_STEP_UNITS) -> EvictionStep:

@@ -37,6 +37,7 @@ class ObjectInfo:
     hard_pinned: bool
     group_id: str | None
     replicas: list[Replica]
+    guaranteed_until_ms: int | None = None  # None when no guarantee is active
     fields: dict[str, str] = field(repr=False, default_factory=dict)  # the raw hash
 
 
@@ -46,6 +47,8 @@ class ShardUsage:
     used_bytes: int
     capacity_bytes: int
     objects: int
+    guaranteed_bytes: int = 0        # live replicas of objects with a guarantee (until the sweep ends it)
+    guaranteed_limit_bytes: int = 0  # floor(capacity_bytes x guaranteed_capacity_ratio)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class Usage:
     capacity_bytes: int
     objects: int
     shards: list[ShardUsage]
+    guaranteed_bytes: int = 0
+    guaranteed_limit_bytes: int = 0
 
 
 @dataclass(frozen=True)

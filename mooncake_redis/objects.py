@@ -10,6 +10,7 @@ from . import wire
 from .config import ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
 from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus
+from .keys import prefix_of
 from .transport import BATCH_CHUNK
 from .api import ApiBase
 from .checks import _as_key, _check_bool, _check_int, _check_name, _check_tenant, _code
@@ -36,9 +37,15 @@ class ObjectsApi(ApiBase):
             raise MasterError(ErrorCode.INVALID_PARAMS, "preferred_segments must be a list or tuple of names")
         prefs = [_check_name(s, "preferred segment", 1024) for s in c.preferred_segments]
         hard_pin = _check_bool(c.with_hard_pin, "with_hard_pin")
-        return wire.head(wire.KEY_SIZE, client_id=client_id, tenant=tenant_id, replica_num=c.replica_num,
-                         soft_pin_action=action.value, soft_pin_ttl_ms=ttl, hard_pin=int(hard_pin),
-                         group=group, preferred=prefs)
+        guarantee = self._guarantee_ttl(c.guaranteed_ttl_ms)
+        fallback = _check_bool(c.guarantee_fallback, "guarantee_fallback")
+        return wire.head(wire.KEY_SIZE_PREFIX if guarantee else wire.KEY_SIZE, client_id=client_id,
+                         tenant=tenant_id, replica_num=c.replica_num, soft_pin_action=action.value,
+                         soft_pin_ttl_ms=ttl, hard_pin=int(hard_pin), group=group, preferred=prefs,
+                         guaranteed_ttl_ms=guarantee or None, guarantee_fallback=int(fallback) if guarantee else None)
+
+    def _guarantee_ttl(self, ttl: int) -> int:
+        return _check_int(ttl, "guaranteed_ttl_ms", 0, self.config.max_guaranteed_ttl)
 
     def _group_shard_ok(self, key: bytes, config: ReplicateConfig | None) -> bool:
         if config is None or config.group_id in (None, "") or self.shards == 1:
@@ -67,8 +74,9 @@ class ObjectsApi(ApiBase):
                 out[i] = ErrorCode.INVALID_PARAMS  # group members must share the group's shard
             else:
                 todo.append(i)
-        replies = self.transport.batch("mc_put_start", head, [(bkeys[i], sizes[i]) for i in todo],
-                                       [bkeys[i] for i in todo])
+        guaranteed = config is not None and config.guaranteed_ttl_ms > 0  # rows carry the prefix hash
+        rows = [(bkeys[i], sizes[i], prefix_of(bkeys[i])) if guaranteed else (bkeys[i], sizes[i]) for i in todo]
+        replies = self.transport.batch("mc_put_start", head, rows, [bkeys[i] for i in todo])
         for i, reply in zip(todo, replies):
             code = _code(reply)
             out[i] = code if code is not None else [
@@ -101,10 +109,10 @@ class ObjectsApi(ApiBase):
             raise MasterError(code, f"{op} {key!r}")
 
     # ---- reads -----------------------------------------------------------------------
-    def _read(self, fn: str, keys: Sequence[Any], tenant_id: str) -> list[Any]:
+    def _read(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> list[Any]:
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
-        head = wire.head(wire.KEY, tenant=tenant_id)
+        head = wire.head(wire.KEY, tenant=tenant_id, guaranteed_ttl_ms=self._guarantee_ttl(guaranteed_ttl_ms) or None)
         if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip, no grouping
             return self.transport.call(fn, 0, *head, *bkeys)
         return self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)
@@ -119,14 +127,18 @@ class ObjectsApi(ApiBase):
             [Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), size, ReplicaStatus.COMPLETE)
              for j in range(2, len(reply), 2)], int(reply[0]))
 
-    def get_replica_list(self, key: Any, tenant_id: str = "default") -> ReplicaListResult:
-        result = self._replica_list(self._read("mc_get_replica_list", [key], tenant_id)[0])
+    def get_replica_list(self, key: Any, tenant_id: str = "default", guaranteed_ttl_ms: int = 0) -> ReplicaListResult:
+        """The object's live replicas; leases it. With guaranteed_ttl_ms, an active guarantee is
+        renewed to max(guaranteed_until, now + guaranteed_ttl_ms) (renew-only: an object without
+        an active guarantee is unchanged)."""
+        result = self._replica_list(self._read("mc_get_replica_list", [key], tenant_id, guaranteed_ttl_ms)[0])
         if isinstance(result, ErrorCode):
             raise MasterError(result, f"get_replica_list {key!r}")
         return result
 
-    def batch_get_replica_list(self, keys: Sequence[Any], tenant_id: str = "default") -> list[Result]:
-        return [self._replica_list(r) for r in self._read("mc_get_replica_list", keys, tenant_id)]
+    def batch_get_replica_list(self, keys: Sequence[Any], tenant_id: str = "default",
+                               guaranteed_ttl_ms: int = 0) -> list[Result]:
+        return [self._replica_list(r) for r in self._read("mc_get_replica_list", keys, tenant_id, guaranteed_ttl_ms)]
 
     def exist_key(self, key: Any, tenant_id: str = "default") -> bool:
         return self._read("mc_exist_key", [key], tenant_id)[0] == 1
@@ -170,6 +182,33 @@ class ObjectsApi(ApiBase):
     def remove_all(self, force: bool = False, tenant_id: str = "default") -> int:
         return self._remove_matching(lambda k: True, force, tenant_id)
 
+    # ---- guarantees ------------------------------------------------------------------
+    def expire_guaranteed(self, prefix_hashes: Sequence[Any], tenant_id: str = "default") -> list[int]:
+        """End at once the guarantee of every object of the tenant whose key has one of these
+        prefix hashes (keys.prefix_of; a key without a prefix hash is its own prefix). Returns,
+        per prefix hash, how many objects had an active guarantee that ended. Cost: O(objects of
+        the prefix) on each shard, never a scan."""
+        _check_tenant(tenant_id)
+        prefixes = [_as_key(p) for p in prefix_hashes]
+        for p in prefixes:
+            if not 1 <= len(p) <= 256:
+                raise MasterError(ErrorCode.INVALID_PARAMS, "a prefix hash must be 1-256 bytes")
+        head = wire.head(wire.PREFIX, tenant=tenant_id)
+        ended = [0] * len(prefixes)
+        for shard in range(self.shards):  # grouped keys ({tag}) may sit away from their prefix's shard
+            todo = list(range(len(prefixes)))
+            while todo:
+                left = []
+                for start in range(0, len(todo), BATCH_CHUNK):
+                    chunk = todo[start:start + BATCH_CHUNK]
+                    replies = self.transport.call("mc_expire_guaranteed", shard, *head, *(prefixes[i] for i in chunk))
+                    for i, (n, remaining) in zip(chunk, replies):
+                        ended[i] += int(n)
+                        if int(remaining) > 0:
+                            left.append(i)
+                todo = left
+        return ended
+
     # ---- task references ---------------------------------------------------------------
     def _task_ref(self, key: Any, delta: int, tenant_id: str) -> int:
         _check_tenant(tenant_id)
@@ -204,7 +243,7 @@ class ObjectsApi(ApiBase):
         reply = self.transport.call("mc_describe", self.transport.shard_of(bkey), *argv)
         if isinstance(reply, int):
             raise MasterError(ErrorCode(reply), f"describe {key!r}")
-        flat, lease, live = reply
+        flat, lease, live, now = reply
         f = {flat[i].decode(errors="replace"): flat[i + 1].decode(errors="replace") for i in range(0, len(flat), 2)}
         size = int(f["size"])
         status = ReplicaStatus(f["status"])
@@ -212,7 +251,8 @@ class ObjectsApi(ApiBase):
         replicas = [Replica(name[4:], int(value.split()[0]), size, status)
                     for name, value in sorted(f.items()) if name.startswith("rep:") and name[4:] in live_set]
         pin = int(f.get("soft_pin_until", 0))  # task_refs shows in .fields while nonzero
-        return ObjectInfo(key=bkey, tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
+        guaranteed = int(f.get("guaranteed_until", 0))
+        return ObjectInfo(guaranteed_until_ms=guaranteed if guaranteed > int(now) else None,key=bkey, tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
                           put_started_ms=int(f["put_started"]), lease_until_ms=int(lease),
                           soft_pin_until_ms=pin or None, hard_pinned=f.get("hard_pin") == "1",
                           group_id=f.get("group"), replicas=replicas, fields=f)

@@ -27,3 +27,5 @@ def head(fields: Sequence[str], **opts: Any) -> list[Any]:
 
 KEY = ("key",)
 KEY_SIZE = ("key", "size")
+KEY_SIZE_PREFIX = ("key", "size", "prefix")
+PREFIX = ("prefix",)

@@ -11,6 +11,7 @@ local K = {
   object = ':obj:', group = ':grp:', group_members = ':grpm:', aggregate = ':agg:',
   tier_ordinary = ':evict:ordinary', tier_soft = ':evict:soft', draining = ':evict:draining',
   deadline_soft_pin = ':deadline:soft_pin', sweep_pending = ':sweep_pending', worker = ':worker',
+  guaranteed = ':guaranteed', guaranteed_tenants = ':gtenants', guarantee_prefix = ':gpfx:',
 }
 
 local E = {
@@ -21,6 +22,7 @@ local E = {
   REPLICA_IS_NOT_READY = -703, OBJECT_NOT_FOUND = -704,
   OBJECT_ALREADY_EXISTS = -705, OBJECT_HAS_LEASE = -706,
   INVALID_WRITE = -700, OBJECT_HAS_REPLICATION_TASK = -708,
+  GUARANTEED_CAPACITY_EXCEEDED = -10002,
 }
 -- code -> name, filled on first use (library load time may not iterate tables)
 local E_NAME = nil
@@ -82,6 +84,9 @@ local CONFIG_RANGES = {
   client_ttl = { 1, MAX_TTL },
   max_key_length = { 1, 1048576 },
   evict_on_put = { 0, 1 },
+  guaranteed_capacity_ratio = { 0, 1, 'ratio' },
+  guaranteed_tenant_ratio = { 0, 1, 'ratio' },
+  max_guaranteed_ttl = { 0, MAX_TTL },
 }
 
 local function config_value(name, raw)

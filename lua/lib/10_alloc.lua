@@ -62,6 +62,19 @@ local function free_extent(P, seg, off, size)
   return true
 end
 
+-- An unmounted segment's guaranteed bytes (its fields g:<tenant>, see 25_guarantee.lua) leave
+-- the shard's and the tenants' counts. `fields` is the segment hash as a flat HGETALL.
+local function forget_segment_guarantees(P, fields)
+  for i = 1, #fields, 2 do
+    local tenant = string.match(fields[i], '^g:(.*)$')
+    local bytes = tonumber(fields[i + 1]) or 0
+    if tenant and bytes ~= 0 then
+      redis.call('HINCRBY', P, 'guaranteed_bytes', S(0 - bytes))
+      redis.call('HINCRBY', P .. K.guaranteed_tenants, tenant, S(0 - bytes))
+    end
+  end
+end
+
 -- Unmount a segment from this shard: its bytes leave the books and its replicas become
 -- unreadable at once (their mount id no longer matches). P:sweep_pending is bumped so that a
 -- worker removes the dead replicas from the object hashes even if the caller dies first.
@@ -70,6 +83,7 @@ local function drop_segment(P, name)
   local skey = P .. K.segment .. name
   local cur = redis.call('HMGET', skey, 'size', 'used')
   if not cur[1] then return false end
+  forget_segment_guarantees(P, redis.call('HGETALL', skey))
   redis.call('HINCRBY', P, 'capacity_bytes', S(0 - tonumber(cur[1])))
   redis.call('HINCRBY', P, 'used_bytes', S(0 - (tonumber(cur[2]) or 0)))
   local by_off, by_size = free_keys(P, name)

@@ -10,14 +10,16 @@
 --   itself; sweep_deadlines re-derives the units whose deadline is due:
 --     P:deadline:soft_pin
 --   P:evict:draining     groups being evicted over several steps (unit -> ms the drain began)
--- A unit is in no tier while protected: put in progress, hard-pinned, referenced by a task, a
+-- A unit is in no tier while protected: put in progress, hard-pinned, referenced by a task,
+-- guaranteed (until guaranteed_until: 25_guarantee.lua; the expiry sweep re-places the unit), a
 -- group without members; a group while any member is so. New protections, tiers and deadline
 -- kinds are one entry in TIERS / DEADLINES and one line in unit_rule.
 --
 -- Composite units keep counters of their members' protections (members, processing,
--- hard_pinned, task_refs in P:grp:<tenant>:<group>) and, for each kind of member deadline, a zset
--- of the members' values (P:agg:<kind>:<unit>, member key -> ms), so that the unit's deadline is
--- the latest member's and drops back when that member leaves. The group's lease_until is shared
+-- hard_pinned, task_refs in P:grp:<tenant>:<group>) and, for each kind of member deadline
+-- (AGG_KINDS: soft_pin, guarantee), a zset of the members' values (P:agg:<kind>:<unit>, member key
+-- -> ms), so that the unit's deadline is the latest member's and drops back when that member
+-- leaves or its deadline is taken back. The group's lease_until is shared
 -- by all members; draining is 1 while the group is being evicted.
 -- A group is evicted over several steps so that no call grows with its size: the step that picks
 -- it marks it draining and moves its unit to P:evict:draining; each later step drops up to its
@@ -31,6 +33,7 @@ local TIERS = { TIER_ORDINARY, TIER_SOFT }          -- in eviction order
 local TIER_ALLOW = { [TIER_SOFT] = 'allow_evict_soft_pinned_objects' } -- config flag, if any
 local DEADLINES = { soft_pin = SOFT_DEADLINES }     -- kind -> index
 local DEADLINE_KINDS = { 'soft_pin' }
+local AGG_KINDS = { 'soft_pin', 'guarantee' }      -- member deadlines a composite unit aggregates
 local INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES, DRAINING } -- every index a unit can be in
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
@@ -43,12 +46,13 @@ end
 
 -- The rule. `f` holds a unit's facts: processing, hard_pinned, task_refs (counts or flags),
 -- empty (a group without members), draining, lease_until, and one deadline per kind
--- (soft_pin). Returns why the unit is protected ('' when it is not) and the index entries it
+-- (soft_pin, guarantee). Returns why the unit is protected ('' when it is not) and the index entries it
 -- should have: { [index] = score } (score false: any, for the draining index).
 local function unit_rule(f, now)
   if f.draining then return 'draining', { [DRAINING] = false } end
   local why = (f.empty and 'no_members') or (f.processing > 0 and 'processing')
-    or (f.hard_pinned > 0 and 'hard_pin') or (f.task_refs > 0 and 'task_ref') or ''
+    or (f.hard_pinned > 0 and 'hard_pin') or (f.task_refs > 0 and 'task_ref')
+    or (f.guarantee > now and 'guaranteed') or ''
   if why ~= '' then return why, {} end
   if f.soft_pin > now then
     return '', { [TIER_SOFT] = f.lease_until, [SOFT_DEADLINES] = f.soft_pin }
@@ -59,7 +63,7 @@ end
 local function object_facts(o)
   return { processing = o.status ~= 'complete' and 1 or 0, hard_pinned = o.hard_pin == '1' and 1 or 0,
     task_refs = tonumber(o.task_refs) or 0, lease_until = tonumber(o.lease_until) or 0,
-    soft_pin = tonumber(o.soft_pin_until) or 0 }
+    soft_pin = tonumber(o.soft_pin_until) or 0, guarantee = tonumber(o.guaranteed_until) or 0 }
 end
 
 local function group_facts(P, tenant, group)
@@ -68,7 +72,7 @@ local function group_facts(P, tenant, group)
   local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
     draining = g[6] == '1' }
-  for _, kind in ipairs(DEADLINE_KINDS) do
+  for _, kind in ipairs(AGG_KINDS) do
     local top = redis.call('ZREVRANGE', agg_key(P, kind, group_unit(tenant, group)), 0, 0, 'WITHSCORES')
     f[kind] = tonumber(top[2]) or 0
   end
@@ -129,17 +133,6 @@ local function replace_unit(P, unit, now)
   apply_rule(P, unit, entries, now)
 end
 
--- The one sweep of every deadline index: units whose deadline is due are re-derived (bounded).
-local function sweep_deadlines(P, now, limit)
-  for _, kind in ipairs(DEADLINE_KINDS) do
-    local index = P .. DEADLINES[kind]
-    for _, unit in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', S(now), 'LIMIT', 0, limit)) do
-      redis.call('ZREM', index, unit)
-      replace_unit(P, unit, now)
-    end
-  end
-end
-
 local function group_draining(P, tenant, group)
   return redis.call('HGET', grp_key(P, tenant, group), 'draining') == '1'
 end
@@ -176,12 +169,15 @@ local function flush_rescore(P, rescore)
   for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', unpack(rescore)) end
 end
 
-local function join_group(P, tenant, key, group, hard_pin, now)
+local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now)
   if redis.call('SADD', grp_members_key(P, tenant, group), key) == 0 then return end
   local gkey = grp_key(P, tenant, group)
   redis.call('HINCRBY', gkey, 'members', 1)
   redis.call('HINCRBY', gkey, 'processing', 1)
   if hard_pin == '1' then redis.call('HINCRBY', gkey, 'hard_pinned', 1) end
+  if guaranteed_until then
+    redis.call('ZADD', agg_key(P, 'guarantee', group_unit(tenant, group)), S(guaranteed_until), key)
+  end
   place_group(P, tenant, group, now)
 end
 
@@ -207,7 +203,7 @@ local function retire_group(P, tenant, group)
   local unit = group_unit(tenant, group)
   unplace(P, unit)
   redis.call('DEL', grp_members_key(P, tenant, group))
-  for _, kind in ipairs(DEADLINE_KINDS) do redis.call('DEL', agg_key(P, kind, unit)) end
+  for _, kind in ipairs(AGG_KINDS) do redis.call('DEL', agg_key(P, kind, unit)) end
   redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining')
 end
 
@@ -219,7 +215,7 @@ local function leave_group(P, tenant, key, o, now)
   if o.hard_pin == '1' then redis.call('HINCRBY', gkey, 'hard_pinned', -1) end
   local refs = tonumber(o.task_refs) or 0
   if refs > 0 then redis.call('HINCRBY', gkey, 'task_refs', S(0 - refs)) end
-  for _, kind in ipairs(DEADLINE_KINDS) do redis.call('ZREM', agg_key(P, kind, group_unit(tenant, group)), key) end
+  for _, kind in ipairs(AGG_KINDS) do redis.call('ZREM', agg_key(P, kind, group_unit(tenant, group)), key) end
   if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then
     retire_group(P, tenant, group)
   else
@@ -232,7 +228,9 @@ end
 local function drop_object(P, tenant, key, okey, o, hold_until)
   local bytes = 0
   local size = tonumber(o.size) or 0
-  for _, r in ipairs(replicas_of(P, o)) do
+  local replicas = replicas_of(P, o)
+  if o.guaranteed_until then forget_guarantee(P, tenant, key, o, replicas) end
+  for _, r in ipairs(replicas) do
     if r.live and r.off then
       if hold_until then
         hold_extent(P, r.seg, r.mount, r.off, size, hold_until)
@@ -252,4 +250,58 @@ end
 local function delete_object(P, tenant, key, okey, o, hold_until, now)
   drop_object(P, tenant, key, okey, o, hold_until)
   if o.group then leave_group(P, tenant, key, o, now) else unplace(P, object_unit(tenant, key)) end
+end
+
+-- A guarantee ends (its deadline passed, or expire_guaranteed): the object is an ordinary one
+-- again, with its lease and soft pin as they were, and its unit goes where the rule says.
+local function end_guarantee(P, tenant, key, okey, o, now)
+  forget_guarantee(P, tenant, key, o, replicas_of(P, o))
+  redis.call('HDEL', okey, 'guaranteed_until')
+  o.guaranteed_until = nil
+  if o.group then
+    redis.call('ZREM', agg_key(P, 'guarantee', group_unit(tenant, o.group)), key)
+    place_group(P, tenant, o.group, now)
+  else
+    place_object(P, tenant, key, o, now)
+  end
+end
+
+-- A read with guaranteed_ttl_ms renews an active guarantee to max(current, until_ms); it never
+-- creates one, nor revives one that ran out (the caller checks guaranteed_until > now).
+local function renew_guarantee(P, tenant, key, okey, o, until_ms)
+  redis.call('HSET', okey, 'guaranteed_until', S(until_ms))
+  redis.call('ZADD', P .. K.guaranteed, S(until_ms), obj_id(tenant, key))
+  if o.group then redis.call('ZADD', agg_key(P, 'guarantee', group_unit(tenant, o.group)), S(until_ms), key) end
+end
+
+-- End up to `limit` guarantees whose deadline is due. A stale entry (object gone, no guarantee,
+-- or a later deadline) is dropped or re-scored.
+local function sweep_guarantees(P, now, limit)
+  local index = P .. K.guaranteed
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', S(now), 'LIMIT', 0, limit)) do
+    local tenant, key = string.match(id, '^([^:]+):(.*)$')
+    local okey = tenant and obj_key(P, tenant, key)
+    local o = okey and load_object(okey)
+    local until_ms = o and tonumber(o.guaranteed_until)
+    if not until_ms then
+      redis.call('ZREM', index, id)
+    elseif until_ms > now then
+      redis.call('ZADD', index, S(until_ms), id)
+    else
+      end_guarantee(P, tenant, key, okey, o, now)
+    end
+  end
+end
+
+-- The one sweep of every deadline: guarantees that ran out end (each re-places its unit), then
+-- units whose deadline is due in a deadline index are re-derived (at most `limit` of each).
+local function sweep_deadlines(P, now, limit)
+  sweep_guarantees(P, now, limit)
+  for _, kind in ipairs(DEADLINE_KINDS) do
+    local index = P .. DEADLINES[kind]
+    for _, unit in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', S(now), 'LIMIT', 0, limit)) do
+      redis.call('ZREM', index, unit)
+      replace_unit(P, unit, now)
+    end
+  end
 end

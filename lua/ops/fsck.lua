@@ -10,12 +10,12 @@ local FSCK_MAX_GROUP = 10000     -- candidates one mc_fsck_group call may load
 local FSCK_MAX_EXTENTS = 8192    -- extents (+ free-list members) one mc_fsck_rebuild_free call may touch
 
 -- mc_fsck_counters. KEYS: P. ARGV: (field, expected, delta) triples, field one of used_bytes,
---   capacity_bytes, objects. Compare-and-add: for each triple, when the field's current value
+--   capacity_bytes, objects, guaranteed_bytes. Compare-and-add: for each triple, when the field's current value
 --   (missing = 0) equals `expected` (the value fsck read), HINCRBY field delta; otherwise leave
 --   it (a write landed since fsck read it: rerun fsck). All arguments are validated first, and a
 --   delta that would make a counter negative is refused (INVALID_PARAMS, nothing written).
 -- Reply: per triple {applied (1|0), value after the call}.
-local SHARD_COUNTERS = { used_bytes = true, capacity_bytes = true, objects = true }
+local SHARD_COUNTERS = { used_bytes = true, capacity_bytes = true, objects = true, guaranteed_bytes = true }
 
 local function fsck_counters(P, args)
   if #args == 0 or #args % 3 ~= 0 or #args > 48 then
@@ -38,6 +38,40 @@ local function fsck_counters(P, args)
       reply[#reply + 1] = { 1, redis.call('HINCRBY', P, t[1], S(t[3])) }
     else
       reply[#reply + 1] = { 0, cur[i] }
+    end
+  end
+  return reply
+end
+
+-- mc_fsck_guaranteed. KEYS: P. ARGV: (segment, tenant, expected, delta) quadruples.
+--   Compare-and-add on a tenant's guaranteed bytes: in P:gtenants (segment "") or in a mounted
+--   segment's hash (field g:<tenant>), as mc_fsck_counters does for the shard counters (the
+--   shard's total is its counter guaranteed_bytes). Reply: per quadruple {applied (1|0), value}.
+local function fsck_guaranteed(P, args)
+  if #args == 0 or #args % 4 ~= 0 or #args > 256 then
+    return fail(E.INVALID_PARAMS, 'expected 1-64 segment, tenant, expected, delta quadruples')
+  end
+  local todo = {}
+  for i = 1, #args, 4 do
+    local seg, tenant = args[i], args[i + 1]
+    local expected, delta = int_arg(args[i + 2], -MAX_INT, MAX_INT), int_arg(args[i + 3], -MAX_INT, MAX_INT)
+    if type(seg) ~= 'string' or not valid_tenant(tenant) or not expected or not delta then
+      return fail(E.INVALID_PARAMS, 'expected segment ("" for the tenant total), tenant, expected, delta')
+    end
+    local key, field = P .. K.guaranteed_tenants, tenant
+    if seg ~= '' then
+      key, field = P .. K.segment .. seg, 'g:' .. tenant
+      if redis.call('EXISTS', key) == 0 then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. seg .. ' is not mounted') end
+    end
+    todo[#todo + 1] = { key, field, expected, delta }
+  end
+  local reply = {}
+  for _, t in ipairs(todo) do
+    local cur = tonumber(redis.call('HGET', t[1], t[2])) or 0
+    if cur == t[3] and cur + t[4] >= 0 then
+      reply[#reply + 1] = { 1, redis.call('HINCRBY', t[1], t[2], S(t[4])) }
+    else
+      reply[#reply + 1] = { 0, cur }
     end
   end
   return reply
@@ -82,7 +116,8 @@ local function fsck_forget_segment(P, args)
 end
 
 -- Re-derive one object's own index entries: P:processing (member iff not complete, score =
--- put_started) and its object unit (placed by place_object when ungrouped; never present when
+-- put_started), its guarantee's entries (P:guaranteed and its prefix set, iff it has
+-- guaranteed_until; a stale entry is dropped by the sweep or expire_guaranteed) and its object unit (placed by place_object when ungrouped; never present when
 -- grouped: members are placed through their group, see mc_fsck_group). A missing object leaves
 -- neither. Returns 1 if the object exists, else 0.
 local function fsck_place_object(P, tenant, key, now)
@@ -98,15 +133,28 @@ local function fsck_place_object(P, tenant, key, now)
   else
     redis.call('ZADD', P .. K.processing, tonumber(o.put_started) or 0, id)
   end
+  if tonumber(o.guaranteed_until) then
+    redis.call('ZADD', P .. K.guaranteed, S(tonumber(o.guaranteed_until)), id)
+    redis.call('SADD', guarantee_prefix_key(P, tenant, o.prefix or key), key)
+  else
+    redis.call('ZREM', P .. K.guaranteed, id)
+  end
   if o.group then unplace(P, unit) else place_object(P, tenant, key, o, now) end
   return 1
 end
 
--- mc_fsck_place. KEYS: P. ARGV: tenant, key.  Re-places one object (see fsck_place_object above):
---   processing index, candidate tier and soft-pin deadline entry. Reply: 1 (object exists) | 0.
+-- mc_fsck_place. KEYS: P. ARGV: tenant, key [, prefix].  Re-places one object (see
+--   fsck_place_object above): processing index, guarantee entries, candidate tier and soft-pin
+--   deadline entry; with `prefix`, the key also leaves that prefix's set of guaranteed keys unless
+--   it is the object's own guaranteed prefix. Reply: 1 (object exists) | 0.
 local function fsck_place(P, args)
-  local tenant, key = args[1], args[2]
+  local tenant, key, prefix = args[1], args[2], args[3]
   if not valid_tenant(tenant) or type(key) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected tenant, key') end
+  if prefix ~= nil then
+    if not valid_name(prefix, 256) then return fail(E.INVALID_PARAMS, 'a prefix hash must be 1-256 bytes') end
+    local o = redis.call('HMGET', obj_key(P, tenant, key), 'guaranteed_until', 'prefix')
+    if not o[1] or (o[2] or key) ~= prefix then redis.call('SREM', guarantee_prefix_key(P, tenant, prefix), key) end
+  end
   return fsck_place_object(P, tenant, key, now_ms(P))
 end
 
@@ -134,7 +182,8 @@ end
 --   nothing, when there are more than max_members (<= 10000) candidates. A candidate is a member
 --   iff its object exists and its group field names this group. Rewrites the member set, sets
 --   members / processing / hard_pinned / task_refs, rebuilds the members' soft-pin deadlines
---   (P:agg:soft_pin:<unit>: complete members with a soft pin), removes members' own object units, then places the group unit (place_group) — or,
+--   (P:agg:soft_pin:<unit>: complete members with a soft pin) and guarantees
+--   (P:agg:guarantee:<unit>: members with guaranteed_until), removes members' own object units, then places the group unit (place_group) — or,
 --   when no member is left, retires the group (retire_group). lease_until is kept: it is the
 --   group's own state (reads extend it), not derived from the members.
 -- Reply: {members, processing, hard_pinned}.
@@ -155,11 +204,14 @@ local function fsck_group(P, args)
   table.sort(cand)
   local members, processing, hard, refs = 0, 0, 0, 0
   local soft_key = agg_key(P, 'soft_pin', group_unit(tenant, group))
-  redis.call('DEL', soft_key)
+  local guarantee_key = agg_key(P, 'guarantee', group_unit(tenant, group))
+  redis.call('DEL', soft_key, guarantee_key)
   for _, k in ipairs(cand) do
-    local o = redis.call('HMGET', obj_key(P, tenant, k), 'group', 'status', 'hard_pin', 'soft_pin_until', 'task_refs')
+    local o = redis.call('HMGET', obj_key(P, tenant, k), 'group', 'status', 'hard_pin', 'soft_pin_until', 'task_refs',
+      'guaranteed_until')
     if o[1] == group then
       members = members + 1
+      if tonumber(o[6]) then redis.call('ZADD', guarantee_key, o[6], k) end
       if o[2] ~= 'complete' then
         processing = processing + 1
       elseif (tonumber(o[4]) or 0) > 0 then
@@ -325,6 +377,7 @@ local function fsck_rebuild_free(P, args)
 end
 
 register('mc_fsck_counters', {}, fsck_counters)
+register('mc_fsck_guaranteed', {}, fsck_guaranteed)
 register('mc_fsck_segment_used', {}, fsck_segment_used)
 register('mc_fsck_forget_segment', {}, fsck_forget_segment)
 register('mc_fsck_place', {}, fsck_place)

@@ -1,7 +1,7 @@
 -- Read-only functions: no lease is granted, nothing is written.
 
 -- describe. KEYS: P. ARGV: options tenant, key (required).
--- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}}.
+-- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}, now}.
 local DESCRIBE_SPEC = { opts = { tenant = 'optional', key = 'required' } }
 
 local function describe(P, args)
@@ -15,7 +15,7 @@ local function describe(P, args)
   for _, r in ipairs(replicas_of(P, o)) do
     if r.live then live[#live + 1] = r.seg end
   end
-  return { redis.call('HGETALL', okey), lease_until(P, tenant, o), live }
+  return { redis.call('HGETALL', okey), lease_until(P, tenant, o), live, now_ms(P) }
 end
 
 -- unit_state. KEYS: P. ARGV: unit ("o:<tenant>:<key>" | "g:<tenant>:<group>").

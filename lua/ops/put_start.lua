@@ -2,10 +2,16 @@
 -- KEYS: P.  ARGV (see parse_call): options client_id (required), tenant, replica_num (1-64,
 --   default 1), soft_pin_action (enable|preserve|disable, default preserve), soft_pin_ttl_ms
 --   (only with enable; default default_kv_soft_pin_ttl), hard_pin (0|1), group, preferred
---   (repeatable, in order of preference); fields key, size, prefix (optional: the key's prefix
---   hash, computed by the caller with the store's one extraction rule; kept as the object's
---   `prefix` field for prefix-wide operations).
--- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code.
+--   (repeatable, in order of preference), guaranteed_ttl_ms (0 - max_guaranteed_ttl, default 0:
+--   with > 0 each new object is guaranteed until now + guaranteed_ttl_ms), guarantee_fallback
+--   (0|1: a key that would pass the guaranteed-capacity limit is written as an ordinary object
+--   instead of failing); fields key, size, prefix (optional: the key's prefix hash, computed by
+--   the caller with the store's one extraction rule; kept as the object's `prefix` field for
+--   prefix-wide operations such as expire_guaranteed; a guaranteed key without one is its own
+--   prefix).
+-- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code
+--   (GUARANTEED_CAPACITY_EXCEEDED: the shard's or the tenant's guaranteed bytes would pass their
+--   limit, see guarantee_room; nothing is allocated).
 -- Bounds: at most MAX_PUTS_PER_CALL keys and MAX_PREFERRED preferred segments a call; the search
 -- for space looks at the preferred segments and the SEARCH_EXTRA + replica_num segments with
 -- the most free bytes, never at every segment of the shard.
@@ -36,6 +42,7 @@ end
 -- P.put_failed starts the workers' eviction.
 local EVICT_PER_KEY, EVICT_PER_CALL = 16, 256
 local MAX_PUTS_PER_CALL, MAX_PREFERRED, SEARCH_EXTRA = 128, 64, 16
+local GUARANTEE_SWEEP = 64 -- due guarantees a guaranteed put_start ends before it checks the limit
 
 -- Could `size` fit in some segment slice of this shard if it were empty?
 local function could_fit(P, size, by_free)
@@ -90,6 +97,16 @@ local function retry_reply(P, o)
   return reply
 end
 
+-- May this key be guaranteed with `bytes` more? Without fallback a refusal fails the key; with
+-- it the key is written as an ordinary object.
+local function guarantee_allowed(P, a, bytes, cfg)
+  return guarantee_room(P, a.tenant, bytes, cfg) and 'yes' or (a.fallback and 'no' or 'refused')
+end
+
+local function undo_allocation(P, got, size)
+  for _, r in ipairs(got) do free_extent(P, r.seg, r.off, size) end
+end
+
 local function put_one(P, a, row, size, now, cfg, by_free)
   local key, prefix = row.key, row.prefix
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
@@ -111,17 +128,26 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     -- an abandoned put: preempt it, keeping its space until the release timeout
     delete_object(P, a.tenant, key, okey, old, hold_until(P, old.writer, started, cfg.put_start_release_timeout), now)
   end
+  local guaranteed = a.guarantee_ttl > 0 and guarantee_allowed(P, a, size, cfg) -- one replica at least
+  if guaranteed == 'refused' then return E.GUARANTEED_CAPACITY_EXCEEDED end
   local got, fits = allocate_evicting(P, size, a, now, cfg, by_free)
   if #got == 0 then
     if fits then redis.call('HSET', P, 'put_failed', S(now)) end -- tells the eviction workers to start
     return E.NO_AVAILABLE_HANDLE
   end
+  if guaranteed == 'yes' and #got > 1 then guaranteed = guarantee_allowed(P, a, size * #got, cfg) end
+  if guaranteed == 'refused' then
+    undo_allocation(P, got, size)
+    return E.GUARANTEED_CAPACITY_EXCEEDED
+  end
+  local guaranteed_until = guaranteed == 'yes' and now + a.guarantee_ttl or nil
   local fields = { 'size', S(size), 'status', 'processing', 'writer', a.client,
     'put_started', S(now), 'lease_until', '0', 'soft_pin_until', '0', 'hard_pin', a.hard_pin,
     'soft_pin_action', a.pin_action }
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
   if a.group then fields[#fields + 1] = 'group'; fields[#fields + 1] = a.group end
   if prefix then fields[#fields + 1] = 'prefix'; fields[#fields + 1] = prefix end
+  if guaranteed_until then fields[#fields + 1] = 'guaranteed_until'; fields[#fields + 1] = S(guaranteed_until) end
   local reply = {}
   for _, r in ipairs(got) do
     fields[#fields + 1] = 'rep:' .. r.seg
@@ -132,13 +158,15 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   redis.call('HSET', okey, unpack(fields))
   redis.call('ZADD', P .. K.processing, now, obj_id(a.tenant, key))
   redis.call('HINCRBY', P, 'objects', 1)
-  if a.group then join_group(P, a.tenant, key, a.group, a.hard_pin, now) end
+  if guaranteed_until then start_guarantee(P, a.tenant, key, prefix, guaranteed_until, got, size) end
+  if a.group then join_group(P, a.tenant, key, a.group, a.hard_pin, guaranteed_until, now) end
   return reply
 end
 
 local PUT_SPEC = {
   opts = { client_id = 'required', tenant = 'optional', replica_num = 'optional', soft_pin_action = 'optional',
-    soft_pin_ttl_ms = 'optional', hard_pin = 'optional', group = 'optional', preferred = 'list' },
+    soft_pin_ttl_ms = 'optional', hard_pin = 'optional', group = 'optional', preferred = 'list',
+    guaranteed_ttl_ms = 'optional', guarantee_fallback = 'optional' },
   fields = { key = 'required', size = 'required', prefix = 'optional' },
   max_rows = MAX_PUTS_PER_CALL,
 }
@@ -172,6 +200,13 @@ local function parse_put_args(args, cfg)
   else
     return nil, 'soft_pin_action must be enable, preserve or disable'
   end
+  a.guarantee_ttl = int_arg(o.guaranteed_ttl_ms or '0', 0, cfg.max_guaranteed_ttl)
+  if not a.guarantee_ttl then
+    return nil, 'guaranteed_ttl_ms must be an integer in [0, max_guaranteed_ttl (' .. S(cfg.max_guaranteed_ttl) .. ')]'
+  end
+  local fallback = o.guarantee_fallback or '0'
+  if fallback ~= '0' and fallback ~= '1' then return nil, 'guarantee_fallback must be 0 or 1' end
+  a.fallback = fallback == '1'
   a.preferred = o.preferred or {}
   if #a.preferred > MAX_PREFERRED then return nil, 'at most ' .. MAX_PREFERRED .. ' preferred segments' end
   return a
@@ -182,6 +217,7 @@ local function put_start(P, args, cfg)
   if not a then return fail(E.INVALID_PARAMS, err) end
   local now = now_ms(P)
   release_held(P, now, 16)
+  if a.guarantee_ttl > 0 then sweep_guarantees(P, now, GUARANTEE_SWEEP) end -- the limit counts only live guarantees
   a.evict_budget = EVICT_PER_CALL
   a.by_free = most_free(P, a)
   local reply = {}
@@ -194,4 +230,5 @@ end
 
 register('mc_put_start', { 'put_start_discard_timeout', 'put_start_release_timeout',
   'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length', 'evict_on_put',
-  'allow_evict_soft_pinned_objects' }, put_start)
+  'allow_evict_soft_pinned_objects', 'guaranteed_capacity_ratio', 'guaranteed_tenant_ratio',
+  'max_guaranteed_ttl' }, put_start)
