@@ -364,8 +364,9 @@ class StoreReplay:
                 self._put(m, [keys[j] for j in indexes], [req.blocks[j] for j in indexes], rconfig)
             if worker is not None:
                 st.worker_evicted += worker.run_once().evicted_objects
-            self._find_evictions(m, chains)
-            st.guaranteed_bytes_peak = max(st.guaranteed_bytes_peak, policy.guaranteed_bytes(m))
+            usage = m.usage()
+            st.guaranteed_bytes_peak = max(st.guaranteed_bytes_peak, usage.guaranteed_bytes)
+            self._find_evictions(m, usage.objects, chains)
             progress(i + 1)
         st.seconds = time.perf_counter() - t0
         u = m.usage()
@@ -389,10 +390,10 @@ class StoreReplay:
                 self.stored.move_to_end(key)
                 self.stored_blocks.add(block)
 
-    def _find_evictions(self, m: Master, chains: Chains) -> None:
-        """Drop from the shadow the blocks the store no longer holds; count them and the
-        orphan-making ones."""
-        missing = len(self.stored) - m.usage().objects
+    def _find_evictions(self, m: Master, objects: int, chains: Chains) -> None:
+        """Drop from the shadow the blocks the store (holding `objects`) no longer holds; count
+        them and the orphan-making ones."""
+        missing = len(self.stored) - objects
         if missing <= 0:
             return
         gone: list[bytes] = []
@@ -444,7 +445,7 @@ def server_version(url: str) -> str:
 def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int], policies: list[str],
         url: str | None = None, block_bytes: int = BLOCK_BYTES, block_tokens: int = BLOCK_TOKENS,
         shards: int = 1, worker: bool = True, check: bool = False,
-        progress: TextIO | None = sys.stderr) -> dict[str, Any]:
+        knobs: dict[str, dict[str, int]] | None = None, progress: TextIO | None = sys.stderr) -> dict[str, Any]:
     """Replay `requests` at every capacity (blocks) under every policy (names of
     replay_policies.POLICIES), each on a fresh store, beside the reference caches. Without `url`
     the stores live on a private Valkey (no AOF) in a temporary directory, removed at the end.
@@ -454,11 +455,12 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
     from .replay_model import MODELS
     from .replay_policies import make_policy
 
-    for name in policies:
-        make_policy(name)  # unknown names fail before anything runs
+    knobs = knobs or {}
+    made = {name: make_policy(name, knobs.get(name)) for name in policies}  # bad names and knobs fail first
     chains = Chains(requests)
     out = trace_summary(trace, requests, block_tokens)
-    out.update({"block_tokens": block_tokens, "block_bytes": block_bytes, "shards": shards, "worker": worker})
+    out.update({"block_tokens": block_tokens, "block_bytes": block_bytes, "shards": shards, "worker": worker,
+                "policy_settings": {name: {"summary": p.summary, "knobs": p.knobs()} for name, p in made.items()}})
     infinite = ideal_lru(requests, max(out["distinct_blocks"], 1), block_tokens, chains)
     out["infinite_cache"] = infinite.figures(store=False)
     server = None
@@ -483,7 +485,7 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
             for name in policies:
                 bar = Progress(f"{name} @ {capacity:,} blocks", len(requests), progress)
                 try:
-                    st = replay_store(url, requests, make_policy(name), capacity, block_bytes, block_tokens, shards,
+                    st = replay_store(url, requests, make_policy(name, knobs.get(name)), capacity, block_bytes, block_tokens, shards,
                                       worker, chains, bar)
                 finally:
                     bar.close()

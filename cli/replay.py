@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from mooncake_redis.bench import replay as engine
-from mooncake_redis.bench.replay_policies import POLICIES
+from mooncake_redis.bench.replay_policies import POLICIES, knobs_of, make_policy
 
 PLOT_HINT = "pip install 'mooncake-redis[plot]' (or pip install matplotlib)"
 
@@ -35,6 +35,27 @@ def _sweep(text: str | None) -> list[int] | None:
     return sorted(set(sizes))
 
 
+def _knobs(args: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """--knob POLICY.KNOB=VALUE options as {policy: {knob: value}}, checked against the policies."""
+    out: dict[str, dict[str, int]] = {}
+    for arg in args:
+        name, dot, rest = arg.partition(".")
+        knob, eq, value = rest.partition("=")
+        if not dot or not eq or name not in POLICIES or knob not in knobs_of(name):
+            known = ", ".join(f"{p}.{k}" for p in POLICIES for k in knobs_of(p))
+            raise click.BadParameter(f"{arg!r}: expected POLICY.KNOB=VALUE, one of {known}", param_hint="--knob")
+        try:
+            out.setdefault(name, {})[knob] = int(value)
+        except ValueError:
+            raise click.BadParameter(f"{arg!r}: the value must be an integer", param_hint="--knob") from None
+    for name, values in out.items():
+        try:
+            make_policy(name, values)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--knob") from None
+    return out
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
@@ -45,10 +66,16 @@ def _table(header: list[str], rows: list[list[object]]) -> list[str]:
     return ["  " + line for line in table(header, rows)]
 
 
+def human(n: int) -> str:
+    from mooncake_redis.cli.main import human as in_units
+
+    return in_units(n)
+
+
 def _policy_row(name: str, f: dict) -> list[object]:
     refused = ", ".join(f"{k} {v:,}" for k, v in f["puts_refused"].items()) or "0"
     return [name, _pct(f["block_hit_rate"]), _pct(f["token_hit_rate"]), _pct(f["request_hit_rate"]),
-            f"{f['evictions']:,}", f"{f['orphan_evictions']:,}", refused, f"{f['guaranteed_bytes_peak']:,}",
+            f"{f['evictions']:,}", f"{f['orphan_evictions']:,}", refused, human(f["guaranteed_bytes_peak"]),
             f"{f['requests_per_s']:,.0f}" if f["requests_per_s"] else "-"]
 
 
@@ -58,7 +85,7 @@ def _ideal_row(name: str, f: dict) -> list[object]:
 
 
 HEADER = ["policy", "block hit", "token hit", "requests hit", "evictions", "orphan-making",
-          "puts refused", "guaranteed peak B", "requests/s"]
+          "puts refused", "guaranteed peak", "requests/s"]
 
 
 def print_report(res: dict, out=click.echo) -> None:
@@ -72,8 +99,8 @@ def print_report(res: dict, out=click.echo) -> None:
         f"{res['block_bytes']:,} B, " + ("Worker.run_once after every request" if res["worker"] else
                                         "no worker (evict-on-put only)") +
         ", store clock frozen at the trace's timestamps")
-    for name in res["runs"][0]["policies"]:
-        out(f"policy   {name}: {POLICIES[name].summary}")
+    for name, setting in res["policy_settings"].items():
+        out(f"policy   {name}: {setting['summary']}")
     for run in res["runs"]:
         n = run["capacity_blocks"]
         out("")
@@ -140,6 +167,8 @@ def plot(res: dict, path: Path) -> None:
               help="Bytes per block in the store.")
 @click.option("--policy", "policies", type=click.Choice(list(POLICIES)), multiple=True,
               help="Policy to replay (repeatable; default: every one).")
+@click.option("--knob", "knob_args", multiple=True, metavar="POLICY.KNOB=VALUE",
+              help="Tune a policy's rule, e.g. guaranteed.requests=3 (repeatable; knobs in docs/replay.md).")
 @click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count of each store.")
 @click.option("--limit-requests", type=click.IntRange(1), default=None, help="Replay only the first K requests.")
 @click.option("--sweep", default=None, metavar="N1,N2,...",
@@ -155,7 +184,7 @@ def plot(res: dict, path: Path) -> None:
               help="Write a PNG of hit rate against capacity, one line per policy (needs matplotlib).")
 @click.pass_context
 def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacity_tokens: int | None,
-           block_tokens: int, block_bytes: int, policies: tuple[str, ...], shards: int,
+           block_tokens: int, block_bytes: int, policies: tuple[str, ...], knob_args: tuple[str, ...], shards: int,
            limit_requests: int | None, sweep: str | None, worker: bool, check: bool, as_json: bool,
            plot_path: Path | None) -> None:
     """Replay a Mooncake-format JSONL trace (timestamp, input_length, hash_ids) through real
@@ -174,6 +203,7 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
         if capacity_blocks < 1:
             raise click.BadParameter(f"less than one block of {block_tokens} tokens", param_hint="--capacity-tokens")
     sizes = sizes or [capacity_blocks or engine.CAPACITY_BLOCKS]
+    knobs = _knobs(knob_args)
     if plot_path is not None:
         try:
             import matplotlib  # noqa: F401
@@ -187,7 +217,7 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
     try:
         res = engine.run(trace, requests, sizes, list(policies or POLICIES), url=url, block_bytes=block_bytes,
                          block_tokens=block_tokens, shards=shards, worker=worker, check=check,
-                         progress=sys.stderr)
+                         knobs=knobs, progress=sys.stderr)
     except RuntimeError as exc:  # the private Valkey did not start
         raise ReplayError(str(exc)) from None
     if as_json:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from mooncake_redis.bench import replay as engine
 from mooncake_redis.bench import replay_model
 from mooncake_redis.bench.replay_model import model_lru
-from mooncake_redis.bench.replay_policies import POLICIES, Lru, make_policy
+from mooncake_redis.bench.replay_policies import POLICIES, Guaranteed, Lru, make_policy
 from mooncake_redis.cli.main import cli
 
 SEC = 20_000  # requests 20 s apart: a read's 10 s lease has run out by the next one
@@ -297,3 +297,55 @@ def test_cli_check(store_trace, monkeypatch):
     monkeypatch.setitem(replay_model.MODELS, "lru", off_by_one)
     r = invoke(store_trace, "--capacity-blocks", 3, "--block-bytes", 1024, "--check")
     assert r.exit_code == 1 and "DISAGREES" in r.stdout and "check failed" in r.output
+
+
+# ---- guaranteed: the online rule keeps a hot prefix that lru evicts ------------------------------
+
+# capacity 4 blocks, no worker (evict-on-put only), requests 20 s apart; guaranteed: a block
+# referenced by 2 requests within the window is hot (written with a guarantee, reads renew it)
+HOT_TRACE = [
+    (0 * SEC, [1], 512),               # 1 written (ordinary in both)
+    (1 * SEC, [5, 6, 7, 8], 2048),     # 8 evicts 1 (lowest score): {5 6 7 8}
+    (2 * SEC, [1], 512),               # 1 misses; now hot: guaranteed writes it with a guarantee; 5 goes
+    (3 * SEC, [9, 10, 11, 12], 2048),  # 9 10 11 evict 6 7 8; 12: lru evicts 1, guaranteed has no candidate
+    (4 * SEC, [1], 512),               # lru misses 1 (evicting 9); guaranteed hits it
+]
+
+
+@pytest.fixture
+def hot_trace(tmp_path):
+    return write_trace(tmp_path / "hot.jsonl", HOT_TRACE)
+
+
+def test_guaranteed_keeps_the_hot_prefix_lru_evicts(url, hot_trace):
+    reqs = engine.load_trace(hot_trace)
+    lru = engine.replay_store(url, reqs, Lru(), 4, block_bytes=1024, worker=False)
+    assert (lru.hits, lru.evictions, lru.puts_refused, lru.guaranteed_bytes_peak) == (0, 7, {}, 0)
+    g = engine.replay_store(url, reqs, Guaranteed(requests=2, window_ms=600_000, ttl_ms=1_000_000), 4,
+                            block_bytes=1024, worker=False)
+    assert (g.hits, g.evictions, g.puts_refused) == (1, 5, {"NO_AVAILABLE_HANDLE": 1})
+    assert g.guaranteed_bytes_peak == 1024 and g.requests_hit == 1
+
+
+def test_guaranteed_rule_counts_distinct_requests_in_the_window():
+    p = Guaranteed(requests=3, window_ms=1000, ttl_ms=5)
+    p._note(engine.Request(0, (1, 1, 2)), 0)       # a request counts once per block
+    p._note(engine.Request(0, (1,)), 500)
+    assert p.hot == set()
+    p._note(engine.Request(0, (1, 2)), 1000)       # 1: t=0, 500, 1000 within 1000 ms
+    assert p.hot == {1}
+    p._note(engine.Request(0, (1,)), 2001)         # t=0 and 500 and 1000 fell out
+    assert p.hot == set()
+    assert [c for _, c in p.put_batches(engine.Request(0, (1, 3)), [0, 1], 0)] == [None]
+
+
+def test_cli_knobs(hot_trace):
+    r = invoke(hot_trace, "--capacity-blocks", 4, "--block-bytes", 1024, "--no-worker", "--json",
+               "--knob", "guaranteed.ttl_ms=1000000", "--knob", "guaranteed.requests=2")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert res["policy_settings"]["guaranteed"]["knobs"] == {"requests": 2, "window_ms": 600_000, "ttl_ms": 1_000_000}
+    assert res["policies"]["guaranteed"]["hits"] == 1 and res["policies"]["lru"]["hits"] == 0
+    for bad in ("guaranteed.nope=1", "guaranteed.requests", "lru.x=1", "guaranteed.requests=x", "guaranteed.requests=0"):
+        r = invoke(hot_trace, "--knob", bad)
+        assert r.exit_code == 2 and "--knob" in r.output and "Traceback" not in r.output, bad
