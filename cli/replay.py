@@ -2,7 +2,6 @@
 capacity, beside reference caches of the same capacity (bench/replay.py; docs/replay.md)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -10,6 +9,8 @@ import click
 
 from mooncake_redis.bench import replay as engine
 from mooncake_redis.bench.replay_policies import POLICIES, knobs_of, make_policy
+
+from .output import emit_json, human, table
 
 PLOT_HINT = "pip install 'mooncake-redis[plot]' (or pip install matplotlib)"
 
@@ -61,21 +62,13 @@ def _pct(x: float) -> str:
 
 
 def _table(header: list[str], rows: list[list[object]]) -> list[str]:
-    from mooncake_redis.cli.main import table
-
     return ["  " + line for line in table(header, rows)]
-
-
-def human(n: int) -> str:
-    from mooncake_redis.cli.main import human as in_units
-
-    return in_units(n)
 
 
 def _policy_row(name: str, f: dict) -> list[object]:
     refused = ", ".join(f"{k} {v:,}" for k, v in f["puts_refused"].items()) or "0"
     return [name, _pct(f["block_hit_rate"]), _pct(f["token_hit_rate"]), _pct(f["request_hit_rate"]),
-            f"{f['evictions']:,}", f"{f['orphan_evictions']:,}", refused, human(f["guaranteed_bytes_peak"]),
+            f"{f['evictions']:,}", f"{f['orphan_evictions']:,}", refused, human(f["guaranteed_peak_bytes"]),
             f"{f['requests_per_s']:,.0f}" if f["requests_per_s"] else "-"]
 
 
@@ -179,7 +172,7 @@ def plot(res: dict, path: Path) -> None:
               help="Also run the plain-Python model of the store (bench/replay_model.py) for the policies "
                    f"that have one; exit 1 if a store's block hit rate is more than {engine.CHECK_TOLERANCE} "
                    "from its model's.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (fields in docs/replay.md).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (fields: docs/replay.md) instead of text.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG of hit rate against capacity, one line per policy (needs matplotlib).")
 @click.pass_context
@@ -221,7 +214,7 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
     except RuntimeError as exc:  # the private Valkey did not start
         raise ReplayError(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(res, indent=1))
+        emit_json("replay", res)
     else:
         print_report(res)
     if plot_path is not None:

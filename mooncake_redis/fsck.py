@@ -276,20 +276,21 @@ class _Audit:
         `st` is mc_unit_state's reply ({why, expected, actual, deadline indexes}): the rule
         itself lives in Lua only. A due deadline entry means the sweep has not re-placed the unit
         yet: its tier may lag behind the rule, and that is not drift."""
-        why, exp_flat, act_flat, dl = st
+        why, exp_flat, act_flat, dl, sweep_due = st
         expected = {exp_flat[i]: exp_flat[i + 1] for i in range(0, len(exp_flat), 2)}
         actual = {act_flat[i]: _score(act_flat[i + 1]) for i in range(0, len(act_flat), 2)}
         deadlines = set(dl)
         u, why = _d(unit), _d(why) or "evictable"
         exp_t = {i: v for i, v in expected.items() if i not in deadlines}
         act_t = {i: v for i, v in actual.items() if i not in deadlines}
-        due = any(actual[i] <= now for i in deadlines if i in actual)
+        due = sweep_due == 1 or any(actual[i] <= now for i in deadlines if i in actual)
         show = lambda d: ", ".join(f"{_d(i)}@{v}" for i, v in sorted(d.items())) or "absent"  # noqa: E731
         if not expected and actual:
             return [self.finding("stray_unit", shard, u, f"absent ({why})", show(actual), action)]
         out = []
         if exp_t and not act_t:
-            out.append(self.finding("unit_missing", shard, u, show(exp_t), "in no tier", action))
+            if not due:
+                out.append(self.finding("unit_missing", shard, u, show(exp_t), "in no tier", action))
         elif len(act_t) > 1:
             out.append(self.finding("unit_in_both_tiers", shard, u, show(exp_t), show(act_t), action))
         elif set(act_t) != set(exp_t):

@@ -46,6 +46,7 @@ class EmbeddedValkey:
                  extra_args: tuple[str, ...] = (), password: str | None = None, binary: str | None = None):
         if password is not None and not re.fullmatch(r"[A-Za-z0-9_.~-]{1,512}", password):
             raise ValueError("password: 1-512 of A-Z a-z 0-9 _ . ~ - (it goes into URLs)")
+        self.owns_data_dir = data_dir is None  # a throw-away directory, removed by stop()
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="mooncake-valkey-")
         self.port = port or free_port()
         self.appendonly = appendonly
@@ -122,6 +123,8 @@ class EmbeddedValkey:
         return lines[-1] if lines else "(empty log)"
 
     def stop(self) -> None:
+        """Stop valkey-server; a data directory made up by this object (no `data_dir` given)
+        goes with it."""
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -129,6 +132,8 @@ class EmbeddedValkey:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.owns_data_dir and (self.proc is None or self.proc.poll() is not None):
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def __enter__(self) -> "EmbeddedValkey":
         return self.start()

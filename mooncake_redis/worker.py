@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, fields
 from typing import Callable, Iterable, Sequence
@@ -58,6 +59,11 @@ class WorkerPass:
     def add(self, other: "WorkerPass") -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def counts(self) -> dict[str, int]:
+        """The non-zero counts, by field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) and f.name != "shards_claimed"}
 
     def did_work(self) -> bool:
         return any(getattr(self, f.name) for f in fields(self) if f.name not in ("shards_claimed", "eviction_steps"))
@@ -181,6 +187,8 @@ class Worker:
         self.steps = list(STEPS if steps is None else steps)
         self._stop: threading.Event | None = None
         self._blocked: set[int] = set()  # shards whose eviction is blocked (warned once)
+        self.pass_count = 0  # passes run by this object, and their wall time (metrics)
+        self.pass_seconds_total = 0.0
 
     # ---- claims ----------------------------------------------------------------------
     def claim_all(self) -> dict[int, int]:
@@ -208,6 +216,14 @@ class Worker:
 
     # ---- one pass --------------------------------------------------------------------
     def run_once(self) -> WorkerPass:
+        started = time.perf_counter()
+        try:
+            return self._run_once()
+        finally:  # this process's pass durations, for its metrics
+            self.pass_count += 1
+            self.pass_seconds_total += time.perf_counter() - started
+
+    def _run_once(self) -> WorkerPass:
         total = WorkerPass()
         for index, (now, sweep_pending) in sorted(self._claim_all().items()):
             if self.stopping():
@@ -219,21 +235,27 @@ class Worker:
                 for step in self.steps:
                     step.run(self, shard, done)
             except _ClaimLost:
-                log.warning("worker %s lost its claim on shard %d mid-pass", self.worker_id, index)
+                log.warning("shard %d: worker %s lost its claim mid-pass", index, self.worker_id,
+                            extra=self._fields(index))
             finally:
                 total.add(done)
                 self._publish(index, now, done)
-        if total.did_work():
-            log.info("worker %s pass: %s", self.worker_id, total)
-        else:
-            log.debug("worker %s pass: %s", self.worker_id, total)
+            if done.did_work():  # one line per shard that had work: what was done there
+                counts = done.counts()
+                log.info("shard %d: %s", index, " ".join(f"{k}={v}" for k, v in counts.items()),
+                         extra=self._fields(index, counts))
+        log.debug("worker %s pass: %s", self.worker_id, total)
         return total
+
+    def _fields(self, shard: int, counts: dict | None = None) -> dict:
+        """Structured fields of a log record (--log-format json prints them)."""
+        return {"shard": shard, "worker": self.worker_id, **({"counts": counts} if counts else {})}
 
     def note_eviction_state(self, shard: int, step: EvictionStep) -> None:
         """Warn once when a shard's eviction becomes blocked (over target, nothing evictable)."""
         if step.state == "blocked" and shard not in self._blocked:
             log.warning("shard %d: eviction blocked (used %d > target %d, nothing evictable)",
-                        shard, step.used_bytes, step.target_bytes)
+                        shard, step.used_bytes, step.target_bytes, extra=self._fields(shard))
             self._blocked.add(shard)
         elif step.state != "blocked":
             self._blocked.discard(shard)
@@ -247,7 +269,7 @@ class Worker:
         try:
             self.transport.run(commands)
         except MasterError:  # metrics are best effort
-            log.exception("shard %d: could not publish metrics", shard)
+            log.exception("shard %d: could not publish metrics", shard, extra=self._fields(shard))
 
     # ---- the loop --------------------------------------------------------------------
     def run(self, stop: threading.Event, interval_s: float = 0.2) -> int:

@@ -1,6 +1,7 @@
 """The CLI against a real Valkey: status, inspect, errors, bench wiring (`serve` as a process: test_serve.py)."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 import types
@@ -49,9 +50,31 @@ def test_status(store, valkey):
     assert f"version {library_source()[1]} protocol {LIBRARY_PROTOCOL} (same as this package)" in out
     assert "FROZEN at 2023-11-14T22:13:20.000Z (1700000000000 ms)" in out
     total = next(line for line in out.splitlines() if line.startswith("total"))
-    assert total.split() == ["total", str(2 << 20), str(2 * 4096 + 100), "0.4%", "2", "1", "0"]
-    assert re.search(r"seg-a\s+client-1\s+1048576\s+\d+", out) and "seg-b" in out
+    assert total.split() == ["total", "2.0", "MiB", "8.1", "KiB", "0.4%", "2", "1", "0"]  # human units
+    assert re.search(r"seg-a\s+client-1\s+1.0 MiB\s+\d", out) and "seg-b" in out
     assert "2 mounted" in out
+
+
+def test_status_json(store, valkey):
+    """Exact bytes and the documented fields (docs/json.md); parses as one JSON object."""
+    r = run("--redis", valkey.url, "status", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["command"] == "status" and doc["format"] == 1
+    assert doc["store"] == {"url": valkey.url, "namespace": "mc", "shards": 2}
+    assert doc["functions"]["version"] == doc["functions"]["package_version"] == library_source()[1]
+    assert doc["clock"] == {"now_ms": T0, "frozen_shards": [0, 1], "frozen_values_ms": [T0]}
+    assert doc["total"] == {"capacity_bytes": 2 << 20, "used_bytes": 2 * 4096 + 100, "objects": 2,
+                            "puts_in_progress": 1, "held_extents": 0}
+    assert [s["shard"] for s in doc["shards"]] == [0, 1]
+    assert sum(s["used_bytes"] for s in doc["shards"]) == 2 * 4096 + 100
+    assert set(doc["shards"][0]) == {
+        "shard", "capacity_bytes", "used_bytes", "objects", "puts_in_progress", "held_extents", "candidates",
+        "soft_pinned_candidates", "claimed_by", "last_pass_ms", "evicted_objects_total", "evicted_bytes_total",
+        "discarded_puts_total", "clients_expired_total"}
+    assert {s["client"] for s in doc["segments"]} == {"client-1"}
+    assert [(s["name"], s["size_bytes"]) for s in doc["segments"]] == [("seg-a", 1 << 20), ("seg-b", 1 << 20)]
+    assert sum(s["used_bytes"] for s in doc["segments"]) == 2 * 4096 + 100
 
 
 def test_status_envvar_and_unfrozen_clock(store, valkey):

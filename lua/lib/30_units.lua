@@ -110,21 +110,25 @@ end
 
 -- What a unit's index entries should be at `now`, read from its records: why it is protected
 -- ('' if it is not, 'missing' for no such unit, 'grouped' for the object unit of a group member,
--- whose group is the unit) and { [index] = score }. The audit asks this; nothing re-derives it.
+-- whose group is the unit), { [index] = score }, and whether a guarantee of the unit ran out but
+-- the sweep has not ended it yet (its entries then lag behind the rule until the sweep runs).
+-- The audit asks this; nothing re-derives it.
 local function unit_state(P, unit, now)
   local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.*)$')
+  local f
   if kind == 'g' and valid_tenant(tenant) then
-    local f = group_facts(P, tenant, name)
+    f = group_facts(P, tenant, name)
     if f.empty and not f.draining and redis.call('EXISTS', grp_key(P, tenant, name)) == 0 then return 'missing', {} end
-    return unit_rule(f, now)
-  end
-  if kind == 'o' and valid_tenant(tenant) then
+  elseif kind == 'o' and valid_tenant(tenant) then
     local o = load_object(obj_key(P, tenant, name))
     if not o then return 'missing', {} end
     if o.group then return 'grouped', {} end
-    return unit_rule(object_facts(o), now)
+    f = object_facts(o)
+  else
+    return 'missing', {}
   end
-  return 'missing', {}
+  local why, entries = unit_rule(f, now)
+  return why, entries, f.guarantee > 0 and f.guarantee <= now
 end
 
 -- Re-derive one unit's index entries from its records.

@@ -20,15 +20,17 @@ end
 
 -- unit_state. KEYS: P. ARGV: unit ("o:<tenant>:<key>" | "g:<tenant>:<group>").
 -- What the unit's index entries should be under the evictability rule at the store clock, and
--- what they are: {why, {index, score, ...} expected, {index, score, ...} actual, {deadline index...}}
--- where why is "" (evictable), a protection ("processing", "hard_pin", "task_ref",
--- "no_members"), "draining", "grouped" (an object whose group is the unit) or "missing"; an
--- index is a key suffix (":evict:soft"); an expected score "" means any. fsck compares the two.
+-- what they are: {why, {index, score, ...} expected, {index, score, ...} actual, {deadline index...},
+-- sweep_due} where why is "" (evictable), a protection ("processing", "hard_pin", "task_ref",
+-- "guaranteed", "no_members"), "draining", "grouped" (an object whose group is the unit) or "missing"; an
+-- index is a key suffix (":evict:soft"); an expected score "" means any; sweep_due is 1 while a
+-- guarantee of the unit ran out and the sweep has not ended it (its entries lag until then).
+-- fsck compares the two.
 local function unit_state_reply(P, args)
   local unit = args[1]
   if type(unit) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected unit') end
   local now = now_ms(P)
-  local why, entries = unit_state(P, unit, now)
+  local why, entries, sweep_due = unit_state(P, unit, now)
   local expected, actual, deadlines = {}, {}, {}
   for _, index in ipairs(INDEXES) do
     local score = entries[index]
@@ -43,7 +45,7 @@ local function unit_state_reply(P, args)
     end
   end
   for _, kind in ipairs(DEADLINE_KINDS) do deadlines[#deadlines + 1] = DEADLINES[kind] end
-  return { why, expected, actual, deadlines }
+  return { why, expected, actual, deadlines, sweep_due and 1 or 0 }
 end
 
 -- now. KEYS: P. Reply: the store clock in ms.

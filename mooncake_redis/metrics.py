@@ -1,0 +1,157 @@
+"""Prometheus metrics of a store, read from Redis at each scrape (prometheus-client).
+
+The numbers are the store's own, not a process's: every exporter of one store (serve, any
+worker, `mooncake-redis metrics`) reports the same values, so scrape one of them, or aggregate
+several with max(), not sum(). Only what the store keeps is exported: the shard counters and
+index sizes (one pipelined read of O(1) commands per shard), and the workers' `*_total`
+counters of `<P>:metrics` (published after every pass by any worker). A worker process adds its
+own pass durations (`mooncake_worker_pass_duration_seconds`). The names and labels are listed
+in METRICS and in the README.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Iterator
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .errors import MasterError
+from .worker import _TOTALS
+
+if TYPE_CHECKING:
+    from .master import Master
+    from .worker import Worker
+
+log = logging.getLogger(__name__)
+
+PREFIX = "mooncake_"
+
+# per-shard gauges: name -> (help, how to read it: a ShardKeys attribute for ZCARD, or a field of P)
+SHARD_GAUGES = {
+    "capacity_bytes": ("Bytes of the shard's slices of all mounted segments.", ("field", "capacity_bytes")),
+    "used_bytes": ("Bytes allocated on the shard (complete objects, puts in progress, held extents).",
+                   ("field", "used_bytes")),
+    "objects": ("Objects on the shard (complete and in progress).", ("field", "objects")),
+    "puts_in_progress": ("Puts started and not yet ended or revoked.", ("zcard", "processing")),
+    "held_extents": ("Extents of preempted or discarded puts, held until their release time.", ("zcard", "held")),
+    "clients": ("Clients known to the shard (mounted, not expired).", ("zcard", "clients")),
+    "segments": ("Segments mounted on the shard.", ("zcard", "segments")),
+    "groups_draining": ("Groups whose eviction is under way.", ("zcard", "draining")),
+    "guaranteed_bytes": ("Bytes of live replicas of guaranteed objects (explicit context caching).",
+                         ("field", "guaranteed_bytes")),
+    "guaranteed_objects": ("Objects with a guarantee not yet swept (P:guaranteed).", ("zcard", "guaranteed")),
+}
+# the gauges read with ZCARD: name -> ShardKeys attribute; with HMGET: name -> field of P
+ZCARDS = {name: attr for name, (_, (kind, attr)) in SHARD_GAUGES.items() if kind == "zcard"}
+FIELDS = {name: field for name, (_, (kind, field)) in SHARD_GAUGES.items() if kind == "field"}
+# eviction candidates per tier (label tier)
+TIERS = {"ordinary": "tier_ordinary", "soft_pinned": "tier_soft"}
+
+METRICS = (
+    ["mooncake_up"]
+    + [f"{PREFIX}shard_{name}" for name in SHARD_GAUGES]
+    + [f"{PREFIX}shard_eviction_candidates", f"{PREFIX}shard_clock_frozen",
+       f"{PREFIX}shard_last_worker_pass_timestamp_seconds", f"{PREFIX}worker_passes_total"]
+    + [f"{PREFIX}{field}" for field in _TOTALS]
+)
+
+
+class StoreCollector(Collector):
+    """A prometheus-client collector for one store (a Master's Redis and namespace)."""
+
+    def __init__(self, master: "Master", worker: "Worker | None" = None):
+        self.master = master
+        self.worker = worker  # its pass durations are exported too
+
+    def describe(self):
+        return []  # no registration-time scrape of Redis
+
+    def collect(self) -> Iterator:
+        up = GaugeMetricFamily(f"{PREFIX}up", "1 if the last scrape read the store from Redis, else 0.")
+        try:
+            families = self._read()
+        except (MasterError, redis.RedisError) as exc:
+            log.warning("metrics: cannot read the store: %s", exc)
+            up.add_metric([], 0)
+            yield up
+        else:
+            up.add_metric([], 1)
+            yield up
+            yield from families
+        if self.worker is not None:
+            yield from self._worker_families()
+
+    def _read(self) -> list:
+        t = self.master.transport
+        commands = []
+        for k in t.keys:
+            commands += [("HMGET", k.P, *FIELDS.values()), ("HGETALL", k.metrics), ("EXISTS", k.clock)]
+            commands += [("ZCARD", getattr(k, attr)) for attr in [*ZCARDS.values(), *TIERS.values()]]
+        replies = t.run(commands)
+        per_shard = 3 + len(ZCARDS) + len(TIERS)
+        zcards = list(ZCARDS)
+
+        gauges = {name: GaugeMetricFamily(f"{PREFIX}shard_{name}", text, labels=["shard"])
+                  for name, (text, _) in SHARD_GAUGES.items()}
+        candidates = GaugeMetricFamily(f"{PREFIX}shard_eviction_candidates",
+                                       "Eviction units in a candidate tier (ordinary first, then soft-pinned).",
+                                       labels=["shard", "tier"])
+        frozen = GaugeMetricFamily(f"{PREFIX}shard_clock_frozen",
+                                   "1 if the shard's clock test hook is set (never in production).", labels=["shard"])
+        last_pass = GaugeMetricFamily(f"{PREFIX}shard_last_worker_pass_timestamp_seconds",
+                                      "Store-clock time of the last worker pass over the shard.", labels=["shard"])
+        passes = CounterMetricFamily(f"{PREFIX}worker_passes", "Worker passes over the shard, by all workers.",
+                                     labels=["shard"])
+        totals = {field: CounterMetricFamily(f"{PREFIX}{field.removesuffix('_total')}",
+                                             f"Sum over all workers' passes: {attr.replace('_', ' ')}.",
+                                             labels=["shard"])
+                  for field, attr in _TOTALS.items()}
+        for shard in range(len(t.keys)):
+            row = replies[shard * per_shard:(shard + 1) * per_shard]
+            values, metrics, clock = row[0], row[1], row[2]
+            label = [str(shard)]
+            for name, value in zip(FIELDS, values):
+                gauges[name].add_metric(label, int(value or 0))
+            for name, value in zip(zcards, row[3:3 + len(zcards)]):
+                gauges[name].add_metric(label, value)
+            for tier, value in zip(TIERS, row[3 + len(zcards):]):
+                candidates.add_metric([str(shard), tier], value)
+            frozen.add_metric(label, int(clock))
+            m = {k.decode(errors="replace"): int(v) for k, v in metrics.items() if v.lstrip(b"-").isdigit()}
+            if "last_pass_ms" in m:
+                last_pass.add_metric(label, m["last_pass_ms"] / 1000)
+            passes.add_metric(label, m.get("passes_total", 0))
+            for field, family in totals.items():
+                family.add_metric(label, m.get(field, 0))
+        return [*gauges.values(), candidates, frozen, last_pass, passes, *totals.values()]
+
+    def _worker_families(self) -> Iterator:
+        w = self.worker
+        summary = SummaryMetricFamily(f"{PREFIX}worker_pass_duration_seconds",
+                                      "Duration of this worker process's passes.", labels=["worker"])
+        summary.add_metric([w.worker_id], count_value=w.pass_count, sum_value=w.pass_seconds_total)
+        yield summary
+
+
+def registry_for(master: "Master", worker: "Worker | None" = None) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(master, worker))
+    return registry
+
+
+def exposition(master: "Master", worker: "Worker | None" = None) -> str:
+    """The metrics in Prometheus's text exposition format."""
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry_for(master, worker)).decode()
+
+
+def serve_metrics(master: "Master", port: int, addr: str = "0.0.0.0", worker: "Worker | None" = None):
+    """Serve /metrics on addr:port from a background thread; returns the HTTP server (call
+    .shutdown() to stop it)."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=addr, registry=registry_for(master, worker))
+    return server

@@ -1,0 +1,185 @@
+"""Prometheus metrics: what the store keeps, read at each scrape (mooncake_redis/metrics.py), from
+`mooncake-redis metrics` and from a worker's --metrics-port."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from mooncake_redis import Master, MasterConfig, ReplicateConfig
+from mooncake_redis.cli.main import cli
+from mooncake_redis.metrics import METRICS, exposition, serve_metrics
+from mooncake_redis.server import free_port
+from mooncake_redis.worker import Worker
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = 1_700_000_000_000
+OBJ = 60 << 10
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value}"""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture
+def store(valkey):
+    """Two shards, a 2 MiB segment (1 MiB a shard), objects until both shards pass the watermark."""
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=2))
+    m.freeze_clock(T0)
+    m.mount_segment("seg-a", 2 << 20, "client-1")
+    i = 0
+    while min(s.used_bytes for s in m.usage().shards) < 0.92 * (1 << 20):
+        key = f"k{i}"
+        i += 1
+        m.put_start("client-1", key, OBJ)
+        m.put_end("client-1", key)
+    m.put_start("client-1", "open", 100)  # one put in progress
+    yield m
+    m.close()
+
+
+def test_metrics_before_and_after_an_eviction(store):
+    before = samples(exposition(store))
+    usage = store.usage()
+    assert before[("mooncake_up", ())] == 1
+    for shard in usage.shards:
+        label = (("shard", str(shard.shard)),)
+        assert before[("mooncake_shard_capacity_bytes", label)] == shard.capacity_bytes == 1 << 20
+        assert before[("mooncake_shard_used_bytes", label)] == shard.used_bytes
+        assert before[("mooncake_shard_objects", label)] == shard.objects
+        assert before[("mooncake_shard_segments", label)] == 1
+        assert before[("mooncake_shard_clients", label)] == 1
+        assert before[("mooncake_shard_clock_frozen", label)] == 1
+        assert before[("mooncake_evicted_objects_total", label)] == 0
+    assert sum(v for (n, _), v in before.items() if n == "mooncake_shard_puts_in_progress") == 1
+    candidates = sum(v for (n, labels), v in before.items()
+                     if n == "mooncake_shard_eviction_candidates" and ("tier", "ordinary") in labels)
+    assert candidates == usage.objects - 1  # every complete object
+
+    worker = Worker(store, worker_id="w1")
+    done = worker.run_once()
+    assert done.evicted_objects > 0
+    after = samples(exposition(store, worker))
+    evicted = sum(v for (n, _), v in after.items() if n == "mooncake_evicted_objects_total")
+    evicted_bytes = sum(v for (n, _), v in after.items() if n == "mooncake_evicted_bytes_total")
+    assert evicted == done.evicted_objects and evicted_bytes == done.evicted_objects * OBJ
+    assert sum(v for (n, _), v in after.items() if n == "mooncake_worker_passes_total") == 2  # one per shard
+    assert after[("mooncake_shard_last_worker_pass_timestamp_seconds", (("shard", "0"),))] == T0 / 1000
+    assert sum(v for (n, _), v in after.items() if n == "mooncake_shard_used_bytes") == store.usage().used_bytes
+    assert after[("mooncake_worker_pass_duration_seconds_count", (("worker", "w1"),))] == 1
+    assert after[("mooncake_worker_pass_duration_seconds_sum", (("worker", "w1"),))] > 0
+
+
+def test_every_metric_is_exported_and_documented(store):
+    names = {family.name for family in text_string_to_metric_families(exposition(store))}
+    # prometheus-client names a counter family without its _total suffix
+    assert {n.removesuffix("_total") for n in METRICS} == names
+    readme = (REPO / "README.md").read_text()
+    for name in METRICS + ["mooncake_worker_pass_duration_seconds"]:
+        assert f"`{name}`" in readme, name
+
+
+def test_a_store_that_cannot_be_read_is_up_0(store):
+    store.redis.connection_pool.reset()
+    store.redis.connection_pool.connection_kwargs["port"] = free_port()
+    text = exposition(store)
+    assert samples(text) == {("mooncake_up", ()): 0}
+
+
+def test_metrics_command_prints_the_exposition(store, valkey):
+    r = CliRunner().invoke(cli, ["--redis", valkey.url, "metrics"], env={"MOONCAKE_REDIS_URL": None})
+    assert r.exit_code == 0, r.output
+    got = samples(r.stdout)
+    assert got[("mooncake_shard_capacity_bytes", (("shard", "1"),))] == 1 << 20
+
+
+def test_http_endpoint(store):
+    port = free_port()
+    http = serve_metrics(store, port, "127.0.0.1")
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert samples(body)[("mooncake_up", ())] == 1
+
+
+def test_worker_metrics_port_after_puts_and_an_eviction(store, valkey):
+    """The issue's check: a scrape of a worker's --metrics-port after puts and an eviction."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "--redis", valkey.url, "worker",
+                             "--interval", "0.05", "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        got, end = {}, time.monotonic() + 30
+        while time.monotonic() < end:  # polling the endpoint until the worker has evicted
+            try:
+                got = samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+            except OSError:
+                got = {}
+            evicted = [v for (n, _), v in got.items() if n == "mooncake_evicted_objects_total"]
+            if len(evicted) == 2 and min(evicted) > 0:  # both shards' passes published
+                break
+            time.sleep(0.05)
+        assert min(v for (n, _), v in got.items() if n == "mooncake_evicted_objects_total") > 0, got
+        for shard in ("0", "1"):
+            used = got[("mooncake_shard_used_bytes", (("shard", shard),))]
+            assert 0 < used <= 0.85 * (1 << 20) + OBJ  # down to the target (high watermark - eviction ratio)
+        assert any(n == "mooncake_worker_pass_duration_seconds_count" and v >= 1 for (n, _), v in got.items())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+
+
+def test_metrics_command_serves_until_sigterm(store, valkey):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "--redis", valkey.url, "metrics",
+                             "--port", str(port), "--addr", "127.0.0.1"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert f"on http://127.0.0.1:{port}/metrics" in proc.stdout.readline()  # printed once it listens
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert samples(body)[("mooncake_shard_segments", (("shard", "0"),))] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_a_taken_metrics_port_is_an_error_exit_2(store, valkey):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(cli, ["--redis", valkey.url, "metrics", "--port", str(port), "--addr", "127.0.0.1"],
+                               env={"MOONCAKE_REDIS_URL": None})
+    assert r.exit_code == 2 and f"error: cannot serve metrics on 127.0.0.1:{port}" in r.stderr
+
+
+def test_guaranteed_bytes_and_objects(valkey):
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=1))
+    try:
+        m.freeze_clock(T0)
+        m.mount_segment("seg-a", 1 << 20, "client-1")
+        m.put_start("client-1", "kept", 4096, ReplicateConfig(guaranteed_ttl_ms=60_000))
+        m.put_end("client-1", "kept")
+        m.put_start("client-1", "plain", 4096)
+        got = samples(exposition(m))
+        assert got[("mooncake_shard_guaranteed_bytes", (("shard", "0"),))] == 4096
+        assert got[("mooncake_shard_guaranteed_objects", (("shard", "0"),))] == 1
+    finally:
+        m.close()
