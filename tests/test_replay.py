@@ -3,6 +3,7 @@ hand-computed figures (on real Valkey, Redis 7 and memory://), the store's plain
 against both, and the command (exit codes, --json fields, --sweep, --plot, --check)."""
 from __future__ import annotations
 
+import io
 import json
 import random
 import sys
@@ -351,3 +352,42 @@ def test_cli_knobs(hot_trace):
     for bad in ("guaranteed.nope=1", "guaranteed.requests", "lru.x=1", "guaranteed.requests=x", "guaranteed.requests=0"):
         r = invoke(hot_trace, "--knob", bad)
         assert r.exit_code == 2 and "--knob" in r.output and "Traceback" not in r.output, bad
+
+
+# ---- progress ----------------------------------------------------------------------------------
+
+class Stream(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_on_a_terminal_and_off_it(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(engine.time, "monotonic", lambda: now[0])
+    plain = engine.Progress("lru @ 3 blocks", 100, Stream(False))
+    now[0] = 105.0
+    plain(25)                    # past a second, but a plain line comes every 10 s
+    now[0] = 110.0
+    plain(50)
+    plain.close()
+    assert plain.stream.getvalue() == "  lru @ 3 blocks: 50/100 requests (50%), 5/s, ETA 10 s\n"
+
+    now[0] = 200.0
+    tty = engine.Progress("lru", 100, Stream(True))
+    now[0] = 200.5
+    tty(5)                       # under a second: nothing yet
+    now[0] = 202.0
+    tty(20)
+    now[0] = 202.2
+    tty(22)                      # under half a second since the last line
+    now[0] = 204.0
+    tty.close()
+    assert tty.stream.getvalue() == ("\r  lru: 20/100 requests (20%), 10/s, ETA 8 s\x1b[K"
+                                     "\r  lru: 100/100 requests (100%), 25/s\x1b[K\n")
+    quiet = engine.Progress("lru", 100, None)
+    quiet(50)
+    quiet.close()
