@@ -432,6 +432,8 @@ def trace_summary(path: str | os.PathLike, requests: list[Request], block_tokens
 
 
 def server_version(url: str) -> str:
+    if url.startswith("memory://"):
+        return "fakeredis (memory://, in-process)"
     client = _redis_from_url(url)
     try:
         info = client.info("server")

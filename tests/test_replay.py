@@ -242,12 +242,14 @@ def test_cli_plot_writes_a_png(store_trace, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
-def test_cli_with_redis_uses_that_server(valkey, store_trace):
-    r = CliRunner().invoke(cli, ["--redis", valkey.url, "replay", str(store_trace), "--capacity-blocks", "3",
-                                 "--block-bytes", "1024", "--json"], env={"MOONCAKE_REDIS_URL": None})
+@pytest.mark.parametrize("server", ["valkey", "memory"])
+def test_cli_with_redis_uses_that_server(request, server, store_trace):
+    url = request.getfixturevalue("valkey").url if server == "valkey" else f"memory://{uuid.uuid4().hex}"
+    r = CliRunner().invoke(cli, ["--redis", url, "replay", str(store_trace), "--capacity-blocks", "3",
+                                 "--block-bytes", "1024", "--json", "--shards", "1"], env={"MOONCAKE_REDIS_URL": None})
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
-    assert "(private" not in res["server"]
+    assert res["server"].startswith({"valkey": "valkey-server", "memory": "fakeredis"}[server])
     assert res["policies"]["lru"]["hits"] == WITH_WORKER["hits"]
 
 
