@@ -360,7 +360,7 @@ class StoreReplay:
                 if hit and key in self.stored:
                     self.stored.move_to_end(key)
             missing = [j for j, hit in enumerate(found) if not hit]
-            for indexes, rconfig in policy.put_batches(req, missing, now):
+            for indexes, rconfig in policy.put_batches(m, req, missing, now):
                 self._put(m, [keys[j] for j in indexes], [req.blocks[j] for j in indexes], rconfig)
             if worker is not None:
                 st.worker_evicted += worker.run_once().evicted_objects
@@ -487,11 +487,12 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
             for name in policies:
                 bar = Progress(f"{name} @ {capacity:,} blocks", len(requests), progress)
                 try:
-                    st = replay_store(url, requests, make_policy(name, knobs.get(name)), capacity, block_bytes, block_tokens, shards,
+                    policy = make_policy(name, knobs.get(name))
+                    st = replay_store(url, requests, policy, capacity, block_bytes, block_tokens, shards,
                                       worker, chains, bar)
                 finally:
                     bar.close()
-                entry["policies"][name] = st.figures()
+                entry["policies"][name] = st.figures() | policy.figures()
                 if check and name in MODELS:
                     model = MODELS[name](requests, capacity, block_bytes, block_tokens, shards, worker, chains)
                     entry.setdefault("check", {})[name] = check_figures(st, model)

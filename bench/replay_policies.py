@@ -24,6 +24,10 @@ class Policy:
     def knobs(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.KNOBS}
 
+    def figures(self) -> dict[str, Any]:
+        """The policy's own counts, added to its JSON object (e.g. hot blocks written)."""
+        return {}
+
     def master_config(self) -> dict[str, Any]:
         """MasterConfig overrides of the policy's store."""
         return {}
@@ -36,7 +40,7 @@ class Policy:
         """Which of the request's blocks the store holds, read in order (a read leases them)."""
         return m.batch_exist_key(keys, TENANT)
 
-    def put_batches(self, req: Request, missing: list[int], now: int) -> list[PutBatch]:
+    def put_batches(self, m: Master, req: Request, missing: list[int], now: int) -> list[PutBatch]:
         """The missing blocks to write (indexes into req.blocks), as batches of one config each."""
         return [(missing, None)] if missing else []
 
@@ -65,6 +69,7 @@ class Guaranteed(Policy):
         self.requests, self.window_ms, self.ttl_ms = requests, window_ms, ttl_ms
         self.seen: dict[int, collections.deque[int]] = {}  # block -> times of the requests that referenced it
         self.hot: set[int] = set()  # the current request's hot blocks
+        self.guarantees_asked = self.renewals_asked = 0
 
     @property
     def summary(self) -> str:
@@ -88,13 +93,19 @@ class Guaranteed(Policy):
         renew = [k for k, b in zip(keys[:hits], req.blocks[:hits]) if b in self.hot]
         if renew:
             m.batch_get_replica_list(renew, TENANT, guaranteed_ttl_ms=self.ttl_ms)
+            self.renewals_asked += len(renew)
         return found
 
-    def put_batches(self, req: Request, missing: list[int], now: int) -> list[PutBatch]:
+    def put_batches(self, m: Master, req: Request, missing: list[int], now: int) -> list[PutBatch]:
         hot = [j for j in missing if req.blocks[j] in self.hot]
         cold = [j for j in missing if req.blocks[j] not in self.hot]
         config = ReplicateConfig(guaranteed_ttl_ms=self.ttl_ms, guarantee_fallback=True)
+        self.guarantees_asked += len(hot)
         return [(idx, c) for idx, c in ((hot, config), (cold, None)) if idx]
+
+
+    def figures(self) -> dict[str, Any]:
+        return {"guaranteed_puts": self.guarantees_asked, "guarantee_renewals": self.renewals_asked}
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed)}

@@ -180,7 +180,8 @@ def test_cli_json_on_a_private_valkey(store_trace):
     assert res["server"].endswith("(private, no AOF)") and res["worker"] is False and res["shards"] == 1
     assert set(res["policies"]) == set(POLICIES) and set(res["ideal"]) == {"lru", "radix"}
     lru = res["policies"]["lru"]
-    assert set(lru) == POLICY_FIELDS
+    assert set(lru) == POLICY_FIELDS and set(res["policies"]["guaranteed"]) == POLICY_FIELDS | {
+        "guaranteed_puts", "guarantee_renewals"}
     assert lru["block_hit_rate"] == pytest.approx(4 / 9) and lru["evictions"] == 2 and lru["puts_refused"] == {}
     assert all(set(f) == IDEAL_FIELDS for f in res["ideal"].values())
     assert res["infinite_cache"]["hits"] == 5
@@ -341,7 +342,7 @@ def test_guaranteed_rule_counts_distinct_requests_in_the_window():
     assert p.hot == {1}
     p._note(engine.Request(0, (1,)), 2001)         # t=0 and 500 and 1000 fell out
     assert p.hot == set()
-    assert [c for _, c in p.put_batches(engine.Request(0, (1, 3)), [0, 1], 0)] == [None]
+    assert [c for _, c in p.put_batches(None, engine.Request(0, (1, 3)), [0, 1], 0)] == [None]
 
 
 def test_cli_knobs(hot_trace):
@@ -351,6 +352,8 @@ def test_cli_knobs(hot_trace):
     res = json.loads(r.stdout)
     assert res["policy_settings"]["guaranteed"]["knobs"] == {"requests": 2, "window_ms": 600_000, "ttl_ms": 1_000_000}
     assert res["policies"]["guaranteed"]["hits"] == 1 and res["policies"]["lru"]["hits"] == 0
+    # hot: 1 at R3 (written with a guarantee) and at R5 (hit: its guarantee renewed)
+    assert (res["policies"]["guaranteed"]["guaranteed_puts"], res["policies"]["guaranteed"]["guarantee_renewals"]) == (1, 1)
     for bad in ("guaranteed.nope=1", "guaranteed.requests", "lru.x=1", "guaranteed.requests=x", "guaranteed.requests=0"):
         r = invoke(hot_trace, "--knob", bad)
         assert r.exit_code == 2 and "--knob" in r.output and "Traceback" not in r.output, bad
