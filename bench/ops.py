@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 import redis
 
-from .common import cpu_model, delete_namespace
+from .common import cpu_model, delete_keys
+from .retention import figures as retention_figures
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
 from mooncake_redis.keys import object_key, shard_of
@@ -203,6 +204,12 @@ def _cpu_seconds(r: redis.Redis) -> tuple[float, float, float] | None:
         return None
 
 
+def _delete_namespace(r: redis.Redis) -> int:
+    """SCAN + DEL every `bench:*` and `bench.*` key (bench/retention.py's stores); returns how
+    many were deleted."""
+    return delete_keys(r, f"{NAMESPACE}:*", f"{NAMESPACE}.*")
+
+
 def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> dict:
     """Run the benchmark; print one line per figure through `out`; return all figures."""
     if n < 1 or shards < 1:
@@ -219,24 +226,24 @@ def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> 
         if server is not None:
             r.flushall()
         else:
-            left = delete_namespace(r, NAMESPACE)
+            left = _delete_namespace(r)
             if left:
                 out(f"note     deleted {left} leftover {NAMESPACE}:* keys of an earlier run")
         master = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=shards))
         where = url if server is None else "a private valkey-server (appendonly no)"
-        return _run(master, r, where, n, shards, out)
+        return _run(master, r, where, n, shards, out, url)
     finally:
         if master is not None:
             master.close()
         if server is None:
-            delete_namespace(r, NAMESPACE)
+            _delete_namespace(r)
         r.close()
         if server is not None:
             server.stop()
             shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
-def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -> dict:
+def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, url: str) -> dict:
     res: dict[str, Any] = {"n": n, "shards": shards, "repeats": REPEATS}
     info = r.info("server")
     res["server"] = f"{info.get('server_name', 'redis')} {info.get('valkey_version') or info.get('redis_version')}"
@@ -423,6 +430,9 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out) -
     res["remove_server_us_per_key"], res["remove_same_cpu"] = op["server_us_per_unit"], op["same_cpu"]
     res["remove_ratio"], res["remove_ratio_raw"] = r_noop, r_raw
     out(f"{'remove':<22}{_fmt(op['rate']):>10} ops/s   {text}" + server(op))
+
+    out("group retention (bench/retention.py):")
+    res.update(retention_figures(url, r, REPEATS, out))
 
     cpu1, wall = _cpu_seconds(r), time.perf_counter() - wall0
     if cpu0 and cpu1:

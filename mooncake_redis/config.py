@@ -45,6 +45,7 @@ INT_RANGES = {
     "offload_queue_limit": (0, MAX_INT),
     "max_retained_groups": (0, MAX_INT),
     "max_group_retention": (0, MAX_INT),
+    "max_retained_groups_per_tenant": (0, MAX_INT),
     "max_key_length": (1, MAX_KEY_LENGTH),
     "max_guaranteed_ttl": (0, MAX_INT),
 }
@@ -82,16 +83,22 @@ class MasterConfig:
     guaranteed_capacity_ratio: float = 0.5  # share of each shard's capacity guaranteed bytes may hold (0: off)
     guaranteed_tenant_ratio: float = 1.0    # share of that limit one tenant may hold
     max_guaranteed_ttl: int = 24 * 3600 * 1000
+    # group retention (retain_groups): one tenant's share of max_retained_groups (None: all of it),
+    # and whether retained groups may be evicted once no ordinary candidate is left
+    max_retained_groups_per_tenant: int | None = None
+    allow_evict_retained_groups: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):
             raise _bad("namespace must match [A-Za-z0-9_.-]{1,64}")
+        if self.max_retained_groups_per_tenant is None:
+            object.__setattr__(self, "max_retained_groups_per_tenant", self.max_retained_groups)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "bool":
                 if not isinstance(value, bool):
                     raise _bad(f"{f.name} must be a bool, not {type(value).__name__}")
-            elif f.type == "int":
+            elif f.type in ("int", "int | None"):
                 lo, hi = INT_RANGES[f.name]
                 if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
                     raise _bad(f"{f.name} must be an integer in [{lo}, {hi}], not {value!r}")
@@ -147,7 +154,7 @@ def _parse_stored(kind: str, text: str):
         if text not in ("0", "1"):
             raise ValueError(text)
         return text == "1"
-    if kind == "int":
+    if kind in ("int", "int | None"):
         if not _INT_TEXT.fullmatch(text):
             raise ValueError(text)
         return int(text)

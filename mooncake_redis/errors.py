@@ -28,6 +28,7 @@ class ErrorCode(IntEnum):
     OUTCOME_UNKNOWN = -10000  # no reply (timeout, lost connection): the call may or may not have run
     UNAVAILABLE = -10001      # the server did not run the call now (loading its data, busy, failing over): retry
     GUARANTEED_CAPACITY_EXCEEDED = -10002  # a guaranteed put would pass the shard's or the tenant's guaranteed-bytes limit
+    RETENTION_LIMIT_EXCEEDED = -10003  # retain_groups: admitting the group would pass a retained-groups limit
 
 
 class MasterError(Exception):

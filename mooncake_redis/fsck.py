@@ -51,7 +51,8 @@ import redis
 
 from . import wire
 from .errors import MasterError
-from .keys import ShardKeys
+from .fsck_retention import repair_counts, retention_count_findings
+from .keys import K, ShardKeys
 from .transport import Shards
 
 CRITICAL, ERROR, WARNING = "critical", "error", "warning"
@@ -107,6 +108,9 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     "guarantee_index": (ERROR, True, "an object's P:guaranteed entry differs from its guaranteed_until"),
     "guarantee_prefix_missing": (ERROR, True, "a guaranteed object is missing from its prefix's P:gpfx set"),
     "guarantee_prefix_stray": (WARNING, True, "a P:gpfx set holds a key that is not a guaranteed object of that prefix"),
+    # group retention
+    "retention_deadline": (ERROR, True, "a P:deadline:retention entry differs from its group's retained_until record"),
+    "retention_counts": (ERROR, True, "P:retained_tenants differs from the tenant's P:deadline:retention entries"),
 }
 
 SCAN_COUNT = 1000
@@ -302,6 +306,12 @@ class _Audit:
                     out.append(self.finding("unit_score", shard, u, f"score {_d(v)}", f"score {act_t[i]}", action))
         for i in sorted(deadlines):
             want, have = expected.get(i), actual.get(i)
+            if i == K["deadline_retention"].encode():  # a record's deadline: any drift is drift
+                if _int(want) != have:
+                    out.append(self.finding("retention_deadline", shard, u,
+                                            f"{_d(i)} entry {_d(want) if want else 'none'}",
+                                            "none" if have is None else have, action))
+                continue
             if want is not None and (have is None or _score(want) != have):
                 out.append(self.finding("soft_deadline", shard, u, f"{_d(i)} entry {_d(want)}",
                                         "none" if have is None else have, action))
@@ -498,7 +508,7 @@ class _Audit:
                 flush()
         flush()
         # tiers, deadline index, processing index: what no scanned object accounts for
-        for index in k.unit_indexes:
+        for index in k.unit_indexes + (k.deadline_retention,):
             ps.units |= set(self.zall(index))
         ps.processing = set(self.zall(k.processing))
         # segments: bytes and allocator
@@ -839,6 +849,7 @@ class _Audit:
                 groups.setdefault((m.group(2), m.group(3)), set())
         for (tenant, group), keys in sorted(groups.items()):
             findings += self.check_group(shard, tenant, group, keys)
+        findings += retention_count_findings(self, shard)
         # units and processing entries no scanned object accounts for: re-read, then judge
         recheck: set[tuple[bytes, bytes]] = set()
         for unit in sorted(ps.units):
@@ -889,6 +900,7 @@ class _Audit:
     # allocations it is given add up to the (repaired) used bytes
     ORDER = {"place": 0, "unit": 0, "group": 1, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4,
              "guaranteed": 4, "sweep": 5}
+    ORDER["retention_counts"] = 2
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)
@@ -918,6 +930,9 @@ class _Audit:
             self.fcall("mc_fsck_unit", shard, action[2])
         elif kind == "group":
             self.fcall("mc_fsck_group", shard, action[2], action[3], GROUP_MAX_MEMBERS, *action[4])
+            self.fcall("mc_fsck_retention", shard, action[2], action[3])  # the group's retention index entry
+        elif kind == "retention_counts":
+            return repair_counts(self, action)
         elif kind == "forget":
             self.fcall("mc_fsck_forget_segment", shard, action[2])
         elif kind == "sweep":

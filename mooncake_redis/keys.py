@@ -28,6 +28,9 @@ K: dict[str, str] = {
     "guaranteed": ":guaranteed", "guaranteed_tenants": ":gtenants", "guarantee_prefix": ":gpfx:",
     "metrics": ":metrics",  # Python only: the workers' counters (not master state)
 }
+# group retention: its tiers, its deadline index, its per-tenant counts
+K.update({"tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft_retained",
+          "deadline_retention": ":deadline:retention", "retained_tenants": ":retained_tenants"})
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
 
 _KB = {name: suffix.encode() for name, suffix in K.items()}
@@ -65,6 +68,13 @@ class ShardKeys:
         self.tiers = (self.tier_ordinary, self.tier_soft)  # eviction candidates, evicted in this order
         # every index an eviction unit can sit in
         self.unit_indexes = (self.tier_ordinary, self.tier_soft, self.deadline_soft_pin, self.draining)
+        # group retention: the fallback level's other tiers, the retention records' deadline index
+        self.tier_retained = P + _KB["tier_retained"]
+        self.tier_soft_retained = P + _KB["tier_soft_retained"]
+        self.deadline_retention = P + _KB["deadline_retention"]
+        self.retained_tenants = P + _KB["retained_tenants"]
+        self.tiers += (self.tier_retained, self.tier_soft_retained)
+        self.unit_indexes += (self.tier_retained, self.tier_soft_retained)
 
     def prefix(self, name: str) -> bytes:
         """P + the suffix `name` of K: the start of a family of keys, e.g. for a SCAN MATCH."""

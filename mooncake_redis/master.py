@@ -19,6 +19,7 @@ from .clock import ClockApi
 from .config import MasterConfig
 from .errors import ErrorCode, MasterError
 from .functions import check_schema, load, run, stored_config
+from .groups import GroupsApi
 from .keys import ShardKeys
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
@@ -63,7 +64,7 @@ def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
         raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
 
 
-class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi):
+class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config

@@ -209,6 +209,8 @@ FUNCTIONS = ["mc_mount_segment", "mc_unmount_segment", "mc_sweep_replicas", "mc_
              "mc_claim", "mc_release_claim", "mc_fsck_counters", "mc_fsck_segment_used",
              "mc_fsck_forget_segment", "mc_fsck_place", "mc_fsck_unit", "mc_fsck_group",
              "mc_fsck_rebuild_free", "mc_expire_guaranteed", "mc_fsck_guaranteed"]
+FUNCTIONS += ["mc_retain_groups", "mc_describe_group", "mc_retention_usage", "mc_fsck_retention",
+              "mc_fsck_retention_counts"]
 
 
 def test_every_function_is_listed_here():

@@ -69,7 +69,8 @@ def test_shard_keys_build_the_documented_names():
     assert k.P == shard_key("mc", 3).encode() == b"mc:{mc:3}"
     assert (k.config, k.clock, k.worker, k.metrics) == (b"mc:{mc:3}:config", b"mc:{mc:3}:clock",
                                                        b"mc:{mc:3}:worker", b"mc:{mc:3}:metrics")
-    assert k.tiers == (b"mc:{mc:3}:evict:ordinary", b"mc:{mc:3}:evict:soft")
+    assert k.tiers == (b"mc:{mc:3}:evict:ordinary", b"mc:{mc:3}:evict:soft", b"mc:{mc:3}:evict:retained",
+                       b"mc:{mc:3}:evict:soft_retained")
     assert k.segment(b"s\xff") == b"mc:{mc:3}:seg:s\xff"
     assert k.free("s") == (b"mc:{mc:3}:free:s:by_off", b"mc:{mc:3}:free:s:by_size")
     assert k.object("t", b"a:b") == object_key("mc", 3, "t", b"a:b") == b"mc:{mc:3}:obj:t:a:b"

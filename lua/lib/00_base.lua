@@ -12,6 +12,9 @@ local K = {
   tier_ordinary = ':evict:ordinary', tier_soft = ':evict:soft', draining = ':evict:draining',
   deadline_soft_pin = ':deadline:soft_pin', sweep_pending = ':sweep_pending', worker = ':worker',
   guaranteed = ':guaranteed', guaranteed_tenants = ':gtenants', guarantee_prefix = ':gpfx:',
+  -- group retention (lua/lib/35_retention.lua): its tiers, its deadline index, its per-tenant counts
+  tier_retained = ':evict:retained', tier_soft_retained = ':evict:soft_retained',
+  deadline_retention = ':deadline:retention', retained_tenants = ':retained_tenants',
 }
 
 local E = {
@@ -24,6 +27,7 @@ local E = {
   INVALID_WRITE = -700, OBJECT_HAS_REPLICATION_TASK = -708,
   GUARANTEED_CAPACITY_EXCEEDED = -10002,
 }
+E.RETENTION_LIMIT_EXCEEDED = -10003
 -- code -> name, filled on first use (library load time may not iterate tables)
 local E_NAME = nil
 local function error_name(code)
@@ -88,6 +92,10 @@ local CONFIG_RANGES = {
   guaranteed_tenant_ratio = { 0, 1, 'ratio' },
   max_guaranteed_ttl = { 0, MAX_TTL },
 }
+CONFIG_RANGES.allow_evict_retained_groups = { 0, 1 }
+CONFIG_RANGES.max_retained_groups = { 0, MAX_INT }
+CONFIG_RANGES.max_retained_groups_per_tenant = { 0, MAX_INT }
+CONFIG_RANGES.max_group_retention = { 0, MAX_INT }
 
 local function config_value(name, raw)
   local range = CONFIG_RANGES[name]

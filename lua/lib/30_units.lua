@@ -35,6 +35,21 @@ local DEADLINES = { soft_pin = SOFT_DEADLINES }     -- kind -> index
 local DEADLINE_KINDS = { 'soft_pin' }
 local AGG_KINDS = { 'soft_pin', 'guarantee' }      -- member deadlines a composite unit aggregates
 local INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES, DRAINING } -- every index a unit can be in
+-- Tiers come in levels: a candidate is the least recently leased unit among the allowed tiers
+-- of the first level that has one. Level 2 is the fallback: soft-pinned units and retained
+-- groups side by side (least recently leased first across both); a unit that is both sits in
+-- a tier of its own that needs both flags. The retention deadline is a record's, not a unit's
+-- (a retained group may have no members): its index, P:deadline:retention, lives beside the
+-- unit indexes and is swept by sweep_retention (lua/lib/35_retention.lua).
+local TIER_RETAINED, TIER_SOFT_RETAINED = K.tier_retained, K.tier_soft_retained
+TIERS[#TIERS + 1] = TIER_RETAINED
+TIERS[#TIERS + 1] = TIER_SOFT_RETAINED
+local TIER_LEVEL = { [TIER_ORDINARY] = 1, [TIER_SOFT] = 2, [TIER_RETAINED] = 2, [TIER_SOFT_RETAINED] = 2 }
+TIER_ALLOW[TIER_RETAINED] = 'allow_evict_retained_groups'
+TIER_ALLOW[TIER_SOFT_RETAINED] = { 'allow_evict_soft_pinned_objects', 'allow_evict_retained_groups' }
+INDEXES[#INDEXES + 1] = TIER_RETAINED
+INDEXES[#INDEXES + 1] = TIER_SOFT_RETAINED
+local RECORD_SWEEPS = {} -- sweeps of records' deadline indexes, run by sweep_deadlines: fn(P, now, limit)
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
 local function group_unit(tenant, group) return 'g:' .. tenant .. ':' .. group end
@@ -54,6 +69,12 @@ local function unit_rule(f, now)
     or (f.hard_pinned > 0 and 'hard_pin') or (f.task_refs > 0 and 'task_ref')
     or (f.guarantee > now and 'guaranteed') or ''
   if why ~= '' then return why, {} end
+  if (f.retained_until or 0) > now then -- a group's active retention: the fallback level
+    if f.soft_pin > now then
+      return '', { [TIER_SOFT_RETAINED] = f.lease_until, [SOFT_DEADLINES] = f.soft_pin }
+    end
+    return '', { [TIER_RETAINED] = f.lease_until }
+  end
   if f.soft_pin > now then
     return '', { [TIER_SOFT] = f.lease_until, [SOFT_DEADLINES] = f.soft_pin }
   end
@@ -68,10 +89,10 @@ end
 
 local function group_facts(P, tenant, group)
   local g = redis.call('HMGET', grp_key(P, tenant, group), 'members', 'processing', 'hard_pinned',
-    'lease_until', 'task_refs', 'draining')
+    'lease_until', 'task_refs', 'draining', 'retained_until')
   local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
-    draining = g[6] == '1' }
+    draining = g[6] == '1', retained_until = tonumber(g[7]) or 0 }
   for _, kind in ipairs(AGG_KINDS) do
     local top = redis.call('ZREVRANGE', agg_key(P, kind, group_unit(tenant, group)), 0, 0, 'WITHSCORES')
     f[kind] = tonumber(top[2]) or 0
@@ -308,4 +329,5 @@ local function sweep_deadlines(P, now, limit)
       replace_unit(P, unit, now)
     end
   end
+  for _, sweep in ipairs(RECORD_SWEEPS) do sweep(P, now, limit) end
 end

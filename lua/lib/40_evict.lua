@@ -1,24 +1,36 @@
 -- Eviction: pop candidates from the low end of the tiers, re-check the rule, delete.
 
 -- May units of this tier be evicted under `cfg`? (A tier without a flag always may.)
+-- A flag may be a list of flags, all of which must allow it.
 local function tier_allowed(tier, cfg)
   local flag = TIER_ALLOW[tier]
+  if type(flag) == 'table' then
+    for _, f in ipairs(flag) do
+      if cfg[f] ~= 1 then return false end
+    end
+    return true
+  end
   return flag == nil or cfg[flag] == 1
 end
 
 -- The next unit to evict: a group whose eviction is under way first, then the least recently
--- leased unleased unit of the first allowed tier that has one.
+-- leased unleased unit among the allowed tiers of the first level (TIER_LEVEL) that has one.
 -- Returns the unit and the index it was found in.
 local function next_candidate(P, now, cfg)
   local d = redis.call('ZRANGE', P .. DRAINING, 0, 0)[1]
   if d then return d, DRAINING end
+  local best, best_score, best_tier
   for _, tier in ipairs(TIERS) do
+    if best and TIER_LEVEL[tier] ~= TIER_LEVEL[best_tier] then break end
     if tier_allowed(tier, cfg) then
       local c = redis.call('ZRANGE', P .. tier, 0, 0, 'WITHSCORES')
-      if c[1] and tonumber(c[2]) <= now then return c[1], tier end
+      local score = tonumber(c[2])
+      if c[1] and score <= now and (not best or score < best_score) then
+        best, best_score, best_tier = c[1], score, tier
+      end
     end
   end
-  return nil
+  return best, best_tier
 end
 
 -- Re-check at the moment of eviction: evictable now under the rule, unleased, in an allowed

@@ -45,4 +45,5 @@ local function evict(P, args, cfg)
   return { state, units, objects, bytes, used, target }
 end
 
-register('mc_evict', { 'eviction_high_watermark_ratio', 'eviction_ratio', 'allow_evict_soft_pinned_objects' }, evict)
+register('mc_evict', { 'eviction_high_watermark_ratio', 'eviction_ratio', 'allow_evict_soft_pinned_objects',
+  'allow_evict_retained_groups' }, evict)

@@ -45,6 +45,7 @@ local function unit_state_reply(P, args)
     end
   end
   for _, kind in ipairs(DEADLINE_KINDS) do deadlines[#deadlines + 1] = DEADLINES[kind] end
+  retention_state(P, unit, expected, actual, deadlines)
   return { why, expected, actual, deadlines, sweep_due and 1 or 0 }
 end
 

@@ -1,0 +1,73 @@
+-- Group retention: a fixed, tenant-scoped deadline per group, declared before or after members
+-- exist (lua/ops/retain.lua: mc_retain_groups).
+--
+-- The record is the field retained_until (absolute store-clock ms) of P:grp:<tenant>:<group>:
+-- written by retain_groups only, never copied into members, moved by nothing else (reads,
+-- leases, put_end, soft pins). It may exist with no member (retire_group keeps it). While it is
+-- > now the group's unit ranks in the fallback tiers (unit_rule). Every record sits in
+--   P:deadline:retention   unit "g:<tenant>:<group>" -> retained_until
+-- and is counted in
+--   P:retained_tenants     hash tenant -> records of that tenant on this shard
+-- until sweep_retention drops it after its deadline (freeing its slot): the index's ZCARD and
+-- the tenant's count are what admission checks against this shard's share of the limits.
+
+local RETENTION_INDEX, RETAINED_TENANTS = K.deadline_retention, K.retained_tenants
+
+-- This shard's exact share of a store-wide limit: limit / shards rounded down, plus one for the
+-- first (limit mod shards) shards, so that the shares add up to the limit.
+local function shard_share(P, limit, shards)
+  local i = tonumber(string.match(P, ':(%d+)}$'))
+  return math.floor(limit / shards) + ((i < limit % shards) and 1 or 0)
+end
+
+local function group_has_members(P, tenant, group)
+  return (tonumber(redis.call('HGET', grp_key(P, tenant, group), 'members')) or 0) > 0
+end
+
+-- Drop a group's retention record (index entry, tenant count, field); its unit, if it has
+-- members, becomes what the rule says without the retention.
+local function drop_retention(P, tenant, group, now)
+  if redis.call('ZREM', P .. RETENTION_INDEX, group_unit(tenant, group)) == 1 then
+    if redis.call('HINCRBY', P .. RETAINED_TENANTS, tenant, -1) <= 0 then
+      redis.call('HDEL', P .. RETAINED_TENANTS, tenant)
+    end
+  end
+  redis.call('HDEL', grp_key(P, tenant, group), 'retained_until') -- the last field: the key goes
+  if group_has_members(P, tenant, group) then place_group(P, tenant, group, now) end
+end
+
+-- Bounded sweep of due retention records (re-checked against the record: an entry whose record
+-- says later is re-scored, not dropped).
+local function sweep_retention(P, now, limit)
+  local index = P .. RETENTION_INDEX
+  for _, unit in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', S(now), 'LIMIT', 0, limit)) do
+    local tenant, group = string.match(unit, '^g:([^:]+):(.+)$')
+    local rec = tenant and tonumber(redis.call('HGET', grp_key(P, tenant, group), 'retained_until'))
+    if rec and rec > now then
+      redis.call('ZADD', index, S(rec), unit)
+    elseif tenant then
+      drop_retention(P, tenant, group, now)
+    else
+      redis.call('ZREM', index, unit)
+    end
+  end
+end
+RECORD_SWEEPS[#RECORD_SWEEPS + 1] = sweep_retention
+
+-- For the audit (mc_unit_state): a group unit's retention index entry, expected (from the
+-- record) and actual, appended to the reply's lists.
+local function retention_state(P, unit, expected, actual, deadlines)
+  local tenant, group = string.match(unit, '^g:([^:]+):(.+)$')
+  if not tenant or not valid_tenant(tenant) then return end
+  deadlines[#deadlines + 1] = RETENTION_INDEX
+  local rec = redis.call('HGET', grp_key(P, tenant, group), 'retained_until')
+  if rec then
+    expected[#expected + 1] = RETENTION_INDEX
+    expected[#expected + 1] = rec
+  end
+  local have = redis.call('ZSCORE', P .. RETENTION_INDEX, unit)
+  if have then
+    actual[#actual + 1] = RETENTION_INDEX
+    actual[#actual + 1] = have
+  end
+end

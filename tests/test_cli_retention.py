@@ -1,0 +1,62 @@
+"""The CLI's group retention: `retain`, the retention lines of `status`, `inspect --group`."""
+from __future__ import annotations
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from mooncake_redis import Master, MasterConfig, ReplicateConfig
+from mooncake_redis.cli.main import cli
+
+T0 = 1_700_000_000_000
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None})
+
+
+@pytest.fixture
+def store(valkey):
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=2, max_retained_groups=6))
+    m.freeze_clock(T0)
+    m.mount_segment("seg", 1 << 20, "c")
+    yield m
+    m.close()
+
+
+def test_retain_status_and_inspect_group(store, valkey):
+    r = run("--redis", valkey.url, "retain", "g1", "g2", "--ttl", "10m")
+    assert r.exit_code == 0, r.output
+    assert f"g1  retained until 2023-11-14T22:23:20.000Z ({T0 + 600_000} ms)" in r.output
+    assert store.describe_group("g2").retained_until_ms == T0 + 600_000
+    store.put_start("c", "{g1}/a", 100, ReplicateConfig(group_id="g1"))
+    store.put_end("c", "{g1}/a")
+
+    r = run("--redis", valkey.url, "status")
+    assert r.exit_code == 0, r.output
+    assert "retention  2 active retained group(s) of at most 6 (per tenant 6)" in r.output
+    assert "per shard (active/share): 0:" in r.output
+
+    r = run("--redis", valkey.url, "inspect", "--group", "g1")
+    assert r.exit_code == 0, r.output
+    assert "members      1" in r.output
+    assert f"retention    2023-11-14T22:23:20.000Z ({T0 + 600_000} ms), active, 10.0 min left" in r.output
+    assert "eviction     evictable, tier retained" in r.output
+    r = run("--redis", valkey.url, "inspect", "--group", "g2")
+    assert "members      0" in r.output and "protected (no_members)" in r.output
+
+
+def test_retain_refusals_exit_1_and_usage_errors_exit_2(store, valkey):
+    r = run("--redis", valkey.url, "retain", *[f"g{i}" for i in range(20)], "--ttl", "1h", "--tenant", "t")
+    assert r.exit_code == 1
+    assert "refused: RETENTION_LIMIT_EXCEEDED (-10003)" in r.output
+    for args in (["retain", "g", "--ttl", "ten"], ["retain", "--ttl", "1m"], ["retain", "g"],
+                 ["inspect"], ["inspect", "k", "--group", "g"]):
+        r = run("--redis", valkey.url, *args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "Traceback" not in r.output
+    r = run("--redis", valkey.url, "retain", "g", "--ttl", "25h")  # above max_group_retention
+    assert r.exit_code == 2 and "INVALID_PARAMS" in r.output
+    r = run("--redis", valkey.url, "inspect", "--group", "nothing")
+    assert r.exit_code == 1 and "not found: group 'nothing'" in r.output
