@@ -995,5 +995,8 @@ def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, ca
         emit_json("bench capacity", {"results": results})
 
 
+from mooncake_redis.cli.replay import replay  # noqa: E402  (the command's own module; imports cli.main)
+cli.add_command(replay)
+
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")
