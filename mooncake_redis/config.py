@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 
 from .errors import ErrorCode, MasterError
+from .keys import DEFAULT_KEY_PATTERN, LEGACY_KEY_PATTERN, compile_key_pattern
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # namespaces and tenant ids: use fullmatch
 
@@ -27,6 +28,9 @@ class ReplicateConfig:
     group_id: str | None = None
     guaranteed_ttl_ms: int = 0         # > 0: guaranteed against eviction until put_start + this (ms)
     guarantee_fallback: bool = False   # past the guaranteed-capacity limit: write an ordinary object
+    # the radix index (MasterConfig.enable_radix_tree): the prefix hash of the parent node of the
+    # keys' node (ignored while the index is off)
+    parent_block_hash: str | bytes | None = None
 
 
 MAX_INT = 2**53 - 1  # integers travel as Lua doubles: exact up to here
@@ -87,10 +91,21 @@ class MasterConfig:
     # and whether retained groups may be evicted once no ordinary candidate is left
     max_retained_groups_per_tenant: int | None = None
     allow_evict_retained_groups: bool = True
+    # the radix index (lua/lib/32_radix.lua): off means no index writes at all; the pattern is a
+    # regex with one group capturing a key's prefix hash, the one extraction rule of routing,
+    # the index and expire_guaranteed (keys.prefix_of)
+    enable_radix_tree: bool = False
+    radix_key_pattern: str = DEFAULT_KEY_PATTERN
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):
             raise _bad("namespace must match [A-Za-z0-9_.-]{1,64}")
+        if not isinstance(self.radix_key_pattern, str):
+            raise _bad("radix_key_pattern must be a str")
+        try:
+            compile_key_pattern(self.radix_key_pattern)
+        except ValueError as exc:
+            raise _bad(f"radix_key_pattern {self.radix_key_pattern!r}: {exc}") from None
         if self.max_retained_groups_per_tenant is None:
             object.__setattr__(self, "max_retained_groups_per_tenant", self.max_retained_groups)
         for f in fields(self):
@@ -124,7 +139,10 @@ class MasterConfig:
         Lua's tonumber reads back the same double)."""
         out = {}
         for name, value in asdict(self).items():
-            if name != "namespace":
+            if isinstance(value, str):
+                if name != "namespace":
+                    out[name] = value
+            elif name != "namespace":
                 out[name] = str(int(value)) if isinstance(value, bool) else repr(value)
         return out
 
@@ -134,6 +152,8 @@ class MasterConfig:
         defaults); a corrupt value is INTERNAL_ERROR naming the field."""
         where = f"stored configuration {namespace}:{{{namespace}:0}}:config"
         kwargs: dict = {}
+        if stored and b"radix_key_pattern" not in stored:  # written before the pattern was configurable
+            kwargs["radix_key_pattern"] = LEGACY_KEY_PATTERN
         for f in fields(cls):
             raw = stored.get(f.name.encode()) if f.name != "namespace" else None
             if raw is None:
@@ -150,6 +170,8 @@ class MasterConfig:
 
 
 def _parse_stored(kind: str, text: str):
+    if kind == "str":
+        return text
     if kind == "bool":
         if text not in ("0", "1"):
             raise ValueError(text)

@@ -29,6 +29,7 @@ class ErrorCode(IntEnum):
     UNAVAILABLE = -10001      # the server did not run the call now (loading its data, busy, failing over): retry
     GUARANTEED_CAPACITY_EXCEEDED = -10002  # a guaranteed put would pass the shard's or the tenant's guaranteed-bytes limit
     RETENTION_LIMIT_EXCEEDED = -10003  # retain_groups: admitting the group would pass a retained-groups limit
+    RADIX_LINK_PENDING = -10010  # put_end: the key's radix node is not yet listed by its parent on another shard (drain the outbox, retry)
 
 
 class MasterError(Exception):

@@ -6,8 +6,11 @@ Cluster hash tag, so one shard's keys share a slot. The rest of a key is one of 
 they agree); `ShardKeys` builds a shard's keys from it, so no other module spells a suffix.
 
 An object's shard comes from its routing part: a `{tag}` inside the user key if present, else
-the prefix hash if the key looks like `<hex prefix hash>[_suffix]`, else the whole key; shard =
-first 8 bytes of blake3(routing part), big-endian, modulo the shard count.
+its prefix hash (`prefix_of`: the first group of the store's radix_key_pattern, by default 64
+lowercase hex characters at the start followed by `_` or the end), else the whole key; shard =
+first 8 bytes of blake3(routing part), big-endian, modulo the shard count. The same extraction
+gives the radix node of a key and the prefix of expire_guaranteed, so all keys of a node live on
+the node's shard.
 """
 from __future__ import annotations
 
@@ -15,7 +18,12 @@ import re
 
 from blake3 import blake3
 
-PREFIX_KEY_RE = re.compile(rb"^([0-9a-f]{32,128})(?:_|$)")
+# MasterConfig.radix_key_pattern's default (the blake3 rule of Mooncake's radix RFC), and the
+# rule of stores written before the pattern was configurable (their config hash has no
+# radix_key_pattern field; Master keeps routing them by it).
+DEFAULT_KEY_PATTERN = r"^([0-9a-f]{64})(?:_|$)"
+LEGACY_KEY_PATTERN = r"^([0-9a-f]{32,128})(?:_|$)"
+PREFIX_KEY_RE = re.compile(DEFAULT_KEY_PATTERN.encode())
 
 # Key suffixes after the shard key P, named as in Lua's K table (the README's key schema table).
 K: dict[str, str] = {
@@ -28,6 +36,9 @@ K: dict[str, str] = {
     "guaranteed": ":guaranteed", "guaranteed_tenants": ":gtenants", "guarantee_prefix": ":gpfx:",
     "metrics": ":metrics",  # Python only: the workers' counters (not master state)
 }
+# the radix index (lua/lib/32_radix.lua)
+K.update({"radix_node": ":rnode:", "radix_keys": ":rkeys:", "radix_kids": ":rkids:",
+          "radix_nodes": ":rnodes", "radix_outbox": ":routbox"})
 # group retention: its tiers, its deadline index, its per-tenant counts
 K.update({"tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft_retained",
           "deadline_retention": ":deadline:retention", "retained_tenants": ":retained_tenants"})
@@ -75,6 +86,9 @@ class ShardKeys:
         self.retained_tenants = P + _KB["retained_tenants"]
         self.tiers += (self.tier_retained, self.tier_soft_retained)
         self.unit_indexes += (self.tier_retained, self.tier_soft_retained)
+        # the radix index: every node of the shard, the outbox of cross-shard steps
+        self.radix_nodes = P + _KB["radix_nodes"]
+        self.radix_outbox = P + _KB["radix_outbox"]
 
     def prefix(self, name: str) -> bytes:
         """P + the suffix `name` of K: the start of a family of keys, e.g. for a SCAN MATCH."""
@@ -110,6 +124,16 @@ class ShardKeys:
         """The set of a tenant's guaranteed keys under one prefix hash (expire_guaranteed)."""
         return self.P + _KB["guarantee_prefix"] + _b(tenant) + b":" + _b(prefix)
 
+    def radix_node(self, tenant: str | bytes, node: str | bytes) -> bytes:
+        """A radix node's record (parent, created, its unit's counters)."""
+        return self.P + _KB["radix_node"] + _b(tenant) + b":" + _b(node)
+
+    def radix_keys(self, tenant: str | bytes, node: str | bytes) -> bytes:
+        return self.P + _KB["radix_keys"] + _b(tenant) + b":" + _b(node)
+
+    def radix_kids(self, tenant: str | bytes, node: str | bytes) -> bytes:
+        return self.P + _KB["radix_kids"] + _b(tenant) + b":" + _b(node)
+
     def aggregate(self, kind: str | bytes, unit: str | bytes) -> bytes:
         """A composite unit's per-member values, e.g. aggregate("soft_pin", b"g:<tenant>:<group>")."""
         return self.P + _KB["aggregate"] + _b(kind) + b":" + _b(unit)
@@ -122,28 +146,49 @@ def shard_key(namespace: str, shard: int) -> str:
     return f"{namespace}:{{{namespace}:{shard}}}"
 
 
-def prefix_of(key: bytes) -> bytes:
-    """A key's prefix hash (`<hex prefix hash>[_suffix]`), or the key itself when it has none:
-    the one extraction rule of routing, guarantees by prefix (expire_guaranteed) and the radix
+def compile_key_pattern(pattern: str) -> re.Pattern:
+    """A radix_key_pattern as the bytes regex prefix_of uses; ValueError unless it compiles and
+    has exactly one group."""
+    try:
+        rx = re.compile(pattern.encode())
+    except (re.error, AttributeError, UnicodeEncodeError) as exc:
+        raise ValueError(f"bad regex: {exc}") from None
+    if rx.groups != 1:
+        raise ValueError("it must have exactly one group (the prefix hash)")
+    return rx
+
+
+def prefix_of(key: bytes, pattern: re.Pattern | None = None) -> bytes:
+    """A key's prefix hash: the first group of `pattern` (default PREFIX_KEY_RE, the default
+    radix_key_pattern) matched at the key's start, or the key itself when it does not match: the
+    one extraction rule of routing, guarantees by prefix (expire_guaranteed) and the radix
     index."""
-    m = PREFIX_KEY_RE.match(key)
-    return m.group(1) if m else key
+    m = (pattern or PREFIX_KEY_RE).match(key)
+    return m.group(1) if m and m.group(1) else key
 
 
-def routing_part(key: bytes) -> bytes:
+def routing_part(key: bytes, pattern: re.Pattern | None = None) -> bytes:
     start = key.find(b"{")
     if start >= 0:
         end = key.find(b"}", start + 1)
         if end > start + 1:
             return key[start + 1:end]
-    return prefix_of(key)
+    return prefix_of(key, pattern)
 
 
-def shard_of(key: bytes, shards: int) -> int:
+def shard_of(key: bytes, shards: int, pattern: re.Pattern | None = None) -> int:
     if shards == 1:
         return 0
-    digest = blake3(routing_part(key)).digest(8)
+    digest = blake3(routing_part(key, pattern)).digest(8)
     return int.from_bytes(digest, "big") % shards
+
+
+def node_shard(node: bytes, shards: int) -> int:
+    """The shard of radix node `node` (a prefix hash): where its record and all its keys live.
+    A hash routes as itself (no {tag}, no pattern applied)."""
+    if shards == 1:
+        return 0
+    return int.from_bytes(blake3(node).digest(8), "big") % shards
 
 
 def object_key(namespace: str, shard: int, tenant: str, key: bytes) -> bytes:

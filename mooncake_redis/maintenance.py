@@ -36,13 +36,20 @@ class MaintenanceApi(ApiBase):
         """Evict now, in bounded steps, until every shard is at its target (or has nothing
         evictable left)."""
         units = objects = nbytes = steps = 0
-        final = []
-        for shard in range(self.shards):
-            while True:
-                step = self.evict_step(shard, max_units_per_step)
-                steps += 1
-                units, objects, nbytes = units + step.units, objects + step.objects, nbytes + step.bytes
-                if step.state != "more":
-                    final.append(step)
-                    break
-        return EvictionReport(units, objects, nbytes, steps, final)
+        last: dict[int, EvictionStep] = {}
+        todo = list(range(self.shards))
+        while todo:
+            for shard in todo:
+                while True:
+                    step = self.evict_step(shard, max_units_per_step)
+                    steps += 1
+                    units, objects, nbytes = units + step.units, objects + step.objects, nbytes + step.bytes
+                    if step.state != "more":
+                        last[shard] = step
+                        break
+            # with the radix index, unlinks to parents on other shards make them candidates: deliver
+            # them, and go on on the shards that were blocked
+            if not self.config.enable_radix_tree or self.drain_radix_outbox(todo) == 0:
+                break
+            todo = [s for s in range(self.shards) if last[s].state == "blocked"]
+        return EvictionReport(units, objects, nbytes, steps, [last[s] for s in range(self.shards)])

@@ -20,7 +20,8 @@ from .config import MasterConfig
 from .errors import ErrorCode, MasterError
 from .functions import check_schema, load, run, stored_config
 from .groups import GroupsApi
-from .keys import ShardKeys
+from .keys import ShardKeys, compile_key_pattern
+from .radix import RadixApi
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
 from .preflight import check_server
@@ -64,13 +65,14 @@ def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
         raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
 
 
-class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi):
+class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, RadixApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config
         self.ns = config.namespace
         self.shards = config.shards
-        self.transport = Shards(client, self.ns, self.shards)
+        self.key_pattern = compile_key_pattern(config.radix_key_pattern)
+        self.transport = Shards(client, self.ns, self.shards, self.key_pattern)
 
     # ---- connection -------------------------------------------------------------------
     @classmethod
@@ -110,6 +112,10 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi):
         elif current and current.shards != config.shards:
             raise MasterError(ErrorCode.INVALID_PARAMS,
                               f"store {namespace!r} has {current.shards} shards, config says {config.shards}")
+        elif current and current.shards > 1 and current.radix_key_pattern != config.radix_key_pattern:
+            raise MasterError(ErrorCode.INVALID_PARAMS,  # the pattern routes keys: its keys would move
+                              f"store {namespace!r} routes keys by radix_key_pattern {current.radix_key_pattern!r}, "
+                              f"config says {config.radix_key_pattern!r}")
         load(client)
         master = cls(client, config)
         wanted = {k.encode(): v.encode() for k, v in stored_config(config).items()}

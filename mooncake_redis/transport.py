@@ -9,6 +9,7 @@ Redis Cluster can later live here without changing the callers.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any, Iterator, Sequence
 
@@ -26,15 +27,16 @@ SCAN_COUNT = 1000  # keys per SCAN step
 
 
 class Shards:
-    def __init__(self, client: redis.Redis, namespace: str, count: int):
+    def __init__(self, client: redis.Redis, namespace: str, count: int, key_pattern: re.Pattern | None = None):
         self.redis = client
         self.namespace = namespace
         self.count = count
+        self.key_pattern = key_pattern  # the store's radix_key_pattern (None: the default)
         self.keys = [ShardKeys(namespace, shard) for shard in range(count)]
 
     def shard_of(self, key: bytes) -> int:
         """The shard of a user key (or a group id): see keys.shard_of."""
-        return shard_of(key, self.count)
+        return shard_of(key, self.count, self.key_pattern)
 
     # ---- commands --------------------------------------------------------------------
     def run(self, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> list[Any]:

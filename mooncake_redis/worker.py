@@ -36,6 +36,7 @@ import redis
 from .errors import MasterError
 from .master import EVICT_STEP_UNITS, Master
 from .models import EvictionStep
+from .radix import DEFAULT_GRACE_MS as RADIX_GRACE_MS
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ class WorkerPass:
     clients_expired: int = 0
     segments_unmounted: int = 0
     swept_objects: int = 0  # objects the dead-replica sweep deleted (no live replica left)
+    radix_outbox_applied: int = 0    # cross-shard radix steps delivered
+    radix_nodes_dropped: int = 0     # empty radix nodes reconciliation removed
+    radix_phantoms_removed: int = 0  # children a parent listed that were gone
 
     def add(self, other: "WorkerPass") -> None:
         for f in fields(self):
@@ -80,6 +84,9 @@ _TOTALS = {
     "clients_expired_total": "clients_expired",
     "segments_unmounted_total": "segments_unmounted",
     "swept_objects_total": "swept_objects",
+    "radix_outbox_applied_total": "radix_outbox_applied",
+    "radix_nodes_dropped_total": "radix_nodes_dropped",
+    "radix_phantoms_removed_total": "radix_phantoms_removed",
 }
 
 
@@ -157,12 +164,29 @@ def evict(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
         worker.renew(shard.index)
 
 
+def radix(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    """The radix index (only when enable_radix_tree): deliver the shard's outbox (unlinks that
+    eviction just wrote make their parents candidates), then one bounded reconciliation call
+    (empty nodes past the grace period, phantom children), resuming where the last pass stopped."""
+    master = worker.master
+    if not master.config.enable_radix_tree or worker.stopping():
+        return
+    done.radix_outbox_applied += master.drain_radix_outbox([shard.index])
+    worker.renew(shard.index)
+    cursor = worker.radix_cursors.get(shard.index, 0)
+    cursor, dropped, phantoms = master.reconcile_radix(shard.index, worker.radix_grace_ms, cursor)
+    worker.radix_cursors[shard.index] = cursor
+    done.radix_nodes_dropped += dropped
+    done.radix_phantoms_removed += phantoms
+
+
 # The loops of one pass over a claimed shard, in order.
 STEPS: list[Step] = [
     Step("discard_puts", discard_puts),
     Step("expire_clients", expire_clients),
     Step("sweep_replicas", sweep_replicas),
     Step("evict", evict),
+    Step("radix", radix),
 ]
 
 
@@ -189,6 +213,8 @@ class Worker:
         self._blocked: set[int] = set()  # shards whose eviction is blocked (warned once)
         self.pass_count = 0  # passes run by this object, and their wall time (metrics)
         self.pass_seconds_total = 0.0
+        self.radix_cursors: dict[int, int] = {}  # shard -> where the radix reconciliation walk resumes
+        self.radix_grace_ms = RADIX_GRACE_MS
 
     # ---- claims ----------------------------------------------------------------------
     def claim_all(self) -> dict[int, int]:

@@ -15,6 +15,10 @@ local K = {
   -- group retention (lua/lib/35_retention.lua): its tiers, its deadline index, its per-tenant counts
   tier_retained = ':evict:retained', tier_soft_retained = ':evict:soft_retained',
   deadline_retention = ':deadline:retention', retained_tenants = ':retained_tenants',
+  -- the radix index (lua/lib/32_radix.lua): node records, their keys and children, every node
+  -- of the shard, and the outbox of cross-shard steps
+  radix_node = ':rnode:', radix_keys = ':rkeys:', radix_kids = ':rkids:',
+  radix_nodes = ':rnodes', radix_outbox = ':routbox',
 }
 
 local E = {
@@ -28,6 +32,7 @@ local E = {
   GUARANTEED_CAPACITY_EXCEEDED = -10002,
 }
 E.RETENTION_LIMIT_EXCEEDED = -10003
+E.RADIX_LINK_PENDING = -10010
 -- code -> name, filled on first use (library load time may not iterate tables)
 local E_NAME = nil
 local function error_name(code)
@@ -96,6 +101,7 @@ CONFIG_RANGES.allow_evict_retained_groups = { 0, 1 }
 CONFIG_RANGES.max_retained_groups = { 0, MAX_INT }
 CONFIG_RANGES.max_retained_groups_per_tenant = { 0, MAX_INT }
 CONFIG_RANGES.max_group_retention = { 0, MAX_INT }
+CONFIG_RANGES.enable_radix_tree = { 0, 1 }
 
 local function config_value(name, raw)
   local range = CONFIG_RANGES[name]

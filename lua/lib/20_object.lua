@@ -9,8 +9,28 @@
 
 local function obj_key(P, tenant, key) return P .. K.object .. tenant .. ':' .. key end
 local function obj_id(tenant, key) return tenant .. ':' .. key end
-local function grp_key(P, tenant, group) return P .. K.group .. tenant .. ':' .. group end
-local function grp_members_key(P, tenant, group) return P .. K.group_members .. tenant .. ':' .. group end
+-- A radix node is the second composite unit (lua/lib/32_radix.lua). Its keys are kept by the
+-- group machinery under the internal group name RADIX_MARK .. <prefix hash>, whose record and
+-- member set are P:rnode:<tenant>:<hash> and P:rkeys:<tenant>:<hash>; an object registered under
+-- a node has the field `node` = <hash>, which load_object turns into that group name. User group
+-- ids never start with a NUL byte (put_start and retain_groups refuse them).
+local RADIX_MARK = '\0r:'
+local function radix_hash(group)
+  if string.byte(group, 1) == 0 and string.sub(group, 1, 3) == RADIX_MARK then return string.sub(group, 4) end
+  return nil
+end
+local function grp_key(P, tenant, group)
+  local h = radix_hash(group)
+  if h then return P .. K.radix_node .. tenant .. ':' .. h end
+  return P .. K.group .. tenant .. ':' .. group
+end
+local function grp_members_key(P, tenant, group)
+  local h = radix_hash(group)
+  if h then return P .. K.radix_keys .. tenant .. ':' .. h end
+  return P .. K.group_members .. tenant .. ':' .. group
+end
+-- Hooks that 32_radix.lua fills in (functions defined here and in 30_units.lua call them).
+local RADIX = {}
 
 -- Keys one call may carry: every function bounds its own work whatever a caller sends (the
 -- Python client sends at most 32-128 keys a call, see CHUNK_OF in mooncake_redis/master.py).
@@ -56,6 +76,7 @@ local function load_object(okey)
   if #flat == 0 then return nil end
   local o = {}
   for i = 1, #flat, 2 do o[flat[i]] = flat[i + 1] end
+  if o.node then o.group = RADIX_MARK .. o.node end
   return o
 end
 

@@ -52,7 +52,11 @@ INDEXES[#INDEXES + 1] = TIER_SOFT_RETAINED
 local RECORD_SWEEPS = {} -- sweeps of records' deadline indexes, run by sweep_deadlines: fn(P, now, limit)
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
-local function group_unit(tenant, group) return 'g:' .. tenant .. ':' .. group end
+local function group_unit(tenant, group)
+  local h = radix_hash(group)
+  if h then return 'r:' .. tenant .. ':' .. h end -- a radix node's unit
+  return 'g:' .. tenant .. ':' .. group
+end
 local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. unit end
 
 local function unplace(P, unit)
@@ -65,7 +69,7 @@ end
 -- should have: { [index] = score } (score false: any, for the draining index).
 local function unit_rule(f, now)
   if f.draining then return 'draining', { [DRAINING] = false } end
-  local why = (f.empty and 'no_members') or (f.processing > 0 and 'processing')
+  local why = (f.empty and 'no_members') or ((f.children or 0) > 0 and 'has_children') or (f.processing > 0 and 'processing')
     or (f.hard_pinned > 0 and 'hard_pin') or (f.task_refs > 0 and 'task_ref')
     or (f.guarantee > now and 'guaranteed') or ''
   if why ~= '' then return why, {} end
@@ -93,6 +97,8 @@ local function group_facts(P, tenant, group)
   local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
     draining = g[6] == '1', retained_until = tonumber(g[7]) or 0 }
+  local h = radix_hash(group)
+  if h then f.children = redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h) end -- a node with a live child stays
   for _, kind in ipairs(AGG_KINDS) do
     local top = redis.call('ZREVRANGE', agg_key(P, kind, group_unit(tenant, group)), 0, 0, 'WITHSCORES')
     f[kind] = tonumber(top[2]) or 0
@@ -135,8 +141,9 @@ end
 -- the sweep has not ended it yet (its entries then lag behind the rule until the sweep runs).
 -- The audit asks this; nothing re-derives it.
 local function unit_state(P, unit, now)
-  local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.*)$')
+  local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.*)$')
   local f
+  if kind == 'r' then kind, name = 'g', RADIX_MARK .. name end -- a radix node: the group machinery's
   if kind == 'g' and valid_tenant(tenant) then
     f = group_facts(P, tenant, name)
     if f.empty and not f.draining and redis.call('EXISTS', grp_key(P, tenant, name)) == 0 then return 'missing', {} end
@@ -222,14 +229,17 @@ local function group_member_completed(P, tenant, key, group, soft_pin_until, now
 end
 
 -- The last member is gone: drop the group's unit and counters (a group record that carries
--- more than the counters, e.g. a retention declared ahead of members, stays).
-local function retire_group(P, tenant, group)
+-- more than the counters, e.g. a retention declared ahead of members, stays). A radix node then
+-- goes too unless it has children (RADIX.retired).
+local function retire_group(P, tenant, group, now)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
   unplace(P, unit)
   redis.call('DEL', grp_members_key(P, tenant, group))
   for _, kind in ipairs(AGG_KINDS) do redis.call('DEL', agg_key(P, kind, unit)) end
   redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining')
+  local h = radix_hash(group)
+  if h and RADIX.retired then RADIX.retired(P, tenant, h, now or now_ms(P)) end
 end
 
 local function leave_group(P, tenant, key, o, now)
@@ -242,7 +252,7 @@ local function leave_group(P, tenant, key, o, now)
   if refs > 0 then redis.call('HINCRBY', gkey, 'task_refs', S(0 - refs)) end
   for _, kind in ipairs(AGG_KINDS) do redis.call('ZREM', agg_key(P, kind, group_unit(tenant, group)), key) end
   if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then
-    retire_group(P, tenant, group)
+    retire_group(P, tenant, group, now)
   else
     place_group(P, tenant, group, now)
   end

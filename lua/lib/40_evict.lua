@@ -89,7 +89,7 @@ local function evict_group(P, tenant, group, now, budget, cfg)
     redis.call('SREM', mkey, key)
   end
   if redis.call('SCARD', mkey) == 0 then
-    retire_group(P, tenant, group)
+    retire_group(P, tenant, group, now)
   elseif #keys > 0 then
     redis.call('HINCRBY', gkey, 'members', S(0 - #keys))
   end
@@ -99,12 +99,13 @@ end
 -- Evict one unit if it is still evictable, spending at most `budget` (members of a group);
 -- returns objects and bytes freed and the budget spent.
 local function evict_unit(P, unit, now, budget, cfg)
-  local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.*)$')
+  local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.*)$')
   if kind == 'o' then
     local n, b = evict_object(P, tenant, name, now, cfg)
     return n, b, 1
   end
   if kind == 'g' then return evict_group(P, tenant, name, now, budget, cfg) end
+  if kind == 'r' then return evict_group(P, tenant, RADIX_MARK .. name, now, budget, cfg) end -- a radix node's keys
   unplace(P, unit)
   return 0, 0, 1
 end

@@ -190,7 +190,7 @@ end
 local function fsck_group(P, args)
   local tenant, group = args[1], args[2]
   local max = int_arg(args[3], 1, FSCK_MAX_GROUP)
-  if not valid_tenant(tenant) or not valid_name(group, 256) or not max then
+  if not valid_tenant(tenant) or not valid_name(group, 259) or not max then -- 259: a radix node's internal name
     return fail(E.INVALID_PARAMS, 'expected tenant, group, max_members (1-' .. FSCK_MAX_GROUP .. '), key...')
   end
   local mkey, gkey = grp_members_key(P, tenant, group), grp_key(P, tenant, group)
@@ -208,8 +208,8 @@ local function fsck_group(P, args)
   redis.call('DEL', soft_key, guarantee_key)
   for _, k in ipairs(cand) do
     local o = redis.call('HMGET', obj_key(P, tenant, k), 'group', 'status', 'hard_pin', 'soft_pin_until', 'task_refs',
-      'guaranteed_until')
-    if o[1] == group then
+      'guaranteed_until', 'node')
+    if (o[1] or (o[7] and RADIX_MARK .. o[7])) == group then -- a radix node's keys carry `node`
       members = members + 1
       if tonumber(o[6]) then redis.call('ZADD', guarantee_key, o[6], k) end
       if o[2] ~= 'complete' then
@@ -226,7 +226,7 @@ local function fsck_group(P, args)
     end
   end
   if members == 0 then
-    retire_group(P, tenant, group)
+    retire_group(P, tenant, group, now_ms(P))
     return { 0, 0, 0 }
   end
   redis.call('HSET', gkey, 'members', S(members), 'processing', S(processing), 'hard_pinned', S(hard), 'task_refs', S(refs))

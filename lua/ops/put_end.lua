@@ -23,6 +23,10 @@ local function end_one(P, tenant, key, now, client)
   local o = load_object(okey)
   local code = check_writer(o, client)
   if code ~= E.OK or o.status == 'complete' then return code end -- a retried put_end is OK
+  -- a radix child completes only after its parent on another shard lists it (32_radix.lua)
+  if o.node and redis.call('HEXISTS', P .. K.radix_node .. tenant .. ':' .. o.node, 'link_pending') == 1 then
+    return E.RADIX_LINK_PENDING
+  end
   o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until), now))
   o.soft_pin_until = commit_soft_pin(o, now)
   redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until)

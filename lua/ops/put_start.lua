@@ -8,7 +8,11 @@
 --   instead of failing); fields key, size, prefix (optional: the key's prefix hash, computed by
 --   the caller with the store's one extraction rule; kept as the object's `prefix` field for
 --   prefix-wide operations such as expire_guaranteed; a guaranteed key without one is its own
---   prefix).
+--   prefix; '' = none), parent and parent_shard (optional: with enable_radix_tree, an ungrouped
+--   key with a prefix registers under the radix node <prefix>, and the node under parent, whose
+--   shard the caller computes with the store's routing; '' = a root; see 32_radix.lua).
+--   Per key also INVALID_PARAMS when the node has another parent, NO_AVAILABLE_HANDLE while
+--   the node is being evicted.
 -- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code
 --   (GUARANTEED_CAPACITY_EXCEEDED: the shard's or the tenant's guaranteed bytes would pass their
 --   limit, see guarantee_room; nothing is allocated).
@@ -109,9 +113,20 @@ end
 
 local function put_one(P, a, row, size, now, cfg, by_free)
   local key, prefix = row.key, row.prefix
+  if prefix == '' then prefix = nil end -- '': the key has no prefix hash (not radix-indexed)
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
   if prefix ~= nil and not valid_name(prefix, 256) then return E.INVALID_PARAMS end
   if a.group and group_draining(P, a.tenant, a.group) then return E.NO_AVAILABLE_HANDLE end
+  -- the radix index: an ungrouped key with a prefix hash registers under its node (a grouped
+  -- key is not indexed: its group stays its unit)
+  local node = a.radix and not a.group and prefix or nil
+  local parent, pshard
+  if node then
+    parent, pshard = radix_parent_of(row)
+    local code = radix_check(P, a.tenant, node, parent, pshard, cfg.shards)
+    if code then return code end
+    if group_draining(P, a.tenant, radix_group(node)) then return E.NO_AVAILABLE_HANDLE end
+  end
   local okey = obj_key(P, a.tenant, key)
   local old = load_object(okey)
   if old and being_evicted(P, a.tenant, old) then
@@ -146,6 +161,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     'soft_pin_action', a.pin_action }
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
   if a.group then fields[#fields + 1] = 'group'; fields[#fields + 1] = a.group end
+  if node then fields[#fields + 1] = 'node'; fields[#fields + 1] = node end
   if prefix then fields[#fields + 1] = 'prefix'; fields[#fields + 1] = prefix end
   if guaranteed_until then fields[#fields + 1] = 'guaranteed_until'; fields[#fields + 1] = S(guaranteed_until) end
   local reply = {}
@@ -160,6 +176,10 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   redis.call('HINCRBY', P, 'objects', 1)
   if guaranteed_until then start_guarantee(P, a.tenant, key, prefix, guaranteed_until, got, size) end
   if a.group then join_group(P, a.tenant, key, a.group, a.hard_pin, guaranteed_until, now) end
+  if node then
+    radix_register(P, a.tenant, node, parent, pshard, now)
+    join_group(P, a.tenant, key, radix_group(node), a.hard_pin, guaranteed_until, now)
+  end
   return reply
 end
 
@@ -167,7 +187,7 @@ local PUT_SPEC = {
   opts = { client_id = 'required', tenant = 'optional', replica_num = 'optional', soft_pin_action = 'optional',
     soft_pin_ttl_ms = 'optional', hard_pin = 'optional', group = 'optional', preferred = 'list',
     guaranteed_ttl_ms = 'optional', guarantee_fallback = 'optional' },
-  fields = { key = 'required', size = 'required', prefix = 'optional' },
+  fields = { key = 'required', size = 'required', prefix = 'optional', parent = 'optional', parent_shard = 'optional' },
   max_rows = MAX_PUTS_PER_CALL,
 }
 
@@ -175,7 +195,7 @@ local function parse_put_args(args, cfg)
   local call, err = parse_call(args, PUT_SPEC)
   if not call then return nil, err end
   local o = call.opts
-  local a = { call = call, client = o.client_id, tenant = o.tenant or 'default',
+  local a = { call = call, client = o.client_id, tenant = o.tenant or 'default', radix = cfg.enable_radix_tree == 1,
     pin_action = o.soft_pin_action or 'preserve', hard_pin = o.hard_pin or '0' }
   if not valid_name(a.client, 256) then return nil, 'client_id must be 1-256 bytes' end
   if not valid_tenant(a.tenant) then return nil, 'tenant_id must match [A-Za-z0-9_.-]{1,64}' end
@@ -183,7 +203,9 @@ local function parse_put_args(args, cfg)
   if not a.replica_num then return nil, 'replica_num must be an integer in [1, 64]' end
   if a.hard_pin ~= '0' and a.hard_pin ~= '1' then return nil, 'hard_pin must be 0 or 1' end
   if o.group then
-    if not valid_name(o.group, 256) then return nil, 'group_id must be 1-256 bytes' end
+    if not valid_name(o.group, 256) or string.byte(o.group, 1) == 0 then
+      return nil, 'group_id must be 1-256 bytes, not starting with a NUL byte'
+    end
     a.group = o.group
   end
   if o.soft_pin_ttl_ms then
@@ -231,4 +253,4 @@ end
 register('mc_put_start', { 'put_start_discard_timeout', 'put_start_release_timeout',
   'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length', 'evict_on_put',
   'allow_evict_soft_pinned_objects', 'guaranteed_capacity_ratio', 'guaranteed_tenant_ratio',
-  'max_guaranteed_ttl', 'allow_evict_retained_groups' }, put_start)
+  'max_guaranteed_ttl', 'allow_evict_retained_groups', 'enable_radix_tree' }, put_start)

@@ -29,7 +29,7 @@ local DESCRIBE_GROUP_SPEC = { opts = { tenant = 'optional', group = 'required' }
 local MAX_GROUP_ID = 256
 
 local function retain_one(P, tenant, group, until_wanted, now, limits)
-  if not valid_name(group, MAX_GROUP_ID) then return E.INVALID_PARAMS end
+  if not valid_name(group, MAX_GROUP_ID) or string.byte(group, 1) == 0 then return E.INVALID_PARAMS end -- NUL: radix nodes' names
   local unit, gkey, tenants = group_unit(tenant, group), grp_key(P, tenant, group), P .. RETAINED_TENANTS
   if not redis.call('ZSCORE', P .. RETENTION_INDEX, unit) then
     if redis.call('ZCARD', P .. RETENTION_INDEX) >= limits.shard

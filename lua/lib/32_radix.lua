@@ -1,0 +1,146 @@
+-- The radix index (MasterConfig.enable_radix_tree). A node is a prefix hash of one tenant, kept
+-- on the shard its hash routes to, with its keys (all of them live on that shard):
+--   P:rnode:<tenant>:<hash>  hash: created (ms), parent, parent_shard (absent for a root),
+--                            link_pending (seq of a link to a parent on another shard not yet
+--                            delivered), and the composite unit's counters (members,
+--                            processing, hard_pinned, lease_until, task_refs, draining: 30_units)
+--   P:rkeys:<tenant>:<hash>  set of its registered keys (their objects carry node = <hash>)
+--   P:rkids:<tenant>:<hash>  zset child hash -> seq of the link that added it
+--   P:rnodes                 zset "<tenant>:<hash>" -> created, every node of the shard
+--   P:routbox                zset entry -> ms written: deferred halves of cross-shard steps
+-- The node's keys are one eviction unit, "r:<tenant>:<hash>" (evicted all together, ranked by
+-- the latest lease of its keys); unit_rule protects a node with a live child ('has_children'),
+-- so eviction takes leaves first and a parent becomes a candidate when its last child goes.
+--
+-- A link or unlink of a child on shard A with its parent on shard B: when A == B it is applied
+-- in the same call; otherwise A's call writes its own half plus an outbox entry
+--   "<op> <seq> <parent shard> <tenant> <#parent> <parent><child>"
+-- which a drainer (workers, the putting or evicting client) applies on B (mc_radix_apply), then
+-- acknowledges on A (mc_radix_ack). seq comes from A's counter P.radix_seq, so every step about
+-- one child is ordered: a link applies unless the parent already holds a later one, an unlink
+-- only removes a link older than itself. Replays are harmless, and a lost or reordered step
+-- leaves at worst a parent listing a child that is gone (a phantom), which reconciliation
+-- removes; never a live child its parent does not list, because a child's keys cannot complete
+-- (put_end: RADIX_LINK_PENDING) while its link is still in the outbox.
+
+local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
+
+local function rnode_key(P, tenant, h) return P .. K.radix_node .. tenant .. ':' .. h end
+local function rkids_key(P, tenant, h) return P .. K.radix_kids .. tenant .. ':' .. h end
+local function radix_group(h) return RADIX_MARK .. h end
+local function radix_unit(tenant, h) return 'r:' .. tenant .. ':' .. h end
+local function shard_index(P) return tonumber(string.match(P, ':(%d+)}$')) end
+local function radix_seq(P) return redis.call('HINCRBY', P, 'radix_seq', 1) end
+
+local function outbox_entry(op, seq, pshard, tenant, ph, h)
+  return op .. ' ' .. S(seq) .. ' ' .. S(pshard) .. ' ' .. tenant .. ' ' .. #ph .. ' ' .. ph .. h
+end
+
+-- op, seq, parent shard, tenant, parent, child of an outbox entry (nil when malformed).
+local function parse_outbox_entry(e)
+  local op, seq, pshard, tenant, plen, rest = string.match(e, '^(%l+) (%d+) (%d+) ([^ ]+) (%d+) (.*)$')
+  if not op or (op ~= 'link' and op ~= 'unlink') then return nil end
+  plen = tonumber(plen)
+  if plen < 1 or #rest <= plen then return nil end
+  return op, tonumber(seq), tonumber(pshard), tenant, string.sub(rest, 1, plen), string.sub(rest, plen + 1)
+end
+
+-- Make sure node h exists; true when it was created now.
+local function radix_touch(P, tenant, h, now)
+  if redis.call('HSETNX', rnode_key(P, tenant, h), 'created', S(now)) == 0 then return false end
+  redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. h)
+  return true
+end
+
+local radix_settle -- (defined below; radix_apply and it call each other)
+
+-- The parent's half of a link or unlink, on the parent's shard.
+local function radix_apply(P, op, seq, tenant, ph, h, now, depth)
+  local kids = rkids_key(P, tenant, ph)
+  local cur = tonumber(redis.call('ZSCORE', kids, h))
+  if op == 'link' then
+    if cur and cur >= seq then return end
+    radix_touch(P, tenant, ph, now) -- a parent not known yet starts as a shell
+    redis.call('ZADD', kids, S(seq), h)
+    if not cur then place_group(P, tenant, radix_group(ph), now) end -- no longer a candidate
+  elseif cur and cur <= seq then
+    redis.call('ZREM', kids, h)
+    radix_settle(P, tenant, ph, now, depth)
+  end
+end
+
+-- Tell the parent (here or on its shard) that child h is gone.
+local function radix_unlink_up(P, tenant, h, ph, pshard, now, depth)
+  local seq = radix_seq(P)
+  if pshard == shard_index(P) and depth < MAX_CASCADE then
+    radix_apply(P, 'unlink', seq, tenant, ph, h, now, depth + 1)
+  else
+    redis.call('ZADD', P .. K.radix_outbox, S(now), outbox_entry('unlink', seq, pshard, tenant, ph, h))
+  end
+end
+
+-- Tell the parent that child h exists: at once on the same shard, else through the outbox (the
+-- child's keys cannot complete until the entry is acknowledged).
+local function radix_link(P, tenant, h, ph, pshard, now)
+  local seq = radix_seq(P)
+  if pshard == shard_index(P) then
+    radix_apply(P, 'link', seq, tenant, ph, h, now, 0)
+  else
+    redis.call('ZADD', P .. K.radix_outbox, S(now), outbox_entry('link', seq, pshard, tenant, ph, h))
+    redis.call('HSET', rnode_key(P, tenant, h), 'link_pending', S(seq))
+  end
+end
+
+-- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
+-- otherwise its unit is placed as the rule says.
+radix_settle = function(P, tenant, h, now, depth)
+  local nkey = rnode_key(P, tenant, h)
+  local rec = redis.call('HMGET', nkey, 'members', 'draining', 'parent', 'parent_shard', 'link_pending', 'created')
+  local kids = redis.call('ZCARD', rkids_key(P, tenant, h))
+  if not rec[6] and not rec[1] then -- no such node
+    redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
+    return
+  end
+  if (tonumber(rec[1]) or 0) > 0 or rec[2] == '1' or kids > 0 then
+    place_group(P, tenant, radix_group(h), now)
+    return
+  end
+  redis.call('DEL', nkey)
+  redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
+  unplace(P, radix_unit(tenant, h))
+  if rec[3] then
+    local pshard = tonumber(rec[4]) or shard_index(P)
+    if rec[5] then -- its link never reached the parent: take it back
+      redis.call('ZREM', P .. K.radix_outbox, outbox_entry('link', tonumber(rec[5]), pshard, tenant, rec[3], h))
+    end
+    radix_unlink_up(P, tenant, h, rec[3], pshard, now, depth or 0)
+  end
+end
+RADIX.retired = function(P, tenant, h, now) radix_settle(P, tenant, h, now, 0) end
+
+-- Checks for registering key(s) under node h with parent ph (nil: none) before anything is
+-- written: an error code, or nil when fine.
+local function radix_check(P, tenant, h, ph, pshard, shards)
+  if not valid_name(h, 256) then return E.INVALID_PARAMS end
+  if ph then
+    if not valid_name(ph, 256) or ph == h or not pshard or pshard >= shards then return E.INVALID_PARAMS end
+    local cur = redis.call('HGET', rnode_key(P, tenant, h), 'parent')
+    if cur and cur ~= ph then return E.INVALID_PARAMS end -- a chained hash has one parent
+  end
+  return nil
+end
+
+-- Register node h (created as needed) under parent ph; run radix_check first.
+local function radix_register(P, tenant, h, ph, pshard, now)
+  radix_touch(P, tenant, h, now)
+  if ph and not redis.call('HGET', rnode_key(P, tenant, h), 'parent') then
+    redis.call('HSET', rnode_key(P, tenant, h), 'parent', ph, 'parent_shard', S(pshard))
+    radix_link(P, tenant, h, ph, pshard, now)
+  end
+end
+
+-- The parent and shard of a row's optional fields parent / parent_shard ('' = none).
+local function radix_parent_of(row)
+  if row.parent == nil or row.parent == '' then return nil, nil end
+  return row.parent, int_arg(row.parent_shard or '', 0, 16383)
+end

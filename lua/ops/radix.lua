@@ -1,0 +1,169 @@
+-- The radix index's functions (lua/lib/32_radix.lua holds the model). All need
+-- enable_radix_tree = 1 except the read-only ones, which answer from whatever index exists.
+--
+-- mc_radix_register. KEYS: P. ARGV: option tenant; fields node (required), parent, parent_shard
+--   (the parent's shard, computed by the caller with the store's routing; both '' or absent
+--   for a root). Rows: nodes of this shard. Registers each node (an empty node stays until
+--   reconciliation's grace period ends) under its parent. Reply per row: 0, or INVALID_PARAMS
+--   (bad hash, parent = node, parent_shard out of range, or the node already has another parent).
+local REGISTER_SPEC = { opts = { tenant = 'optional' },
+  fields = { node = 'required', parent = 'optional', parent_shard = 'optional' }, max_rows = MAX_KEYS_PER_CALL }
+
+local function radix_off() return fail(E.INVALID_PARAMS, 'the radix index is off (MasterConfig.enable_radix_tree)') end
+
+register('mc_radix_register', { 'enable_radix_tree' }, function(P, args, cfg)
+  if cfg.enable_radix_tree ~= 1 then return radix_off() end
+  local call, err = object_call(args, REGISTER_SPEC)
+  if not call then return err end
+  return per_row(P, args, call, function(_, tenant, row, now)
+    local ph, pshard = radix_parent_of(row)
+    local code = radix_check(P, tenant, row.node, ph, pshard, cfg.shards)
+    if code then return code end
+    radix_register(P, tenant, row.node, ph, pshard, now)
+    return E.OK
+  end)
+end)
+
+-- mc_radix_nodes (read-only). KEYS: P. ARGV: option tenant; field node. Reply per row:
+--   {keys, children} (two lists; both empty for an unknown node). Cost: the node's own size.
+local NODES_SPEC = { opts = { tenant = 'optional' }, fields = { node = 'required' }, max_rows = MAX_KEYS_PER_CALL }
+register('mc_radix_nodes', {}, function(P, args)
+  local call, err = object_call(args, NODES_SPEC)
+  if not call then return err end
+  local reply = {}
+  for r = 1, call.rows do
+    local h = row_of(args, call, r).node
+    reply[r] = { redis.call('SMEMBERS', grp_members_key(P, call.tenant, radix_group(h))),
+      redis.call('ZRANGE', rkids_key(P, call.tenant, h), 0, -1) }
+  end
+  return reply
+end, { 'no-writes' })
+
+-- mc_radix_describe (read-only). KEYS: P. ARGV: options tenant, node (required).
+-- Reply: OBJECT_NOT_FOUND, or {parent ('' for a root), {child...}, {key...}, created,
+--   link_pending ('' when none), why (unit_rule's answer for the node's unit: '' evictable,
+--   'has_children', 'no_members' for a shell, ...)}.
+register('mc_radix_describe', {}, function(P, args)
+  local call, err = object_call(args, { opts = { tenant = 'optional', node = 'required' } })
+  if not call then return err end
+  local tenant, h = call.tenant, call.opts.node
+  local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'parent', 'created', 'link_pending')
+  if not rec[2] then return E.OBJECT_NOT_FOUND end
+  local why = unit_state(P, radix_unit(tenant, h), now_ms(P))
+  return { rec[1] or '', redis.call('ZRANGE', rkids_key(P, tenant, h), 0, -1),
+    redis.call('SMEMBERS', grp_members_key(P, tenant, radix_group(h))), rec[2], rec[3] or '', why }
+end, { 'no-writes' })
+
+-- mc_radix_outbox (read-only). KEYS: P. ARGV: max (1-1024). Reply: up to max outbox entries,
+--   oldest first (format: lua/lib/32_radix.lua).
+register('mc_radix_outbox', {}, function(P, args)
+  local max = int_arg(args[1], 1, 1024)
+  if not max then return fail(E.INVALID_PARAMS, 'max must be an integer in [1, 1024]') end
+  return redis.call('ZRANGE', P .. K.radix_outbox, 0, max - 1)
+end, { 'no-writes' })
+
+-- mc_radix_apply. KEYS: P (the parent's shard). ARGV: outbox entries whose parent shard is P
+--   (at most 1024). Applies each entry's parent half (idempotent). Reply: 1 per entry applied,
+--   0 for an entry that is malformed or for another shard.
+register('mc_radix_apply', {}, function(P, args)
+  if #args > 1024 then return fail(E.INVALID_PARAMS, 'at most 1024 entries a call') end
+  local now, me, reply = now_ms(P), shard_index(P), {}
+  for i, e in ipairs(args) do
+    local op, seq, pshard, tenant, ph, h = parse_outbox_entry(e)
+    if op and pshard == me and valid_tenant(tenant) then
+      radix_apply(P, op, seq, tenant, ph, h, now, 0)
+      reply[i] = 1
+    else
+      reply[i] = 0
+    end
+  end
+  return reply
+end)
+
+-- mc_radix_ack. KEYS: P (the child's shard). ARGV: outbox entries applied on their parent's
+--   shard (at most 1024). Drops them from the outbox; a link's node stops waiting for it.
+--   Reply: number of entries dropped.
+register('mc_radix_ack', {}, function(P, args)
+  if #args > 1024 then return fail(E.INVALID_PARAMS, 'at most 1024 entries a call') end
+  local dropped = 0
+  for _, e in ipairs(args) do
+    if redis.call('ZREM', P .. K.radix_outbox, e) == 1 then
+      dropped = dropped + 1
+      local op, seq, _, tenant, _, h = parse_outbox_entry(e)
+      if op == 'link' and valid_tenant(tenant) then
+        local nkey = rnode_key(P, tenant, h)
+        if tonumber(redis.call('HGET', nkey, 'link_pending')) == seq then redis.call('HDEL', nkey, 'link_pending') end
+      end
+    end
+  end
+  return dropped
+end)
+
+-- mc_radix_probe (read-only). KEYS: P (the child's shard). ARGV: tenant, child, parent.
+--   Reply: {alive, seq}: alive is 1 when node child exists here with that parent; seq is this
+--   shard's radix_seq now. An unlink carrying that seq (mc_radix_apply on the parent's shard)
+--   removes exactly the links made before the probe, so a child re-created later survives it.
+register('mc_radix_probe', {}, function(P, args)
+  local tenant, h, ph = args[1], args[2], args[3]
+  if not valid_tenant(tenant) or not valid_name(h, 256) or not valid_name(ph, 256) then
+    return fail(E.INVALID_PARAMS, 'expected tenant, child, parent')
+  end
+  local alive = redis.call('HGET', rnode_key(P, tenant, h), 'parent') == ph and 1 or 0
+  return { alive, tonumber(redis.call('HGET', P, 'radix_seq')) or 0 }
+end, { 'no-writes' })
+
+-- mc_radix_reconcile. KEYS: P. ARGV: cursor (rank in P:rnodes to start at), max nodes (1-1024),
+--   grace_ms. For each node: a node with neither keys nor children whose record is older than
+--   grace_ms goes (its parent forgets it); children listed that are not alive here are returned.
+--   Reply: {next cursor (0 when the walk is done), nodes dropped, {tenant, parent, child, ...}
+--   children not alive on this shard (the caller probes them on their shard, mc_radix_probe).
+local RECONCILE_KIDS = 64 -- children looked at per node and call
+register('mc_radix_reconcile', {}, function(P, args)
+  local cursor, max, grace = int_arg(args[1], 0, MAX_INT), int_arg(args[2], 1, 1024), int_arg(args[3], 0, MAX_INT)
+  if not cursor or not max or not grace then return fail(E.INVALID_PARAMS, 'expected cursor, max (1-1024), grace_ms') end
+  local now = now_ms(P)
+  local ids = redis.call('ZRANGE', P .. K.radix_nodes, cursor, cursor + max - 1)
+  local dropped, remote = 0, {}
+  for _, id in ipairs(ids) do
+    local tenant, h = string.match(id, '^([^:]+):(.+)$')
+    local nkey = tenant and rnode_key(P, tenant, h)
+    local rec = nkey and redis.call('HMGET', nkey, 'created', 'members', 'draining')
+    if not rec or not rec[1] then
+      redis.call('ZREM', P .. K.radix_nodes, id)
+      dropped = dropped + 1
+    else
+      for _, kid in ipairs(redis.call('ZRANGE', rkids_key(P, tenant, h), 0, RECONCILE_KIDS - 1)) do
+        if redis.call('HGET', rnode_key(P, tenant, kid), 'parent') ~= h then -- not a live child here
+          remote[#remote + 1] = tenant
+          remote[#remote + 1] = h
+          remote[#remote + 1] = kid
+        end
+      end
+      if not rec[2] and rec[3] ~= '1' and tonumber(rec[1]) + grace <= now
+        and redis.call('ZCARD', rkids_key(P, tenant, h)) == 0 then
+        radix_settle(P, tenant, h, now, 0)
+        dropped = dropped + 1
+      end
+    end
+  end
+  local next_cursor = #ids < max and 0 or cursor + #ids - dropped
+  return { next_cursor, dropped, remote }
+end)
+
+-- mc_radix_stats (read-only). KEYS: P. ARGV: cursor, max (1-10000). Counts over up to max nodes
+--   of P:rnodes from rank cursor: {next cursor (0: done), nodes, shells (no keys), leaves (no
+--   children), outbox entries}.
+register('mc_radix_stats', {}, function(P, args)
+  local cursor, max = int_arg(args[1], 0, MAX_INT), int_arg(args[2], 1, 10000)
+  if not cursor or not max then return fail(E.INVALID_PARAMS, 'expected cursor, max (1-10000)') end
+  local ids = redis.call('ZRANGE', P .. K.radix_nodes, cursor, cursor + max - 1)
+  local shells, leaves = 0, 0
+  for _, id in ipairs(ids) do
+    local tenant, h = string.match(id, '^([^:]+):(.+)$')
+    if tenant then
+      if (tonumber(redis.call('HGET', rnode_key(P, tenant, h), 'members')) or 0) == 0 then shells = shells + 1 end
+      if redis.call('EXISTS', rkids_key(P, tenant, h)) == 0 then leaves = leaves + 1 end
+    end
+  end
+  return { #ids < max and 0 or cursor + #ids, #ids, shells, leaves, redis.call('ZCARD', P .. K.radix_outbox) }
+end, { 'no-writes' })
