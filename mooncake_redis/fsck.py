@@ -51,6 +51,7 @@ import redis
 
 from . import wire
 from .errors import MasterError
+from .fsck_radix import radix_findings, repair_radix
 from .fsck_retention import repair_counts, retention_count_findings
 from .keys import K, ShardKeys
 from .transport import Shards
@@ -111,6 +112,12 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     # group retention
     "retention_deadline": (ERROR, True, "a P:deadline:retention entry differs from its group's retained_until record"),
     "retention_counts": (ERROR, True, "P:retained_tenants differs from the tenant's P:deadline:retention entries"),
+    # the radix index (fsck_radix.py)
+    "radix_index": (ERROR, True, "P:rnodes differs from the shard's node records"),
+    "radix_child_unlisted": (CRITICAL, True, "a node's parent does not list it (and no link is pending): the parent could be evicted under it"),
+    "radix_phantom_child": (WARNING, True, "a node lists a child that is gone or has another parent (protected too long)"),
+    "radix_empty_node": (WARNING, True, "a node with neither keys nor children past the grace period"),
+    "radix_outbox": (ERROR, True, "a malformed outbox entry"),
 }
 
 SCAN_COUNT = 1000
@@ -120,7 +127,8 @@ REBUILD_MAX = 4096          # entries per mc_fsck_rebuild_free call (Lua cap: 81
 
 _HELD_RE = re.compile(rb"^(\d+) (\d+) (\d+) (.*)$", re.S)
 _REP_RE = re.compile(rb"^(\d+) (\d+)$")
-_UNIT_RE = re.compile(rb"^([og]):([A-Za-z0-9_.\-]{1,64}):(.+)$", re.S)
+_UNIT_RE = re.compile(rb"^([ogr]):([A-Za-z0-9_.\-]{1,64}):(.+)$", re.S)
+RADIX_MARK = b"\0r:"  # a radix node's keys are audited as the group RADIX_MARK + <hash> (lua/lib/20_object.lua)
 _ID_RE = re.compile(rb"^([A-Za-z0-9_.\-]{1,64}):(.+)$", re.S)
 
 
@@ -231,6 +239,7 @@ class _Pass:
 class _Audit:
     def __init__(self, master: Any, batch: int, retries: int, progress: Callable[[int], None] | None):
         self.t: Shards = master.transport
+        self.master = master
         self.r: redis.Redis = self.t.redis  # plain reads; pipelines and SCANs go through self.t
         self.batch = batch
         self.retries = retries
@@ -242,6 +251,11 @@ class _Audit:
     # ---- helpers -----------------------------------------------------------------------
     def keys(self, shard: int) -> ShardKeys:
         return self.t.keys[shard]
+
+    def radix_present(self, shard: int) -> bool:
+        """Is there a radix index to audit on this shard? (Its SCANs are skipped otherwise.)"""
+        k = self.keys(shard)
+        return bool(self.master.config.enable_radix_tree or self.r.exists(k.radix_nodes, k.radix_outbox))
 
     def finding(self, kind: str, shard: int, subject: str, expected: Any, found: Any,
                 action: tuple | None = None, note: str = "") -> Finding:
@@ -473,6 +487,8 @@ class _Audit:
                 ps.exact += self.check_object(shard, tenant, key, snap, now)
                 size = _int(h.get(b"size")) or 0
                 group = h.get(b"group")
+                if group is None and h.get(b"node") is not None:
+                    group = RADIX_MARK + h[b"node"]
                 if group is not None:
                     ps.groups[(tenant, group)].add(key)
                 guaranteed = b"guaranteed_until" in h
@@ -706,6 +722,11 @@ class _Audit:
         sk = self.keys(shard)
         gkey, mkey = sk.group(tenant, group), sk.group_members(tenant, group)
         unit = b"g:" + tenant + b":" + group
+        member_field, member_value = "group", group
+        if group.startswith(RADIX_MARK):  # a radix node's keys: the same composite unit
+            node = group[len(RADIX_MARK):]
+            gkey, mkey, unit = sk.radix_node(tenant, node), sk.radix_keys(tenant, node), b"r:" + tenant + b":" + node
+            member_field, member_value = "node", node
         subject = _d(tenant + b":" + group)
         if self.r.scard(mkey) + len(keys) > GROUP_MAX_MEMBERS:
             self.unverify(shard, f"group {subject} has more than {GROUP_MAX_MEMBERS} candidate members: not checked")
@@ -722,14 +743,14 @@ class _Audit:
             pipe.zrange(sk.aggregate(b"soft_pin", unit), 0, -1, withscores=True)
             pipe.zrange(sk.aggregate(b"guarantee", unit), 0, -1, withscores=True)
             for key in order:
-                pipe.hmget(sk.object(tenant, key), "group", "status", "hard_pin", "soft_pin_until", "task_refs",
+                pipe.hmget(sk.object(tenant, key), member_field, "status", "hard_pin", "soft_pin_until", "task_refs",
                            "guaranteed_until")
             res = pipe.execute()
             if set(res[3]) <= cand:
                 break
             cand |= set(res[3])
         now, g, mset, st, agg, g_agg, rows = self.clock(res), res[2], set(res[3]), res[4], res[5], res[6], res[7:]
-        members = {k: row for k, row in zip(order, rows) if row[0] == group}
+        members = {k: row for k, row in zip(order, rows) if row[0] == member_value}
         action = ("group", shard, tenant, group, tuple(sorted(members)))
         out: list[Finding] = []
         for k in sorted(set(members) - mset):
@@ -765,11 +786,14 @@ class _Audit:
     def group_keys(self, shard: int) -> set[tuple[bytes, bytes]]:
         k = self.keys(shard)
         out = set()
-        for prefix in (k.prefix("group"), k.prefix("group_members")):
+        families = [(k.prefix("group"), b""), (k.prefix("group_members"), b"")]
+        if self.radix_present(shard):
+            families += [(k.prefix("radix_node"), RADIX_MARK), (k.prefix("radix_keys"), RADIX_MARK)]
+        for prefix, mark in families:
             for key in self.scan(shard, prefix + b"*"):
                 tenant, _, group = key[len(prefix):].partition(b":")
                 if group:
-                    out.add((tenant, group))
+                    out.add((tenant, mark + group))
         return out
 
     # ---- overlaps, re-read atomically --------------------------------------------------
@@ -847,9 +871,13 @@ class _Audit:
             m = _UNIT_RE.match(unit)
             if m and m.group(1) == b"g":
                 groups.setdefault((m.group(2), m.group(3)), set())
+            elif m and m.group(1) == b"r":
+                groups.setdefault((m.group(2), RADIX_MARK + m.group(3)), set())
         for (tenant, group), keys in sorted(groups.items()):
             findings += self.check_group(shard, tenant, group, keys)
         findings += retention_count_findings(self, shard)
+        if self.radix_present(shard):
+            findings += radix_findings(self, shard)
         # units and processing entries no scanned object accounts for: re-read, then judge
         recheck: set[tuple[bytes, bytes]] = set()
         for unit in sorted(ps.units):
@@ -901,6 +929,7 @@ class _Audit:
     ORDER = {"place": 0, "unit": 0, "group": 1, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4,
              "guaranteed": 4, "sweep": 5}
     ORDER["retention_counts"] = 2
+    ORDER.update({"radix_index": 1, "radix_link": 6, "radix_unlink": 6, "radix_outbox": 6, "radix_empty": 7})
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)
@@ -930,7 +959,10 @@ class _Audit:
             self.fcall("mc_fsck_unit", shard, action[2])
         elif kind == "group":
             self.fcall("mc_fsck_group", shard, action[2], action[3], GROUP_MAX_MEMBERS, *action[4])
-            self.fcall("mc_fsck_retention", shard, action[2], action[3])  # the group's retention index entry
+            if not action[3].startswith(RADIX_MARK):
+                self.fcall("mc_fsck_retention", shard, action[2], action[3])  # the group's retention index entry
+        elif kind.startswith("radix"):
+            return repair_radix(self, action)
         elif kind == "retention_counts":
             return repair_counts(self, action)
         elif kind == "forget":

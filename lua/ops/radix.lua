@@ -167,3 +167,17 @@ register('mc_radix_stats', {}, function(P, args)
   end
   return { #ids < max and 0 or cursor + #ids, #ids, shells, leaves, redis.call('ZCARD', P .. K.radix_outbox) }
 end, { 'no-writes' })
+
+-- mc_fsck_radix_index. KEYS: P. ARGV: tenant, node. P:rnodes lists the node iff its record
+--   exists (with the record's created time). Reply: 1 if the node exists, else 0.
+register('mc_fsck_radix_index', {}, function(P, args)
+  local tenant, h = args[1], args[2]
+  if not valid_tenant(tenant) or not valid_name(h, 256) then return fail(E.INVALID_PARAMS, 'expected tenant, node') end
+  local created = redis.call('HGET', rnode_key(P, tenant, h), 'created')
+  if created then
+    redis.call('ZADD', P .. K.radix_nodes, created, tenant .. ':' .. h)
+    return 1
+  end
+  redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
+  return 0
+end)

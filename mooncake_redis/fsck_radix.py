@@ -1,0 +1,113 @@
+"""fsck of the radix index (lua/lib/32_radix.lua), shard by shard:
+
+- P:rnodes lists exactly the node records of the shard (radix_index);
+- a node with a parent is listed among that parent's children, on the parent's shard, unless
+  its link is still in the outbox (radix_child_unlisted: the unsafe direction, a parent that
+  may be evicted under a live child);
+- every child a node lists exists, on its shard, with that node as its parent
+  (radix_phantom_child: the safe direction, a parent kept too long);
+- a node with neither keys nor children older than the grace period (radix_empty_node);
+- outbox entries parse and name their parent's shard (radix_outbox).
+A node's keys against their objects, its counters and its unit's tier are audited with the
+groups' checks (the node is the composite unit r:<tenant>:<hash>, see fsck.check_group).
+Repairs go through the index's own idempotent, seq-ordered steps (mc_radix_probe then
+mc_radix_apply), so a repair racing a live writer can only leave a phantom, never drop a link."""
+from __future__ import annotations
+
+from typing import Any
+
+from .keys import node_shard
+from .radix import DEFAULT_GRACE_MS, parse_outbox_entry
+
+SCAN_COUNT = 1000
+
+
+def _records(audit: Any, shard: int) -> set[tuple[bytes, bytes]]:
+    prefix = audit.keys(shard).prefix("radix_node")
+    out = set()
+    for key in audit.scan(shard, prefix + b"*"):
+        tenant, _, h = key[len(prefix):].partition(b":")
+        if h:
+            out.add((tenant, h))
+    return out
+
+
+def radix_findings(audit: Any, shard: int) -> list:
+    k, r, shards = audit.keys(shard), audit.r, audit.t.count
+    out = []
+    records = _records(audit, shard)
+    indexed = set()
+    for member, _ in r.zscan_iter(k.radix_nodes, count=SCAN_COUNT):
+        tenant, _, h = member.partition(b":")
+        indexed.add((tenant, h))
+    for tenant, h in sorted(records ^ indexed):
+        out.append(audit.finding("radix_index", shard, (tenant + b":" + h).decode(errors="replace"),
+                                 "listed" if (tenant, h) in records else "absent",
+                                 "absent" if (tenant, h) in records else "listed",
+                                 ("radix_index", shard, tenant, h)))
+    now = int(audit.t.call("mc_now", shard))
+    for tenant, h in sorted(records):
+        pipe = audit.t.pipeline(shard, transaction=False)
+        pipe.hgetall(k.radix_node(tenant, h))
+        pipe.zrange(k.radix_kids(tenant, h), 0, -1)
+        rec, kids = pipe.execute()
+        if not rec:
+            continue
+        subject = (tenant + b":" + h).decode(errors="replace")
+        parent = rec.get(b"parent")
+        if parent is not None and b"link_pending" not in rec:
+            pk = audit.keys(node_shard(parent, shards))
+            if r.zscore(pk.radix_kids(tenant, parent), h) is None:
+                out.append(audit.finding("radix_child_unlisted", shard, subject, f"listed by parent {parent.decode(errors='replace')}",
+                                         "not listed", ("radix_link", shard, tenant, h, parent)))
+        for kid in kids:
+            kk = audit.keys(node_shard(kid, shards))
+            if r.hget(kk.radix_node(tenant, kid), "parent") != h:
+                out.append(audit.finding("radix_phantom_child", shard, f"{subject} child {kid.decode(errors='replace')}",
+                                         "a live child", "gone or another parent's", ("radix_unlink", shard, tenant, h, kid)))
+        empty = not kids and int(rec.get(b"members", 0) or 0) == 0 and rec.get(b"draining") != b"1"
+        if empty and int(rec.get(b"created", 0)) + DEFAULT_GRACE_MS <= now:
+            out.append(audit.finding("radix_empty_node", shard, subject, "keys or children", "neither",
+                                     ("radix_empty", shard)))
+    for entry, _ in r.zscan_iter(k.radix_outbox, count=SCAN_COUNT):
+        try:
+            op, _, pshard, tenant, parent, _ = parse_outbox_entry(entry)
+            ok = op in ("link", "unlink") and pshard == node_shard(parent, shards)
+        except ValueError:
+            ok = False
+        if not ok:
+            out.append(audit.finding("radix_outbox", shard, entry.decode(errors="replace"), "a well-formed entry",
+                                     "malformed", ("radix_outbox", shard, entry)))
+    return out
+
+
+def repair_radix(audit: Any, action: tuple) -> tuple[bool, str]:
+    kind, shard = action[0], action[1]
+    shards = audit.t.count
+    if kind == "radix_index":
+        audit.fcall("mc_fsck_radix_index", shard, action[2], action[3])
+    elif kind == "radix_outbox":
+        audit.fcall("mc_radix_ack", shard, action[2])
+    elif kind == "radix_empty":
+        cursor = 0
+        while True:
+            cursor, _, _ = audit.master.reconcile_radix(shard, DEFAULT_GRACE_MS, cursor)
+            if cursor == 0:
+                break
+    elif kind in ("radix_link", "radix_unlink"):
+        tenant, node, other = action[2], action[3], action[4]
+        if kind == "radix_link":  # node (here) is a live child its parent (other) does not list
+            child, parent, pshard = node, other, node_shard(other, shards)
+            alive, seq = audit.fcall("mc_radix_probe", shard, tenant, child, parent)
+            if not alive:
+                return False, "not repaired: the child is gone since fsck read it"
+            op = b"link"
+        else:  # node (here) lists a child (other) that is gone
+            child, parent, pshard = other, node, shard
+            alive, seq = audit.fcall("mc_radix_probe", node_shard(child, shards), tenant, child, parent)
+            if alive:
+                return False, "not repaired: the child exists again"
+            op = b"unlink"
+        entry = b"%s %d %d %s %d %s%s" % (op, seq, pshard, tenant, len(parent), parent, child)
+        audit.fcall("mc_radix_apply", pshard, entry)
+    return True, ""

@@ -1,0 +1,458 @@
+"""The radix index (MasterConfig.enable_radix_tree): registration (inline at put_start and in
+bulk), shells, prefix and subtree queries, leaf-first eviction with the node as the unit,
+cross-shard links through the outbox, crashes between the halves of a step, reconciliation,
+fsck, and the invariant "children alive implies parent alive"."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import WRITER, mount, put, raises_code
+from mooncake_redis import ErrorCode, MasterConfig, MasterError, ReplicateConfig
+from mooncake_redis.fsck import fsck
+from mooncake_redis.keys import node_shard
+
+SMALL = 100
+
+
+def H(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def on_shard(m, shard: int, stem: str) -> str:
+    """A prefix hash whose node lives on `shard`."""
+    i = 0
+    while node_shard(H(f"{stem}{i}").encode(), m.shards) != shard:
+        i += 1
+    return H(f"{stem}{i}")
+
+
+def radix(new_master, **config):
+    m = new_master(enable_radix_tree=True, **config)
+    mount(m, "seg", 64 * 1024)
+    return m
+
+
+def put_node(m, h: str, parent: str | None, n_keys: int = 1, tenant_id: str = "default") -> list[str]:
+    keys = [f"{h}_{i}" for i in range(n_keys)]
+    for k in keys:
+        put(m, k, SMALL, config=ReplicateConfig(parent_block_hash=parent), tenant_id=tenant_id)
+    return keys
+
+
+def alive(m, key: str) -> bool:
+    """Does the object exist? (describe: an inspection, no lease.)"""
+    try:
+        m.describe(key)
+    except MasterError as exc:
+        assert exc.code == ErrorCode.OBJECT_NOT_FOUND
+        return False
+    return True
+
+
+def evict_everything(m) -> None:
+    """Evict every evictable unit: the target is 0 bytes."""
+    m.run_eviction()
+
+
+@pytest.fixture
+def rm(new_master):
+    return radix(new_master, eviction_high_watermark_ratio=0.000001, eviction_ratio=0.000001)
+
+
+# ---- registration ------------------------------------------------------------------------
+
+def test_register_describe_and_reregister(rm):
+    m = rm
+    a, b = H("a"), H("b")
+    m.register_radix_node(a)
+    m.register_radix_node(b, a)
+    m.register_radix_node(b, a)  # the same parent again: fine
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.register_radix_node(b, H("other"))  # a chained hash has one parent
+    info = m.describe_radix_node(a)
+    assert info.parent is None and info.children == [b.encode()] and info.shell and info.why == "no_members"
+    info = m.describe_radix_node(b)
+    assert info.parent == a.encode() and info.children == [] and info.shell
+    assert m.batch_register_radix_nodes([(H("c"), a), ("", None), (H("c"), H("x")), (a, a)]) == [
+        ErrorCode.OK, ErrorCode.INVALID_PARAMS, ErrorCode.INVALID_PARAMS, ErrorCode.INVALID_PARAMS]
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.describe_radix_node(H("unknown"))
+    assert sorted(m.describe_radix_node(a).children) == sorted([b.encode(), H("c").encode()])
+
+
+def test_a_put_with_another_parent_is_refused_and_writes_nothing(rm):
+    m = rm
+    a, b = H("a"), H("b")
+    put_node(m, b, a)
+    used = m.usage().used_bytes
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.put_start(WRITER, f"{b}_9", SMALL, ReplicateConfig(parent_block_hash=H("z")))
+    assert m.usage().used_bytes == used and not m.exist_key(f"{b}_9")
+
+
+def test_child_before_parent_makes_a_shell_filled_by_its_keys(rm):
+    m = rm
+    a, b = H("a"), H("b")
+    put_node(m, b, a)
+    shell = m.describe_radix_node(a)
+    assert shell.shell and shell.children == [b.encode()] and shell.why == "no_members"
+    put_node(m, a, None, 2)
+    full = m.describe_radix_node(a)
+    assert not full.shell and full.keys == sorted(f"{a}_{i}".encode() for i in range(2))
+    assert full.why == "has_children"
+
+
+def test_keys_by_prefix_and_subtree(rm):
+    m = rm
+    a, b, c, d = H("a"), H("b"), H("c"), H("d")
+    put_node(m, a, None, 2)
+    put_node(m, b, a, 3)
+    put_node(m, c, a)
+    put_node(m, d, b)
+    put_node(m, a, None, 1, tenant_id="other")  # nodes are tenant-scoped
+    assert m.get_keys_by_prefix(a) == [f"{a}_0".encode(), f"{a}_1".encode()]
+    assert m.get_keys_by_prefix(a, tenant_id="other") == [f"{a}_0".encode()]
+    assert m.get_keys_by_prefix(H("nothing")) == []
+    assert m.get_subtree_keys(a, 0) == m.get_keys_by_prefix(a)
+    level1 = set(m.get_subtree_keys(a, 1))
+    assert level1 == {f"{x}".encode() for x in [f"{a}_0", f"{a}_1", f"{b}_0", f"{b}_1", f"{b}_2", f"{c}_0"]}
+    assert len(m.get_subtree_keys(a, 5)) == 7 and m.get_subtree_keys(a, 5)[-1] == f"{d}_0".encode()
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.get_subtree_keys(a, -1)
+
+
+def test_radix_off_writes_no_index(new_master):
+    m = new_master()
+    mount(m, "seg", 64 * 1024)
+    put(m, f"{H('a')}_0", SMALL, config=ReplicateConfig(parent_block_hash=H("p")))
+    for k in m.transport.keys:
+        assert not m.redis.keys(k.prefix("radix_node") + b"*") and not m.redis.exists(k.radix_nodes)
+    assert "node" not in m.describe(f"{H('a')}_0").fields
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.register_radix_node(H("a"))
+
+
+def test_grouped_keys_are_not_indexed(rm):
+    m = rm
+    key = "{g}" + H("a")
+    put(m, key, SMALL, config=ReplicateConfig(group_id="g", parent_block_hash=H("p")))
+    assert "node" not in m.describe(key).fields and m.describe(key).group_id == "g"
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.describe_radix_node(H("a"))
+
+
+def test_a_key_the_pattern_does_not_match_is_its_own_node(rm):
+    m = rm
+    put(m, "plain-key", SMALL)
+    assert m.get_keys_by_prefix("plain-key") == [b"plain-key"]
+
+
+def test_a_custom_pattern_routes_and_indexes_by_its_group(new_master):
+    m = radix(new_master, radix_key_pattern=r"^model-[a-z]+:([0-9a-f]{64})")
+    h = H("a")
+    put(m, f"model-x:{h}:0", SMALL)
+    put(m, f"model-y:{h}:1", SMALL)
+    assert m.get_keys_by_prefix(h) == [f"model-x:{h}:0".encode(), f"model-y:{h}:1".encode()]
+    assert m.transport.shard_of(f"model-x:{h}:0".encode()) == node_shard(h.encode(), m.shards)
+
+
+def test_bad_patterns_are_refused():
+    for bad in ["(", "no-group", "(a)(b)"]:
+        with raises_code(ErrorCode.INVALID_PARAMS):
+            MasterConfig(radix_key_pattern=bad)
+
+
+# ---- eviction ------------------------------------------------------------------------------
+
+def test_the_rfc_example_evicts_leaves_then_their_parent(rm):
+    """A -> {B -> {D, E}, C -> {F leased}}: D and E go, then B; C and A stay."""
+    m = rm
+    n = {x: H(x) for x in "ABCDEF"}
+    for x, p in [("A", None), ("B", "A"), ("C", "A"), ("D", "B"), ("E", "B"), ("F", "C")]:
+        put_node(m, n[x], n[p] if p else None)
+    m.advance_clock(20_000)
+    m.get_replica_list(f"{n['F']}_0")  # leased for default_kv_lease_ttl
+    evict_everything(m)
+    assert {x: alive(m, f"{n[x]}_0") for x in "ABCDEF"} == {
+        "A": True, "B": False, "C": True, "D": False, "E": False, "F": True}
+    assert m.describe_radix_node(n["A"]).children == [n["C"].encode()]
+    m.advance_clock(20_000)  # the lease ran out: F, then C, then A
+    evict_everything(m)
+    assert not any(alive(m, f"{n[x]}_0") for x in "ABCDEF")
+    assert all(s.nodes == 0 for s in m.radix_stats())
+
+
+def test_a_node_is_evicted_all_or_none(rm):
+    m = rm
+    a = H("a")
+    keys = put_node(m, a, None, 5)
+    m.advance_clock(20_000)
+    m.get_replica_list(keys[3])  # one leased key protects the whole node
+    evict_everything(m)
+    assert all(alive(m, k) for k in keys)
+    m.advance_clock(20_000)
+    step = m.evict_step(node_shard(a.encode(), m.shards))
+    assert step.units == 1 and step.objects == 5
+    assert not any(alive(m, k) for k in keys)
+
+
+def test_protections_of_a_child_protect_every_ancestor(rm):
+    m = rm
+    chain = [H(f"c{i}") for i in range(6)]
+    for i, h in enumerate(chain):
+        put_node(m, h, chain[i - 1] if i else None)
+    m.put_start(WRITER, f"{chain[-1]}_1", SMALL, ReplicateConfig(parent_block_hash=chain[-2]))  # in progress
+    m.advance_clock(20_000)
+    evict_everything(m)
+    assert all(alive(m, f"{h}_0") for h in chain)
+    m.put_end(WRITER, f"{chain[-1]}_1")
+    m.add_task_ref(f"{chain[-1]}_1")
+    m.advance_clock(20_000)
+    evict_everything(m)
+    assert all(alive(m, f"{h}_0") for h in chain)
+    m.release_task_ref(f"{chain[-1]}_1")
+    evict_everything(m)
+    assert not any(alive(m, f"{h}_0") for h in chain)
+
+
+def test_leaf_first_under_pressure_one_unit_a_step(rm):
+    m = rm
+    a = H("root")
+    nodes = {a: None}
+    for i in range(12):
+        parent = list(nodes)[i // 2]
+        nodes[H(f"n{i}")] = parent
+    put_node(m, a, None)
+    for h, p in list(nodes.items())[1:]:
+        put_node(m, h, p)
+    m.advance_clock(20_000)
+    gone_order = []
+    for _ in range(200):
+        for shard in range(m.shards):
+            m.evict_step(shard, 1)
+            m.drain_radix_outbox([shard])
+            for h, p in nodes.items():
+                if h not in gone_order and not alive(m, f"{h}_0"):
+                    gone_order.append(h)
+                    kids = [c for c, q in nodes.items() if q == h]
+                    assert not any(alive(m, f"{c}_0") for c in kids), "a parent went before its child"
+        if len(gone_order) == len(nodes):
+            break
+    assert len(gone_order) == len(nodes) and gone_order[-1] == a
+
+
+def test_remove_unregisters_and_a_parent_becomes_a_leaf(rm):
+    m = rm
+    a, b = H("a"), H("b")
+    put_node(m, a, None)
+    put_node(m, b, a, 2)
+    m.remove(f"{b}_0")
+    assert m.describe_radix_node(b).keys == [f"{b}_1".encode()]
+    m.remove(f"{b}_1")
+    m.drain_radix_outbox()
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.describe_radix_node(b)
+    assert m.describe_radix_node(a).children == [] and m.describe_radix_node(a).why == ""
+    assert m.remove_by_regex(f"^{a}") == 1
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.describe_radix_node(a)
+
+
+def test_revoke_and_discard_unregister(rm):
+    m = rm
+    a, b = H("a"), H("b")
+    put_node(m, a, None)
+    m.put_start(WRITER, f"{b}_0", SMALL, ReplicateConfig(parent_block_hash=a))
+    m.put_revoke(WRITER, f"{b}_0")
+    m.drain_radix_outbox()
+    assert m.describe_radix_node(a).children == []
+
+
+# ---- across shards -------------------------------------------------------------------------
+
+@pytest.fixture
+def cross(rm):
+    if rm.shards == 1:
+        pytest.skip("needs parent and child on different shards")
+    return rm, on_shard(rm, 0, "parent"), on_shard(rm, 1, "child")
+
+
+def test_cross_shard_cascade(cross):
+    m, p, c = cross
+    put_node(m, p, None)
+    put_node(m, c, p)
+    assert m.describe_radix_node(p).children == [c.encode()]
+    m.advance_clock(20_000)
+    assert m.evict_step(0).units == 0  # the parent has a live child on shard 1
+    assert m.evict_step(1).units == 1  # the child goes; the unlink waits in shard 1's outbox
+    assert m.describe_radix_node(p).why == "has_children"
+    assert m.radix_stats()[1].outbox == 1
+    assert m.drain_radix_outbox([1]) == 1
+    assert m.describe_radix_node(p).why == ""
+    assert m.evict_step(0).units == 1
+
+
+def test_a_link_not_delivered_blocks_the_childs_completion(cross, monkeypatch):
+    m, p, c = cross
+    put_node(m, p, None)
+    monkeypatch.setattr(type(m), "drain_radix_outbox", lambda self, *a, **k: 0)  # the putter crashed
+    m.put_start(WRITER, f"{c}_0", SMALL, ReplicateConfig(parent_block_hash=p))
+    with raises_code(ErrorCode.RADIX_LINK_PENDING):
+        m.put_end(WRITER, f"{c}_0")
+    assert m.describe_radix_node(c).link_pending and m.describe_radix_node(p).children == []
+    monkeypatch.undo()
+    assert m.drain_radix_outbox() == 1  # what a worker does
+    m.put_end(WRITER, f"{c}_0")
+    assert m.describe_radix_node(p).children == [c.encode()]
+
+
+def test_applied_but_not_acknowledged_steps_replay_harmlessly(cross):
+    m, p, c = cross
+    put_node(m, p, None)
+    put_node(m, c, p)
+    m.advance_clock(20_000)
+    m.evict_step(1)
+    (entry,) = m.transport.call("mc_radix_outbox", 1, 10)
+    m.transport.call("mc_radix_apply", 0, entry)  # the drainer died before its ack
+    put_node(m, c, p)  # the child comes back: its put drains the old unlink again, then its new link
+    assert m.radix_stats()[1].outbox == 0
+    assert m.describe_radix_node(p).children == [c.encode()]
+    m.transport.call("mc_radix_apply", 0, entry)  # a late replay of the unlink: older than the link
+    assert m.describe_radix_node(p).children == [c.encode()]
+    assert fsck(m).ok
+
+
+def test_a_lost_unlink_leaves_a_phantom_that_reconciliation_removes(cross):
+    m, p, c = cross
+    put_node(m, p, None)
+    put_node(m, c, p)
+    m.advance_clock(20_000)
+    m.evict_step(1)
+    m.redis.delete(m.transport.keys[1].radix_outbox)  # the outbox entry is lost
+    assert m.describe_radix_node(p).children == [c.encode()]  # safe: the parent is kept too long
+    report = fsck(m)
+    assert report.kinds() == {"radix_phantom_child": 1}
+    assert m.reconcile_radix_all() == (0, 1)
+    assert m.describe_radix_node(p).why == ""
+    assert fsck(m).ok
+    evict_everything(m)
+    assert not alive(m, f"{p}_0")
+
+
+def test_fsck_repairs_an_unlisted_child_and_the_node_index(cross):
+    m, p, c = cross
+    put_node(m, p, None)
+    put_node(m, c, p)
+    k0, k1 = m.transport.keys[0], m.transport.keys[1]
+    m.redis.zrem(k0.radix_kids("default", p), c)  # the dangerous direction, planted
+    m.redis.zrem(k1.radix_nodes, f"default:{c}")
+    report = fsck(m)
+    # the parent, listing no child, is also missing from the candidates
+    assert report.kinds() == {"radix_child_unlisted": 1, "radix_index": 1, "unit_missing": 1}
+    fsck(m, repair=True)
+    assert fsck(m).ok
+    assert m.describe_radix_node(p).children == [c.encode()] and m.describe_radix_node(p).why == "has_children"
+
+
+def test_registration_racing_the_parents_eviction_recreates_it_as_a_shell(cross):
+    m, p, c = cross
+    put_node(m, p, None)
+    m.advance_clock(20_000)
+    assert m.evict_step(0).units == 1
+    put_node(m, c, p)
+    shell = m.describe_radix_node(p)
+    assert shell.shell and shell.children == [c.encode()]
+
+
+def test_empty_nodes_go_after_the_grace_period(rm):
+    m = rm
+    m.register_radix_node(H("lonely"))
+    assert m.reconcile_radix_all(grace_ms=60_000) == (0, 0)
+    m.advance_clock(60_000)
+    assert m.reconcile_radix_all(grace_ms=60_000) == (1, 0)
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.describe_radix_node(H("lonely"))
+
+
+def test_the_worker_drains_and_reconciles(cross):
+    from mooncake_redis.worker import Worker
+    m, p, c = cross
+    put_node(m, p, None)
+    put_node(m, c, p)
+    m.advance_clock(20_000)
+    w = Worker(m)
+    for _ in range(3):
+        w.run_once()
+    assert not alive(m, f"{c}_0") and not alive(m, f"{p}_0")
+    assert all(s.nodes == 0 and s.outbox == 0 for s in m.radix_stats())
+
+
+# ---- the invariant -------------------------------------------------------------------------
+
+N_NODES = 10
+op_st = st.one_of(
+    st.tuples(st.just("put"), st.integers(0, N_NODES - 1), st.integers(0, 1)),
+    st.tuples(st.just("read"), st.integers(0, N_NODES - 1)),
+    st.tuples(st.just("remove"), st.integers(0, N_NODES - 1)),
+    st.tuples(st.just("advance"), st.sampled_from([1_000, 6_000, 20_000])),
+    st.tuples(st.just("evict"), st.integers(0, 3), st.integers(1, 3)),
+    st.tuples(st.just("drain"), st.integers(0, 3)),
+    st.tuples(st.just("reconcile"),),
+)
+
+
+@settings(max_examples=25, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=st.lists(op_st, min_size=5, max_size=50))
+def test_no_node_is_evicted_while_a_child_is_alive(new_master, ops):
+    """Node i's parent is node (i - 1) // 2 (a binary tree). After every operation: a node whose
+    keys vanished without a remove had no child alive that was registered before; and at the
+    end, after draining and reconciliation, fsck is clean."""
+    m = radix(new_master, eviction_high_watermark_ratio=0.000001, eviction_ratio=0.000001)
+    names = [H(f"node{i}") for i in range(N_NODES)]
+    parent = {i: (i - 1) // 2 if i else None for i in range(N_NODES)}
+    live: set[int] = set()
+    for op in ops:
+        kind = op[0]
+        if kind == "put":
+            i = op[1]
+            p = names[parent[i]] if parent[i] is not None else None
+            try:
+                put(m, f"{names[i]}_{op[2]}", SMALL, config=ReplicateConfig(parent_block_hash=p))
+            except MasterError as exc:
+                assert exc.code == ErrorCode.OBJECT_ALREADY_EXISTS
+        elif kind == "read":
+            try:
+                m.get_replica_list(f"{names[op[1]]}_0")
+            except MasterError as exc:
+                assert exc.code == ErrorCode.OBJECT_NOT_FOUND
+        elif kind == "remove":
+            for j in (0, 1):
+                try:
+                    m.remove(f"{names[op[1]]}_{j}", force=True)
+                except MasterError as exc:
+                    assert exc.code == ErrorCode.OBJECT_NOT_FOUND
+        elif kind == "advance":
+            m.advance_clock(op[1])
+        elif kind == "evict":
+            if op[1] < m.shards:
+                m.evict_step(op[1], op[2])
+        elif kind == "drain":
+            if op[1] < m.shards:
+                m.drain_radix_outbox([op[1]])
+        else:
+            m.reconcile_radix_all()
+        now_live = {i for i in range(N_NODES) if alive(m, f"{names[i]}_0") or alive(m, f"{names[i]}_1")}
+        if kind != "remove":
+            for i in live - now_live:  # evicted in this step
+                kids = [c for c in range(N_NODES) if parent[c] == i]
+                assert not any(c in now_live for c in kids), f"node {i} evicted with a live child ({op})"
+        live = now_live
+    m.drain_radix_outbox()
+    m.reconcile_radix_all(grace_ms=0)
+    report = fsck(m)
+    assert report.ok, report.summary()
