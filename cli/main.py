@@ -33,7 +33,7 @@ from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.functions import LIBRARY_NAME, LIBRARY_PROTOCOL, check_schema, library_source, server_library
-from mooncake_redis.keys import ShardKeys, shard_of
+from mooncake_redis.keys import ShardKeys
 from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
@@ -41,6 +41,7 @@ from mooncake_redis.worker import Worker, stop_on_signals
 from .logs import log_options
 from .output import deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
 from .retention import Duration, group_lines, group_report, retention_report, status_lines
+from .radix import node_lines, node_report, radix_report, radix_status_lines
 
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_DATA_DIR = "./mooncake-data"
@@ -233,6 +234,7 @@ def _status_report(opts: Opts) -> dict:
         secs, micros = master.redis.time()
         running = server_library(master.redis)
         retention = master.retention_usage()
+        radix = radix_report(master.config.enable_radix_tree, master.radix_stats())
     finally:
         master.close()
     rows = [per_shard[i:i + 7] for i in range(0, len(per_shard), 7)]
@@ -266,6 +268,7 @@ def _status_report(opts: Opts) -> dict:
         "segments": [{"name": s["name"], "client": s["client"], "size_bytes": s["size"], "used_bytes": s["used"]}
                      for s in sorted(segments, key=lambda s: s["name"])],
         "retention": retention_report(retention),
+        "radix": radix,
     }
 
 
@@ -301,6 +304,8 @@ def _print_status(r: dict) -> None:
         f"({pct(total['guaranteed_bytes'], total['guaranteed_limit_bytes'])})")
     for line in status_lines(r["retention"]):
         out(line)
+    for line in radix_status_lines(r["radix"]):
+        out(line)
     out("")
     rows = [[s["shard"], human(s["capacity_bytes"]), human(s["used_bytes"]), pct(s["used_bytes"], s["capacity_bytes"]),
              s["objects"], s["puts_in_progress"], s["held_extents"]] for s in r["shards"]]
@@ -335,18 +340,22 @@ def _print_status(r: dict) -> None:
 @click.option("--tenant", default="default", show_default=True, help="Tenant id of the object.")
 @click.option("--raw", is_flag=True, help="Print the object hash's fields as stored.")
 @click.option("--group", default=None, help="Show this group (members, retention, lease) instead of an object.")
+@click.option("--node", default=None, help="Show this radix node (parent, children, keys) instead of an object.")
 @json_option
 @click.pass_obj
-def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | None, as_json: bool) -> None:
+def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | None, as_json: bool,
+            node: str | None = None) -> None:
     """Show one object: size, status, writer, times, lease, pins, guarantee, group, replicas (or,
     with --group, one group: members, retention, lease, eviction tier).
 
     An inspection, not a read: no lease is granted. Exit 1 if the object does not exist
     (--json: prints found false)."""
-    if (key is None) == (group is None):
-        raise click.UsageError("give an object KEY or --group GROUP")
+    if sum(x is not None for x in (key, group, node)) != 1:
+        raise click.UsageError("give an object KEY, --group GROUP or --node HASH")
     if group is not None:
         return _inspect_group(opts, group, tenant, as_json)
+    if node is not None:
+        return _inspect_node(opts, node, tenant, as_json)
     master = _open_existing(opts)
     try:
         try:
@@ -362,7 +371,7 @@ def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | No
     finally:
         master.close()
     bkey = key.encode()
-    shard = shard_of(bkey, master.shards)
+    shard = master.transport.shard_of(bkey)
     rkey = ShardKeys(master.ns, shard).object(tenant, bkey).decode(errors="replace")
     out = click.echo
     if as_json:
@@ -458,6 +467,28 @@ def _inspect_group(opts: Opts, group: str, tenant: str, as_json: bool) -> None:
         emit_json("inspect", report)
         return
     for line in group_lines(report, deadline):
+        click.echo(line)
+
+
+def _inspect_node(opts: Opts, node: str, tenant: str, as_json: bool) -> None:
+    master = _open_existing(opts)
+    try:
+        try:
+            info = master.describe_radix_node(node, tenant)
+        except MasterError as exc:
+            if exc.code != ErrorCode.OBJECT_NOT_FOUND:
+                raise
+            click.echo(f"not found: radix node {node!r} (tenant {tenant!r})", err=True)
+            if as_json:
+                emit_json("inspect", {"node": node, "tenant": tenant, "found": False})
+            raise click.exceptions.Exit(1)
+    finally:
+        master.close()
+    report = node_report(info)
+    if as_json:
+        emit_json("inspect", report)
+        return
+    for line in node_lines(report):
         click.echo(line)
 
 
