@@ -5,6 +5,7 @@ look ahead in the trace). POLICIES maps the names `mooncake-redis replay --polic
 from __future__ import annotations
 
 import collections
+import hashlib
 from typing import Any
 
 from mooncake_redis import Master, ReplicateConfig
@@ -108,7 +109,32 @@ class Guaranteed(Policy):
         return {"guaranteed_puts": self.guarantees_asked, "guarantee_renewals": self.renewals_asked}
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed)}
+class Radix(Policy):
+    """The radix index (MasterConfig.enable_radix_tree): a block's key is its 64-hex prefix hash
+    + "_0", and each write names the block before it in the request as its parent
+    (ReplicateConfig(parent_block_hash=...)), so the store evicts leaves first and never a block
+    another stored block extends. Its reference is the ideal radix cache."""
+
+    name = "radix"
+    summary = "radix index on: parent = the previous block of the request; leaves are evicted first"
+
+    def master_config(self) -> dict[str, Any]:
+        return {"enable_radix_tree": True}
+
+    @staticmethod
+    def prefix_hash(block: int) -> str:
+        return hashlib.blake2b(b"%d" % block, digest_size=32).hexdigest()
+
+    def key(self, block: int) -> bytes:
+        return self.prefix_hash(block).encode() + b"_0"
+
+    def put_batches(self, m: Master, req: Request, missing: list[int], now: int) -> list[PutBatch]:
+        # one batch per block: each has its own parent
+        return [([j], ReplicateConfig(parent_block_hash=self.prefix_hash(req.blocks[j - 1]) if j else None))
+                for j in missing]
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed, Radix)}
 
 
 def knobs_of(name: str) -> dict[str, int]:
