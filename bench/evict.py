@@ -21,7 +21,14 @@ the watermark and measured:
 Then the 4x-over-capacity put test: one segment of S bytes, 4 x S / 64 KiB puts of 64 KiB
 (put_start + put_end each, no reads, evict-on-put makes the room): put failures and puts/s.
 
+With --radix-depth D the stores run with the radix index on (enable_radix_tree): each key is
+its own node (64 hex characters), registered before its put (batch_register_radix_nodes) in
+chains of D nodes, key i's parent being key i - 1 unless i is a multiple of D; eviction then takes
+each chain from its leaf up. The fill line reports the server's used_memory per object, to
+compare with a run without the index.
+
     python -m mooncake_redis.bench.evict [--sizes 10000,100000,1000000] [--redis URL] [--put-mib 256]
+                                         [--radix-depth 16]
 """
 from __future__ import annotations
 
@@ -164,15 +171,23 @@ def _fresh(r: redis.Redis, private: bool) -> None:
         r.delete(*batch)
 
 
-def _connect(url: str) -> Master:
-    m = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=1))
+def _connect(url: str, radix: bool = False) -> Master:
+    m = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=1, enable_radix_tree=radix))
     m.freeze_clock(T0)
     return m
 
 
-def _put_batch(m: Master, keys: list[str], size: int, timed: dict[bytes, FcallTime] | None = None) -> None:
+def _put_batch(m: Master, keys: list[str], size: int, timed: dict[bytes, FcallTime] | None = None,
+               depth: int = 0) -> None:
     """batch_put_start + batch_put_end of `keys`; with `timed` ({b"mc_put_start": FcallTime,
-    b"mc_put_end": FcallTime}), the server time of each half is added to its FcallTime."""
+    b"mc_put_end": FcallTime}), the server time of each half is added to its FcallTime. With a
+    radix `depth`, the keys' nodes are registered first, in chains of `depth` (not timed)."""
+    if depth:
+        pairs = [(k, f"{int(k, 16) - 1:064x}" if int(k, 16) % depth else None) for k in keys]
+        codes = m.batch_register_radix_nodes(pairs)
+        if any(c != ErrorCode.OK for c in codes):
+            raise RuntimeError(f"batch_register_radix_nodes failed: {codes[0]!r}")
+
     def run(fn: bytes, call):
         if timed is None:
             return call()
@@ -190,12 +205,18 @@ def _put_batch(m: Master, keys: list[str], size: int, timed: dict[bytes, FcallTi
 
 
 class Keys:
-    """Fresh object keys in put order (their zero-padded names sort in put order too)."""
+    """Fresh object keys in put order (their zero-padded names sort in put order too); with a
+    radix depth, 64 hex characters (each key its own radix node)."""
 
-    def __init__(self) -> None:
+    def __init__(self, depth: int = 0) -> None:
         self.n = 0
+        self.depth = depth
 
     def take(self, count: int) -> list[str]:
+        if self.depth:
+            out = [f"{i:064x}" for i in range(self.n, self.n + count)]
+            self.n += count
+            return out
         out = [f"o{i:09d}" for i in range(self.n, self.n + count)]
         self.n += count
         return out
@@ -203,14 +224,15 @@ class Keys:
 
 # ---- one size ------------------------------------------------------------------------------------
 
-def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[str, Any]:
+def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out, depth: int = 0) -> dict[str, Any]:
     res: dict[str, Any] = {"objects": n}
     _fresh(r, private)
-    m = _connect(url)
+    mem0 = r.info("memory")["used_memory"]
+    m = _connect(url, radix=depth > 0)
     try:
         cap = math.ceil(n * OBJ / FILL_RATIO)
         m.mount_segment(SEGMENT, cap, CLIENT)
-        keys = Keys()
+        keys = Keys(depth)
         slow = SlowLog(r)
         try:
             # ---- fill ----
@@ -220,7 +242,7 @@ def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[st
             left = n
             while left:
                 chunk = keys.take(min(BATCH, left))
-                _put_batch(m, chunk, OBJ, timed)
+                _put_batch(m, chunk, OBJ, timed, depth)
                 m.advance_clock(1)  # each batch is a little younger than the one before
                 left -= len(chunk)
             fill_s = time.perf_counter() - t0
@@ -228,9 +250,10 @@ def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[st
             u = m.usage()
             mem = r.info("memory")["used_memory"]
             res.update(fill_s=fill_s, fill_keys_per_s=n / fill_s, capacity=cap, used=u.used_bytes,
-                       used_memory=mem)
+                       used_memory=mem, memory_per_object=(mem - mem0) / n)
             out(f"size {n:,}: fill {n:,} x {OBJ} B in {fill_s:.1f} s ({_fmt(n / fill_s)} keys/s), "
-                f"used {u.used_bytes / cap:.2%} of {cap:,} B, server used_memory {mem / 2**20:,.0f} MiB")
+                f"used {u.used_bytes / cap:.2%} of {cap:,} B, server used_memory {mem / 2**20:,.0f} MiB "
+                f"({(mem - mem0) / n:,.0f} B per object{f', radix chains of {depth}' if depth else ''})")
             heads = {b"mc_put_start": 4 + len(m._put_head(CLIENT, "default", None)),  # FCALL fn 1 P + options
                      b"mc_put_end": 4 + len(wire.head(wire.KEY, client_id=CLIENT, tenant="default"))}
             for fn, t in timed.items():
@@ -247,7 +270,7 @@ def _bench_size(url: str, r: redis.Redis, private: bool, n: int, out) -> dict[st
 
             # ---- over the watermark: STEPS measured steps of STEP_UNITS units each ----
             over = math.ceil(OVER_RATIO * cap / OBJ) - n
-            _put_batch(m, keys.take(over), OBJ)
+            _put_batch(m, keys.take(over), OBJ, depth=depth)
             m.advance_clock(1)
             slow.begin()
             srv, cli, used_after = _measure_steps(m, r, keys, STEP_UNITS)
@@ -316,7 +339,7 @@ def _measure_steps(m: Master, r: redis.Redis, keys: Keys, units: int) -> tuple[l
             raise RuntimeError(f"a measured step evicted {step.units} units, not {units}: {step}")
         if i == 0:
             used_after = step.used_bytes
-        _put_batch(m, keys.take(step.units), OBJ)  # back to the same level
+        _put_batch(m, keys.take(step.units), OBJ, depth=keys.depth)  # back to the same level
         m.advance_clock(1)
     return server, client, used_after
 
@@ -324,7 +347,7 @@ def _measure_steps(m: Master, r: redis.Redis, keys: Keys, units: int) -> tuple[l
 def _put_batch_many(m: Master, keys: Keys, count: int) -> None:
     while count > 0:
         chunk = keys.take(min(BATCH, count))
-        _put_batch(m, chunk, OBJ)
+        _put_batch(m, chunk, OBJ, depth=keys.depth)
         count -= len(chunk)
 
 
@@ -373,7 +396,7 @@ def _bench_put_over(url: str, r: redis.Redis, private: bool, seg_bytes: int, out
 # ---- main ----------------------------------------------------------------------------------------
 
 def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
-         put_bytes: int = 256 * 2**20) -> dict:
+         put_bytes: int = 256 * 2**20, radix_depth: int = 0) -> dict:
     sizes = tuple(int(s) for s in sizes)
     if not sizes or min(sizes) < 1000:
         raise ValueError("sizes must be >= 1000 objects")
@@ -392,10 +415,11 @@ def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
             f"CPU {cpu_model()} x{os.cpu_count()}  load avg {os.getloadavg()[0]:.2f}  "
             f"python {platform.python_version()}")
         out(f"objects {OBJ} B, 1 replica, shards=1, batches of {BATCH}; fill to {FILL_RATIO:.1%} of capacity; "
-            f"steps of max_units={STEP_UNITS}, median of {STEPS}; run_eviction from {OVERSHOOT:.0%}")
-        results: dict[str, Any] = {"sizes": {}}
+            f"steps of max_units={STEP_UNITS}, median of {STEPS}; run_eviction from {OVERSHOOT:.0%}"
+            + (f"; radix index on, chains of depth {radix_depth}" if radix_depth else ""))
+        results: dict[str, Any] = {"sizes": {}, "radix_depth": radix_depth}
         for n in sizes:
-            results["sizes"][n] = _bench_size(url, r, server is not None, n, out)
+            results["sizes"][n] = _bench_size(url, r, server is not None, n, out, radix_depth)
         base_n = 10_000 if 10_000 in results["sizes"] else sizes[0]
         base = results["sizes"][base_n]
         for label, field in ((f"step cost ({STEP_UNITS} units, server median, refilled between steps)", "step_server_us"),
@@ -440,8 +464,11 @@ def _cli(argv: list[str] | None = None) -> None:
                         "default: start a private valkey-server")
     p.add_argument("--put-mib", type=int, default=256,
                    help="segment size in MiB of the 4x-over-capacity put test (default 256)")
+    p.add_argument("--radix-depth", type=int, default=0,
+                   help="radix index on, keys in chains of this depth (default 0: index off)")
     a = p.parse_args(argv)
-    main(url=a.redis, sizes=[int(s.replace("_", "")) for s in a.sizes.split(",") if s], put_bytes=a.put_mib * 2**20)
+    main(url=a.redis, sizes=[int(s.replace("_", "")) for s in a.sizes.split(",") if s], put_bytes=a.put_mib * 2**20,
+         radix_depth=a.radix_depth)
 
 
 if __name__ == "__main__":

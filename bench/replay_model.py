@@ -25,7 +25,7 @@ from mooncake_redis import ErrorCode, MasterConfig
 from mooncake_redis.keys import segment_slice, shard_of
 
 from .replay import BLOCK_BYTES, BLOCK_TOKENS, TENANT, T0, Chains, Request, Stats, leading_run
-from .replay_policies import Lru
+from .replay_policies import Lru, Radix
 
 
 class ShardModel:
@@ -134,6 +134,111 @@ def model_lru(requests: list[Request], capacity_blocks: int, block_bytes: int = 
     return st
 
 
+class RadixShardModel(ShardModel):
+    """A shard under the radix policy (README "Radix index"): a block's node is a unit
+    r:<tenant>:<hash>; a block is a candidate only while no stored block names it as its parent
+    (children counted per parent whether the parent is stored or not: a parent not stored is a
+    shell), and when its last child goes it is a candidate at once (one shard: the cascade
+    happens in the same step)."""
+
+    def __init__(self, *args, kids: dict[int, int]):
+        super().__init__(*args)
+        self.kids = kids  # block -> stored children (all shards share one table)
+
+    def unit(self, block: int) -> bytes:
+        return f"r:{TENANT}:".encode() + Radix.prefix_hash(block).encode()
+
+    def pop_candidate(self, now: int) -> int | None:
+        while self.heap:
+            score, _, block = self.heap[0]
+            if self.score.get(block) != score or self.kids.get(block, 0) > 0:
+                heapq.heappop(self.heap)  # stale, or protected by a child (pushed again when freed)
+                continue
+            if score > now:
+                return None
+            heapq.heappop(self.heap)
+            del self.score[block]
+            return block
+        return None
+
+
+def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int = BLOCK_BYTES,
+                block_tokens: int = BLOCK_TOKENS, shards: int = 1, worker: bool = True,
+                chains: Chains | None = None, config: MasterConfig | None = None) -> Stats:
+    """The model's figures for the replay under `radix`: as model_lru, with leaf-first candidates
+    (RadixShardModel), each block written as its own put (put_start + put_end: a block written is
+    a candidate when the next block of the request is put), and a block's parent the block before
+    it in the request (the first registration stays). One shard only: with several, the
+    parent's shard learns of an evicted child through the outbox, which this model does not
+    follow."""
+    if shards != 1:
+        raise ValueError("model_radix models one shard")
+    chains = chains or Chains(requests)
+    config = config or MasterConfig(shards=1)
+    size = capacity_blocks * block_bytes
+    kids: dict[int, int] = {}
+    m = RadixShardModel(capacity_blocks, size, block_bytes, config, kids=kids)
+    parent_of: dict[int, int | None] = {}  # block -> its registered parent (while its node exists)
+    st = Stats()
+    stored: set[int] = set()
+
+    def drop(victim: int, evicted: list[int]) -> None:
+        stored.discard(victim)
+        evicted.append(victim)
+        if kids.get(victim, 0) == 0:  # its node goes; its parent may become a leaf
+            p = parent_of.pop(victim, None)
+            if p is not None:
+                kids[p] -= 1
+                if kids[p] == 0:
+                    del kids[p]
+                    if p in m.score:
+                        m.set_score(p, m.score[p])
+                    elif p not in stored:
+                        parent_of.pop(p, None)  # an empty shell goes too (its own parent keeps a phantom count)
+
+    for req in requests:
+        now = T0 + req.timestamp
+        found = [b in stored for b in req.blocks]
+        for b, hit in zip(req.blocks, found):
+            if hit:
+                m.lease(b, now + config.default_kv_lease_ttl)
+        st.record(req, leading_run(found), block_tokens)
+        evicted: list[int] = []
+        for j, (b, hit) in enumerate(zip(req.blocks, found)):
+            if hit:
+                continue
+            if len(m.score) >= m.slots:
+                victim = m.pop_candidate(now) if config.evict_on_put else None
+                if victim is None:
+                    st.refuse(ErrorCode.NO_AVAILABLE_HANDLE)
+                    m.put_failed = True
+                    continue
+                drop(victim, evicted)
+            if b not in parent_of:
+                p = req.blocks[j - 1] if j else None
+                parent_of[b] = p
+                if p is not None:
+                    kids[p] = kids.get(p, 0) + 1
+            m.set_score(b, now)
+            stored.add(b)
+            st.written += 1
+        if worker and (m.used_bytes() > m.capacity_bytes * config.eviction_high_watermark_ratio or m.put_failed):
+            target = math.floor(m.capacity_bytes * (config.eviction_high_watermark_ratio - config.eviction_ratio))
+            first = True
+            while m.used_bytes() > target or (first and m.put_failed):
+                first = False
+                victim = m.pop_candidate(now)
+                if victim is None:
+                    break
+                drop(victim, evicted)
+                st.worker_evicted += 1
+            m.put_failed = False
+        st.count_evictions(evicted, chains, stored.__contains__)
+    st.objects_left = len(stored)
+    st.used_ratio = len(stored) * block_bytes / size if size else 0.0
+    return st
+
+
 # policy name -> its model, called as model(requests, capacity_blocks, block_bytes, block_tokens,
 # shards, worker, chains)
-MODELS = {"lru": model_lru}
+MODELS = {"lru": model_lru, "radix": model_radix}

@@ -984,15 +984,18 @@ def _sizes(_ctx, _param, value: str) -> list[int]:
               help="Comma-separated store sizes in objects (each at least 1000).")
 @click.option("--put-mib", type=click.IntRange(1), default=256, show_default=True,
               help="Segment size of the 4x-over-capacity put test.")
+@click.option("--radix-depth", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="Radix index on, keys registered in parent chains of this depth (0: index off).")
 @_bench_json
 @click.pass_obj
-def bench_evict(opts: Opts, sizes: list[int], put_mib: int, as_json: bool) -> None:
+def bench_evict(opts: Opts, sizes: list[int], put_mib: int, as_json: bool, radix_depth: int = 0) -> None:
     """Eviction step cost at several store sizes, longest call, eviction throughput, and the
     4x-over-capacity put test (bench/evict.py). Without --redis it runs on a private Valkey."""
     from mooncake_redis.bench.evict import main as evict_main
 
     try:
-        results = evict_main(opts.url, sizes=sizes, out=_bench_out(as_json), put_bytes=put_mib * 2**20)
+        results = evict_main(opts.url, sizes=sizes, out=_bench_out(as_json), put_bytes=put_mib * 2**20,
+                             radix_depth=radix_depth)
     except RuntimeError as exc:  # a private Valkey that did not start
         raise CliError(str(exc)) from None
     if as_json:

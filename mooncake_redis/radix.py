@@ -21,7 +21,7 @@ from .keys import node_shard, prefix_of
 
 MAX_HASH = 256           # bytes of a prefix hash
 OUTBOX_STEP = 256        # outbox entries a drain takes per call
-RECONCILE_STEP = 256     # nodes a reconciliation call looks at
+RECONCILE_STEP = 64      # nodes a reconciliation call looks at (and at most 256 children)
 DEFAULT_GRACE_MS = 60_000  # an empty node (no keys, no children) is dropped after this long
 MAX_SUBTREE_DEPTH = 64
 MAX_SUBTREE_NODES = 65_536
@@ -220,15 +220,14 @@ class RadixApi(ApiBase):
         grace_ms and unlinks children that are gone (probed on their own shard). Returns
         (next cursor, 0 when the walk is done; nodes dropped; phantom children removed)."""
         nxt, dropped, remote = self.transport.call("mc_radix_reconcile", shard, cursor, max_nodes, grace_ms)
-        phantoms = 0
-        for i in range(0, len(remote), 3):
-            tenant, parent, kid = remote[i].decode(), remote[i + 1], remote[i + 2]
-            alive, seq = self.transport.call("mc_radix_probe", self.node_shard(kid), tenant, kid, parent)
-            if not alive:
-                entry = b"unlink %d %d %s %d %s%s" % (seq, shard, tenant.encode(), len(parent), parent, kid)
-                self.transport.call("mc_radix_apply", shard, entry)
-                phantoms += 1
-        return int(nxt), int(dropped), phantoms
+        triples = [(remote[i], remote[i + 1], remote[i + 2]) for i in range(0, len(remote), 3)]
+        probes = self.transport.run([self.transport.command("mc_radix_probe", self.node_shard(kid), tenant, kid, parent)
+                                     for tenant, parent, kid in triples]) if triples else []
+        unlinks = [b"unlink %d %d %s %d %s%s" % (seq, shard, tenant, len(parent), parent, kid)
+                   for (tenant, parent, kid), (alive, seq) in zip(triples, probes) if not alive]
+        if unlinks:
+            self.transport.call("mc_radix_apply", shard, *unlinks)
+        return int(nxt), int(dropped), len(unlinks)
 
     def reconcile_radix_all(self, grace_ms: int = DEFAULT_GRACE_MS) -> tuple[int, int]:
         """Drain every outbox, then a full reconciliation walk of every shard: (dropped, phantoms)."""

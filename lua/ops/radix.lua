@@ -113,18 +113,22 @@ register('mc_radix_probe', {}, function(P, args)
 end, { 'no-writes' })
 
 -- mc_radix_reconcile. KEYS: P. ARGV: cursor (rank in P:rnodes to start at), max nodes (1-1024),
---   grace_ms. For each node: a node with neither keys nor children whose record is older than
+--   grace_ms. For each node (at most RECONCILE_CHECKS children looked at a call, at most
+--   RECONCILE_KIDS per node): a node with neither keys nor children whose record is older than
 --   grace_ms goes (its parent forgets it); children listed that are not alive here are returned.
 --   Reply: {next cursor (0 when the walk is done), nodes dropped, {tenant, parent, child, ...}
 --   children not alive on this shard (the caller probes them on their shard, mc_radix_probe).
-local RECONCILE_KIDS = 64 -- children looked at per node and call
+local RECONCILE_KIDS = 16   -- children looked at per node and call
+local RECONCILE_CHECKS = 256 -- children looked at per call: the walk stops early past it
 register('mc_radix_reconcile', {}, function(P, args)
   local cursor, max, grace = int_arg(args[1], 0, MAX_INT), int_arg(args[2], 1, 1024), int_arg(args[3], 0, MAX_INT)
   if not cursor or not max or not grace then return fail(E.INVALID_PARAMS, 'expected cursor, max (1-1024), grace_ms') end
   local now = now_ms(P)
   local ids = redis.call('ZRANGE', P .. K.radix_nodes, cursor, cursor + max - 1)
-  local dropped, remote = 0, {}
+  local dropped, remote, checks, seen = 0, {}, 0, 0
   for _, id in ipairs(ids) do
+    if checks >= RECONCILE_CHECKS then break end
+    seen = seen + 1
     local tenant, h = string.match(id, '^([^:]+):(.+)$')
     local nkey = tenant and rnode_key(P, tenant, h)
     local rec = nkey and redis.call('HMGET', nkey, 'created', 'members', 'draining')
@@ -133,6 +137,7 @@ register('mc_radix_reconcile', {}, function(P, args)
       dropped = dropped + 1
     else
       for _, kid in ipairs(redis.call('ZRANGE', rkids_key(P, tenant, h), 0, RECONCILE_KIDS - 1)) do
+        checks = checks + 1
         if redis.call('HGET', rnode_key(P, tenant, kid), 'parent') ~= h then -- not a live child here
           remote[#remote + 1] = tenant
           remote[#remote + 1] = h
@@ -146,7 +151,7 @@ register('mc_radix_reconcile', {}, function(P, args)
       end
     end
   end
-  local next_cursor = #ids < max and 0 or cursor + #ids - dropped
+  local next_cursor = (#ids < max and seen == #ids) and 0 or cursor + seen - dropped
   return { next_cursor, dropped, remote }
 end)
 
