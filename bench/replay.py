@@ -454,7 +454,7 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
     With `check`, each policy that has a model (replay_model.MODELS) is also run through it, and
     the run's "check" says how far the store and the model are apart.
     Returns the JSON object of docs/replay.md."""
-    from .replay_model import MODELS
+    from .replay_model import MODEL_SHARDS, MODELS
     from .replay_policies import make_policy
 
     knobs = knobs or {}
@@ -493,7 +493,7 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
                 finally:
                     bar.close()
                 entry["policies"][name] = st.figures() | policy.figures()
-                if check and name in MODELS:
+                if check and name in MODELS and shards in MODEL_SHARDS.get(name, (shards,)):
                     model = MODELS[name](requests, capacity, block_bytes, block_tokens, shards, worker, chains)
                     entry.setdefault("check", {})[name] = check_figures(st, model)
             out["runs"].append(entry)

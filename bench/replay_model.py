@@ -242,3 +242,4 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
 # policy name -> its model, called as model(requests, capacity_blocks, block_bytes, block_tokens,
 # shards, worker, chains)
 MODELS = {"lru": model_lru, "radix": model_radix}
+MODEL_SHARDS = {"radix": (1,)}  # shard counts a model covers, when not every one

@@ -93,7 +93,7 @@ end
 
 -- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
 -- otherwise its unit is placed as the rule says.
-radix_settle = function(P, tenant, h, now, depth)
+radix_settle = function(P, tenant, h, now, depth, retired)
   local nkey = rnode_key(P, tenant, h)
   local rec = redis.call('HMGET', nkey, 'members', 'draining', 'parent', 'parent_shard', 'link_pending', 'created')
   local kids = redis.call('ZCARD', rkids_key(P, tenant, h))
@@ -107,7 +107,7 @@ radix_settle = function(P, tenant, h, now, depth)
   end
   redis.call('DEL', nkey)
   redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
-  unplace(P, radix_unit(tenant, h))
+  if not retired then unplace(P, radix_unit(tenant, h)) end -- retire_group has just done it
   if rec[3] then
     local pshard = tonumber(rec[4]) or shard_index(P)
     if rec[5] then -- its link never reached the parent: take it back
@@ -116,7 +116,7 @@ radix_settle = function(P, tenant, h, now, depth)
     radix_unlink_up(P, tenant, h, rec[3], pshard, now, depth or 0)
   end
 end
-RADIX.retired = function(P, tenant, h, now) radix_settle(P, tenant, h, now, 0) end
+RADIX.retired = function(P, tenant, h, now) radix_settle(P, tenant, h, now, 0, true) end
 
 -- Checks for registering key(s) under node h with parent ph (nil: none) before anything is
 -- written: an error code, or nil when fine.

@@ -62,8 +62,9 @@ local function evict_object(P, tenant, key, now, cfg)
   return 1, bytes
 end
 
--- Evict a group: decide (re-checking the rule), mark it draining, then drop up to `budget`
--- members a call; the group retires with its last member.
+-- Evict a group: decide (re-checking the rule), mark it draining when it has more members than
+-- the budget (a group dropped within one call needs no mark), then drop up to `budget` members a
+-- call; the group retires with its last member.
 -- Returns objects and bytes freed and the budget spent (at least 1).
 local function evict_group(P, tenant, group, now, budget, cfg)
   local unit, gkey, mkey = group_unit(tenant, group), grp_key(P, tenant, group), grp_members_key(P, tenant, group)
@@ -74,8 +75,10 @@ local function evict_group(P, tenant, group, now, budget, cfg)
       apply_rule(P, unit, entries, now)
       return 0, 0, 1
     end
-    redis.call('HSET', gkey, 'draining', '1')
-    apply_rule(P, unit, { [DRAINING] = false }, now)
+    if redis.call('SCARD', mkey) > budget then -- evicted over several calls: mark it meanwhile
+      redis.call('HSET', gkey, 'draining', '1')
+      apply_rule(P, unit, { [DRAINING] = false }, now)
+    end
   end
   local objects, bytes = 0, 0
   local keys = redis.call('SRANDMEMBER', mkey, budget)
