@@ -456,3 +456,35 @@ def test_no_node_is_evicted_while_a_child_is_alive(new_master, ops):
     m.reconcile_radix_all(grace_ms=0)
     report = fsck(m)
     assert report.ok, report.summary()
+
+
+def test_discard_and_the_unmount_sweep_unregister(rm):
+    m = rm
+    a, b = H("a"), H("b")
+    put_node(m, a, None)
+    m.put_start(WRITER, f"{b}_0", SMALL, ReplicateConfig(parent_block_hash=a))  # abandoned
+    m.advance_clock(m.config.put_start_discard_timeout + 1)
+    shard = node_shard(b.encode(), m.shards)
+    assert m.transport.call("mc_discard_puts", shard, 16)[0] == 1  # the worker's discard step
+    m.drain_radix_outbox()
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.describe_radix_node(b)
+    assert m.describe_radix_node(a).children == []
+    m.unmount_segment("seg", "owner")  # the sweep drops a's object: its node goes
+    for shard in range(m.shards):
+        m.sweep_shard(shard)
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+        m.describe_radix_node(a)
+    assert fsck(m).ok
+
+
+def test_a_new_child_stops_its_parent_being_a_candidate(rm):
+    m = rm
+    a, b = H("a"), H("b")
+    put_node(m, a, None)
+    m.advance_clock(20_000)
+    assert m.describe_radix_node(a).why == ""
+    m.register_radix_node(b, a)  # a shell child, no keys yet
+    assert m.describe_radix_node(a).why == "has_children"
+    evict_everything(m)
+    assert alive(m, f"{a}_0")
