@@ -8,6 +8,8 @@
   (radix_phantom_child: the safe direction, a parent kept too long);
 - a node with neither keys nor children older than the grace period (radix_empty_node);
 - outbox entries parse and name their parent's shard (radix_outbox).
+A step still in an outbox is no drift: a child whose link waits is not reported unlisted, a
+child whose unlink waits is not reported a phantom.
 A node's keys against their objects, its counters and its unit's tier are audited with the
 groups' checks (the node is the composite unit r:<tenant>:<hash>, see fsck.check_group).
 Repairs go through the index's own idempotent, seq-ordered steps (mc_radix_probe then
@@ -30,6 +32,23 @@ def _records(audit: Any, shard: int) -> set[tuple[bytes, bytes]]:
         if h:
             out.add((tenant, h))
     return out
+
+
+def _pending_unlinks(audit: Any) -> set[tuple[bytes, bytes, bytes]]:
+    """(tenant, parent, child) of every unlink waiting in an outbox (read once per audit): such a
+    child is gone and its parent still lists it until the entry is delivered, which is no drift."""
+    if getattr(audit, "radix_pending", None) is None:
+        pending = set()
+        for k in audit.t.keys:
+            for entry, _ in audit.r.zscan_iter(k.radix_outbox, count=SCAN_COUNT):
+                try:
+                    op, _, _, tenant, parent, child = parse_outbox_entry(entry)
+                except ValueError:
+                    continue
+                if op == "unlink":
+                    pending.add((tenant.encode(), parent, child))
+        audit.radix_pending = pending
+    return audit.radix_pending
 
 
 def radix_findings(audit: Any, shard: int) -> list:
@@ -61,6 +80,8 @@ def radix_findings(audit: Any, shard: int) -> list:
                 out.append(audit.finding("radix_child_unlisted", shard, subject, f"listed by parent {parent.decode(errors='replace')}",
                                          "not listed", ("radix_link", shard, tenant, h, parent)))
         for kid in kids:
+            if (tenant, h, kid) in _pending_unlinks(audit):
+                continue
             kk = audit.keys(node_shard(kid, shards))
             if r.hget(kk.radix_node(tenant, kid), "parent") != h:
                 out.append(audit.finding("radix_phantom_child", shard, f"{subject} child {kid.decode(errors='replace')}",

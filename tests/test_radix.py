@@ -488,3 +488,13 @@ def test_a_new_child_stops_its_parent_being_a_candidate(rm):
     assert m.describe_radix_node(a).why == "has_children"
     evict_everything(m)
     assert alive(m, f"{a}_0")
+
+
+def test_fsck_takes_steps_in_the_outbox_for_no_drift(cross):
+    m, p, c = cross
+    put_node(m, p, None)
+    put_node(m, c, p)
+    m.advance_clock(20_000)
+    m.evict_step(1)  # the child goes; its unlink waits in shard 1's outbox
+    assert m.radix_stats()[1].outbox == 1
+    assert fsck(m).ok
