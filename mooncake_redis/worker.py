@@ -16,6 +16,8 @@ space that eviction would otherwise have to find):
      objects, then `mc_sweep_done`);
   4. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps) until the
      shard's state is no longer "more".
+  5. radix (only with enable_radix_tree): deliver the shard's radix outbox (unlinks eviction
+     wrote make parents on other shards candidates), then one bounded reconciliation call.
 Then it publishes metrics to the plain hash `<P>:metrics` (not master state). A new loop is one
 more `Step` in `STEPS`.
 """
