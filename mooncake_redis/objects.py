@@ -39,9 +39,9 @@ class ObjectsApi(ApiBase):
         hard_pin = _check_bool(c.with_hard_pin, "with_hard_pin")
         guarantee = self._guarantee_ttl(c.guaranteed_ttl_ms)
         fallback = _check_bool(c.guarantee_fallback, "guarantee_fallback")
-        fields = wire.KEY_SIZE_PREFIX if guarantee or self._radix_put(c) else wire.KEY_SIZE
-        if self._radix_put(c) and c.parent_block_hash is not None:
-            fields = (*fields, "parent", "parent_shard")
+        fields = wire.KEY_SIZE_PREFIX if guarantee else wire.KEY_SIZE
+        if self._radix_put(c):
+            fields = (*fields, "node") + (("parent", "parent_shard") if c.parent_block_hash is not None else ())
         return wire.head(fields, client_id=client_id,
                          tenant=tenant_id, replica_num=c.replica_num, soft_pin_action=action.value,
                          soft_pin_ttl_ms=ttl, hard_pin=int(hard_pin), group=group, preferred=prefs,
@@ -52,16 +52,18 @@ class ObjectsApi(ApiBase):
         return self.config.enable_radix_tree and c.group_id in (None, "")
 
     def _put_rows(self, keys: list[bytes], sizes: Sequence[int], c: ReplicateConfig, guaranteed: bool) -> list[tuple]:
-        """Each key's row: key, size [, prefix hash [, parent, parent's shard]]."""
+        """Each key's row: key, size [, prefix hash (guaranteed puts)] [, radix node [, parent,
+        parent's shard]] (the fields of _put_head)."""
+        rows = [(k, s, prefix_of(k, self.key_pattern)) if guaranteed else (k, s) for k, s in zip(keys, sizes)]
         if not self._radix_put(c):
-            return [(k, s, prefix_of(k, self.key_pattern)) if guaranteed else (k, s) for k, s in zip(keys, sizes)]
+            return rows
         if c.parent_block_hash is None:
-            return [(k, s, self.radix_prefix(k)) for k, s in zip(keys, sizes)]
+            return [(*row, self.radix_prefix(k)) for row, k in zip(rows, keys)]
         parent = _as_key(c.parent_block_hash)
         if not 1 <= len(parent) <= 256:
             raise MasterError(ErrorCode.INVALID_PARAMS, "parent_block_hash must be 1-256 bytes")
         pshard = self.node_shard(parent)
-        return [(k, s, self.radix_prefix(k), parent, pshard) for k, s in zip(keys, sizes)]
+        return [(*row, self.radix_prefix(k), parent, pshard) for row, k in zip(rows, keys)]
 
     def _guarantee_ttl(self, ttl: int) -> int:
         return _check_int(ttl, "guaranteed_ttl_ms", 0, self.config.max_guaranteed_ttl)
@@ -96,8 +98,8 @@ class ObjectsApi(ApiBase):
         guaranteed = config is not None and config.guaranteed_ttl_ms > 0  # rows carry the prefix hash
         rows = self._put_rows([bkeys[i] for i in todo], [sizes[i] for i in todo], config or ReplicateConfig(), guaranteed)
         replies = self.transport.batch("mc_put_start", head, rows, [bkeys[i] for i in todo])
-        if len(rows[0] if rows else ()) == 5:  # links to parents on other shards: deliver them now
-            pshard = rows[0][4]
+        if rows and config is not None and self._radix_put(config) and config.parent_block_hash is not None:
+            pshard = rows[0][-1]  # links to a parent on another shard: deliver them now
             self.drain_radix_outbox({self.transport.shard_of(bkeys[i]) for i in todo} - {pshard})
         for i, reply in zip(todo, replies):
             code = _code(reply)

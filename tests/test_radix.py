@@ -498,3 +498,17 @@ def test_fsck_takes_steps_in_the_outbox_for_no_drift(cross):
     m.evict_step(1)  # the child goes; its unlink waits in shard 1's outbox
     assert m.radix_stats()[1].outbox == 1
     assert fsck(m).ok
+
+
+def test_a_guaranteed_key_is_indexed_and_its_guarantee_protects_the_node(rm):
+    m = rm
+    a = H("a")
+    put(m, f"{a}_0", SMALL, config=ReplicateConfig(guaranteed_ttl_ms=60_000))
+    assert m.get_keys_by_prefix(a) == [f"{a}_0".encode()]
+    m.advance_clock(20_000)
+    assert m.describe_radix_node(a).why == "guaranteed"
+    evict_everything(m)
+    assert alive(m, f"{a}_0")
+    assert m.expire_guaranteed([a]) == [1]
+    evict_everything(m)
+    assert not alive(m, f"{a}_0")

@@ -47,7 +47,9 @@ end
 
 -- Make sure node h exists; true when it was created now.
 local function radix_touch(P, tenant, h, now)
-  if redis.call('HSETNX', rnode_key(P, tenant, h), 'created', S(now)) == 0 then return false end
+  local nkey = rnode_key(P, tenant, h)
+  if redis.call('HGET', nkey, 'created') then return false end
+  redis.call('HSET', nkey, 'created', S(now))
   redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. h)
   return true
 end

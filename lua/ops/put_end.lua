@@ -24,7 +24,7 @@ local function end_one(P, tenant, key, now, client)
   local code = check_writer(o, client)
   if code ~= E.OK or o.status == 'complete' then return code end -- a retried put_end is OK
   -- a radix child completes only after its parent on another shard lists it (32_radix.lua)
-  if o.node and redis.call('HEXISTS', P .. K.radix_node .. tenant .. ':' .. o.node, 'link_pending') == 1 then
+  if o.node and redis.call('HGET', P .. K.radix_node .. tenant .. ':' .. o.node, 'link_pending') then
     return E.RADIX_LINK_PENDING
   end
   o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until), now))

@@ -8,9 +8,10 @@
 --   instead of failing); fields key, size, prefix (optional: the key's prefix hash, computed by
 --   the caller with the store's one extraction rule; kept as the object's `prefix` field for
 --   prefix-wide operations such as expire_guaranteed; a guaranteed key without one is its own
---   prefix; '' = none), parent and parent_shard (optional: with enable_radix_tree, an ungrouped
---   key with a prefix registers under the radix node <prefix>, and the node under parent, whose
---   shard the caller computes with the store's routing; '' = a root; see 32_radix.lua).
+--   prefix), node, parent and parent_shard (optional: with enable_radix_tree, an ungrouped key
+--   registers under the radix node `node` (its prefix hash, computed by the caller with the same
+--   rule; '' = not indexed), and the node under `parent`, whose shard the caller computes with the
+--   store's routing ('' = a root); see 32_radix.lua).
 --   Per key also INVALID_PARAMS when the node has another parent, NO_AVAILABLE_HANDLE while
 --   the node is being evicted.
 -- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code
@@ -113,13 +114,12 @@ end
 
 local function put_one(P, a, row, size, now, cfg, by_free)
   local key, prefix = row.key, row.prefix
-  if prefix == '' then prefix = nil end -- '': the key has no prefix hash (not radix-indexed)
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
   if prefix ~= nil and not valid_name(prefix, 256) then return E.INVALID_PARAMS end
   if a.group and group_draining(P, a.tenant, a.group) then return E.NO_AVAILABLE_HANDLE end
   -- the radix index: an ungrouped key with a prefix hash registers under its node (a grouped
   -- key is not indexed: its group stays its unit)
-  local node = a.radix and not a.group and prefix or nil
+  local node = a.radix and not a.group and row.node ~= '' and row.node or nil
   local parent, pshard
   if node then
     parent, pshard = radix_parent_of(row)
@@ -187,7 +187,8 @@ local PUT_SPEC = {
   opts = { client_id = 'required', tenant = 'optional', replica_num = 'optional', soft_pin_action = 'optional',
     soft_pin_ttl_ms = 'optional', hard_pin = 'optional', group = 'optional', preferred = 'list',
     guaranteed_ttl_ms = 'optional', guarantee_fallback = 'optional' },
-  fields = { key = 'required', size = 'required', prefix = 'optional', parent = 'optional', parent_shard = 'optional' },
+  fields = { key = 'required', size = 'required', prefix = 'optional', node = 'optional', parent = 'optional',
+    parent_shard = 'optional' },
   max_rows = MAX_PUTS_PER_CALL,
 }
 
