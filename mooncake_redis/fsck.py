@@ -456,6 +456,8 @@ class _Audit:
         # objects, in atomic batches
         prefix = k.prefix("object")
         chunk: list[tuple[bytes, bytes]] = []
+        # local disk segments: client -> mount id (a disk replica "<mount> <location>" is live on a match)
+        disk_mounts = {c: int(score) for c, score in self.zall(k.disks).items()}
 
         def flush() -> None:
             if not chunk:
@@ -491,6 +493,9 @@ class _Audit:
                         if guaranteed:
                             ps.guaranteed[(seg, tenant)] += size
                             ps.guaranteed[(b"", tenant)] += size
+                for f, v in h.items():  # a live disk replica keeps the object readable
+                    if f.startswith(b"disk:") and disk_mounts.get(f[5:]) == _int(v.split(b" ", 1)[0]):
+                        live += 1
                 if live == 0 and not sweep_owed:
                     ps.aggregate.append(self.finding(
                         "no_live_replica", shard, _d(tenant + b":" + key), "at least one replica on a mounted segment",

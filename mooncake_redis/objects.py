@@ -84,15 +84,20 @@ class ObjectsApi(ApiBase):
                 for j in range(0, len(reply), 2)]
         return out
 
-    def _writer_op(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str) -> list[ErrorCode]:
+    def _writer_op(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str,
+                   checksum: str | None = None) -> list[ErrorCode]:
         _check_name(client_id, "client_id")
         _check_tenant(tenant_id)
+        if checksum is not None:
+            _check_name(checksum, "checksum", 128)
         bkeys = [_as_key(k) for k in keys]
-        head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id)
+        head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id, checksum=checksum)
         return [ErrorCode(r) for r in self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)]
 
-    def put_end(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
-        self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id)[0], "put_end", key)
+    def put_end(self, client_id: str, key: Any, tenant_id: str = "default", checksum: str | None = None) -> None:
+        """End the put; `checksum` (1-128 bytes, e.g. the data plane's blake3 hex digest) is
+        stored with the object and returned by get_replica_list."""
+        self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id, checksum)[0], "put_end", key)
 
     def put_revoke(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
         self._single(self._writer_op("mc_put_revoke", client_id, [key], tenant_id)[0], "put_revoke", key)
@@ -112,7 +117,9 @@ class ObjectsApi(ApiBase):
     def _read(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> list[Any]:
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
-        head = wire.head(wire.KEY, tenant=tenant_id, guaranteed_ttl_ms=self._guarantee_ttl(guaranteed_ttl_ms) or None)
+        with_disk = 1 if fn == "mc_get_replica_list" else None  # replies carry disk replicas and the checksum
+        head = wire.head(wire.KEY, tenant=tenant_id, guaranteed_ttl_ms=self._guarantee_ttl(guaranteed_ttl_ms) or None,
+                         with_disk=with_disk)
         if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip, no grouping
             return self.transport.call(fn, 0, *head, *bkeys)
         return self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)
@@ -122,10 +129,12 @@ class ObjectsApi(ApiBase):
         code = _code(reply)
         if code is not None:
             return code
-        size = int(reply[1])
-        return ReplicaListResult(
-            [Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), size, ReplicaStatus.COMPLETE)
-             for j in range(2, len(reply), 2)], int(reply[0]))
+        size, checksum, memory = int(reply[1]), reply[2].decode() or None, 4 + 2 * int(reply[3])
+        replicas = [Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), size, ReplicaStatus.COMPLETE)
+                    for j in range(4, memory, 2)]
+        replicas += [Replica("", 0, size, ReplicaStatus.COMPLETE, kind="disk", client=reply[j].decode(errors="replace"),
+                             location=reply[j + 1].decode(errors="replace")) for j in range(memory, len(reply), 2)]
+        return ReplicaListResult(replicas, int(reply[0]), checksum)
 
     def get_replica_list(self, key: Any, tenant_id: str = "default", guaranteed_ttl_ms: int = 0) -> ReplicaListResult:
         """The object's live replicas; leases it. With guaranteed_ttl_ms, an active guarantee is
