@@ -997,6 +997,8 @@ def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, ca
 
 from mooncake_redis.cli.replay import replay  # noqa: E402  (the command's own module; imports cli.main)
 cli.add_command(replay)
+from mooncake_redis.cli.offload import offload_agent  # noqa: E402
+cli.add_command(offload_agent)
 
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")
