@@ -23,6 +23,7 @@ import signal
 import socket
 import tempfile
 import threading
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -33,6 +34,7 @@ from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.functions import LIBRARY_NAME, LIBRARY_PROTOCOL, check_schema, library_source, server_library
+from mooncake_redis.groups import ShardRetention
 from mooncake_redis.keys import ShardKeys, shard_of
 from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
@@ -40,7 +42,7 @@ from mooncake_redis.worker import Worker, stop_on_signals
 
 from .logs import log_options
 from .output import deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
-from .retention import Duration, group_lines, group_report, retention_report, status_lines
+from .retention import Duration, group_lines, status_lines
 
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_DATA_DIR = "./mooncake-data"
@@ -244,6 +246,7 @@ def _status_report(opts: Opts) -> dict:
         shards.append({
             "shard": s.shard, "capacity_bytes": s.capacity_bytes, "used_bytes": s.used_bytes,
             "objects": s.objects, "puts_in_progress": processing, "held_extents": held,
+            "guaranteed_bytes": s.guaranteed_bytes, "guaranteed_limit_bytes": s.guaranteed_limit_bytes,
             "candidates": ordinary, "soft_pinned_candidates": soft,
             # the claim is "<worker id> <until ms>"; ids are bytes on the wire
             "claimed_by": text(claim).rsplit(" ", 1)[0] if claim else None,
@@ -257,13 +260,14 @@ def _status_report(opts: Opts) -> dict:
         "clock": {"now_ms": now, "frozen_shards": [i for i, c in enumerate(clocks) if c is not None],
                   "frozen_values_ms": sorted({c for c in clocks if c is not None})},
         "total": {"capacity_bytes": usage.capacity_bytes, "used_bytes": usage.used_bytes,
-                  "objects": usage.objects,
+                  "objects": usage.objects, "guaranteed_bytes": usage.guaranteed_bytes,
+                  "guaranteed_limit_bytes": usage.guaranteed_limit_bytes,
                   "puts_in_progress": sum(s["puts_in_progress"] for s in shards),
                   "held_extents": sum(s["held_extents"] for s in shards)},
         "shards": shards,
         "segments": [{"name": s["name"], "client": s["client"], "size_bytes": s["size"], "used_bytes": s["used"]}
                      for s in sorted(segments, key=lambda s: s["name"])],
-        "retention": retention_report(retention),
+        "retention": [dataclasses.asdict(x) for x in retention],
     }
 
 
@@ -295,7 +299,9 @@ def _print_status(r: dict) -> None:
             f"the other shards read server TIME")
     out(f"usage      {human(total['used_bytes'])} used of {human(total['capacity_bytes'])} "
         f"({pct(total['used_bytes'], total['capacity_bytes'])}), {total['objects']} objects")
-    for line in status_lines(r["retention"]):
+    out(f"guaranteed {human(total['guaranteed_bytes'])} of a limit of {human(total['guaranteed_limit_bytes'])} "
+        f"({pct(total['guaranteed_bytes'], total['guaranteed_limit_bytes'])})")
+    for line in status_lines([ShardRetention(**x) for x in r["retention"]], r["clock"]["now_ms"]):
         out(line)
     out("")
     rows = [[s["shard"], human(s["capacity_bytes"]), human(s["used_bytes"]), pct(s["used_bytes"], s["capacity_bytes"]),
@@ -334,15 +340,17 @@ def _print_status(r: dict) -> None:
 @json_option
 @click.pass_obj
 def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | None, as_json: bool) -> None:
-    """Show one object: size, status, writer, times, lease, pins, group, replicas (or, with
-    --group, one group: members, retention, lease, eviction tier).
+    """Show one object: size, status, writer, times, lease, pins, guarantee, group, replicas (or,
+    with --group, one group: members, retention, lease, eviction tier).
 
     An inspection, not a read: no lease is granted. Exit 1 if the object does not exist
     (--json: prints found false)."""
     if (key is None) == (group is None):
         raise click.UsageError("give an object KEY or --group GROUP")
     if group is not None:
-        return _inspect_group(opts, group, tenant, as_json)
+        if as_json:
+            raise click.UsageError("--json is not available with --group")
+        return _inspect_group(opts, group, tenant)
     master = _open_existing(opts)
     try:
         try:
@@ -387,6 +395,7 @@ def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | No
         ttl = f" ttl {f['soft_pin_ttl']} ms" if "soft_pin_ttl" in f else ""
         pin += f" (the first put_end applies soft_pin_action {f['soft_pin_action']}{ttl})"
     out(f"soft pin     {pin}")
+    out(f"guaranteed   {deadline(info.guaranteed_until_ms, now)}")
     out(f"hard pin     {'yes' if info.hard_pinned else 'no'}")
     out(f"group        {info.group_id if info.group_id is not None else 'none'}")
     live = {r.segment for r in info.replicas}
@@ -407,7 +416,7 @@ def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int
         "size_bytes": info.size, "status": info.status.value, "writer": info.writer,
         "put_started_ms": info.put_started_ms, "now_ms": now,
         "lease_until_ms": info.lease_until_ms or None, "soft_pin_until_ms": info.soft_pin_until_ms or None,
-        "hard_pin": info.hard_pinned, "group": info.group_id,
+        "guaranteed_until_ms": info.guaranteed_until_ms, "hard_pin": info.hard_pinned, "group": info.group_id,
         "replicas": [{"segment": r.segment, "offset": r.offset, "size_bytes": r.size, "status": r.status.value}
                      for r in info.replicas],
         "dead_replicas": [{"segment": name[4:], "offset": int(f[name].split()[0])}
@@ -416,7 +425,24 @@ def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int
     }
 
 
-def _inspect_group(opts: Opts, group: str, tenant: str, as_json: bool) -> None:
+@cli.command("expire-guaranteed")
+@click.argument("prefixes", nargs=-1, required=True)
+@click.option("--tenant", default="default", show_default=True, help="Tenant id of the objects.")
+@click.pass_obj
+def expire_guaranteed(opts: Opts, prefixes: tuple[str, ...], tenant: str) -> None:
+    """End at once the guarantees of the tenant's objects whose key has one of these prefix
+    hashes (a key without one is its own prefix); they become ordinary objects, which eviction
+    may take. Prints, per prefix, how many active guarantees ended."""
+    master = _open_existing(opts)
+    try:
+        ended = master.expire_guaranteed(list(prefixes), tenant)
+    finally:
+        master.close()
+    for prefix, n in zip(prefixes, ended):
+        click.echo(f"{prefix}  {n} guarantee(s) ended")
+
+
+def _inspect_group(opts: Opts, group: str, tenant: str) -> None:
     master = _open_existing(opts)
     try:
         try:
@@ -425,17 +451,11 @@ def _inspect_group(opts: Opts, group: str, tenant: str, as_json: bool) -> None:
             if exc.code != ErrorCode.OBJECT_NOT_FOUND:
                 raise
             click.echo(f"not found: group {group!r} (tenant {tenant!r}): no members and no active retention", err=True)
-            if as_json:
-                emit_json("inspect", {"group": group, "tenant": tenant, "found": False})
             raise click.exceptions.Exit(1)
         now = master.now_ms()
     finally:
         master.close()
-    report = group_report(info, master.ns, now)
-    if as_json:
-        emit_json("inspect", report)
-        return
-    for line in group_lines(report, deadline):
+    for line in group_lines(info, master.ns, now, deadline):
         click.echo(line)
 
 

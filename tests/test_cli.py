@@ -65,12 +65,13 @@ def test_status_json(store, valkey):
     assert doc["functions"]["version"] == doc["functions"]["package_version"] == library_source()[1]
     assert doc["clock"] == {"now_ms": T0, "frozen_shards": [0, 1], "frozen_values_ms": [T0]}
     assert doc["total"] == {"capacity_bytes": 2 << 20, "used_bytes": 2 * 4096 + 100, "objects": 2,
-                            "puts_in_progress": 1, "held_extents": 0}
+                            "puts_in_progress": 1, "held_extents": 0, "guaranteed_bytes": 0,
+                            "guaranteed_limit_bytes": 1 << 20}
     assert [s["shard"] for s in doc["shards"]] == [0, 1]
     assert sum(s["used_bytes"] for s in doc["shards"]) == 2 * 4096 + 100
     assert set(doc["shards"][0]) == {
         "shard", "capacity_bytes", "used_bytes", "objects", "puts_in_progress", "held_extents", "candidates",
-        "soft_pinned_candidates", "claimed_by", "last_pass_ms", "evicted_objects_total", "evicted_bytes_total",
+        "guaranteed_bytes", "guaranteed_limit_bytes", "soft_pinned_candidates", "claimed_by", "last_pass_ms", "evicted_objects_total", "evicted_bytes_total",
         "discarded_puts_total", "clients_expired_total"}
     assert {s["client"] for s in doc["segments"]} == {"client-1"}
     assert [(s["name"], s["size_bytes"]) for s in doc["segments"]] == [("seg-a", 1 << 20), ("seg-b", 1 << 20)]

@@ -482,3 +482,37 @@ def test_guarantee_invariants_under_random_operations(new_master, ops):
         for s in m.usage().shards:
             assert s.guaranteed_bytes <= s.guaranteed_limit_bytes
     assert_books(m)
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+
+def test_cli_shows_and_expires_guarantees(valkey):
+    import json
+    import re
+
+    import redis
+    from click.testing import CliRunner
+
+    from mooncake_redis import Master, MasterConfig
+    from mooncake_redis.cli.main import cli
+
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=2))
+    m.freeze_clock(T0)
+    mount(m, "seg", 1 << 16)
+    key = gkeys(H1, 1)[0]
+    put(m, key, 100, config=G)
+    run = lambda *a: CliRunner().invoke(cli, ["--redis", valkey.url, *a], env={"MOONCAKE_REDIS_URL": None})  # noqa: E731
+    r = run("status", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["total"]["guaranteed_bytes"] == 100
+    assert "guaranteed 100 B" in run("status").stdout
+    r = run("inspect", key, "--json")
+    assert json.loads(r.stdout)["guaranteed_until_ms"] == T0 + TTL
+    assert re.search(r"^guaranteed +.*active, 60.0 s left$", run("inspect", key).stdout, re.M)
+    r = run("expire-guaranteed", H1, "nothing")
+    assert r.exit_code == 0, r.output
+    assert f"{H1}  1 guarantee(s) ended" in r.stdout and "nothing  0 guarantee(s) ended" in r.stdout
+    assert m.describe(key).guaranteed_until_ms is None
+    assert run("expire-guaranteed").exit_code == 2  # usage: at least one prefix
+    m.close()
