@@ -1,26 +1,13 @@
 """Capacity benchmark: the block hit rate a store of a given size reaches on a replayed trace,
 next to an ideal LRU of the same size replayed in the same run. See docs/bench.md.
 
-The trace is Mooncake's JSONL format: one request a line with `timestamp` (ms from the trace's
-start) and `hash_ids`, the request's chain of prefix blocks (block i's parent is block i-1).
-Each request, as an inference engine would issue it:
-
-  1. look up all its blocks in order with one batch_exist_key; the hits are the leading run of
-     blocks found (a prefix match: a block past the first miss is of no use). exist_key leases
-     what it finds, as a read does;
-  2. write the blocks the lookup did not find, batch_put_start + batch_put_end (a block found
-     past the first miss is not written again: its put would be refused, and the lookup's lease
-     has already refreshed it).
-
-The store runs on a private Valkey (no AOF): one segment of capacity x block bytes, shards 1,
-the default MasterConfig, its clock frozen and moved to each request's timestamp (never slept).
-The client pings once a second of trace time, as a live client does. Two runs on fresh stores:
-with no worker (only evict-on-put makes room), and with Worker.run_once after every request
-(the background loop: eviction from the high watermark down to the target).
-
-The ideal LRU holds the same number of blocks and uses the same lookup rule; every block of a
-request ends most recent (the hit run as read, the rest as written or, when found past the first
-miss, refreshed as the store's lease refreshes it), and the least recent goes when it is full.
+The trace, the per-request lookup and write, the store (one segment of capacity x block bytes,
+the default MasterConfig, its clock frozen at the trace's timestamps, a ping a second of trace
+time) and the ideal LRU are bench/replay.py's, under its `lru` policy (plain leases); see that
+module. This benchmark runs the store twice on a private Valkey (no AOF), shards 1: with no worker
+(only evict-on-put makes room), and with Worker.run_once after every request (the background
+loop: eviction from the high watermark down to the target). `mooncake-redis replay` compares
+policies and capacities.
 
     python -m mooncake_redis.bench.capacity [--trace PATH] [--limit-requests K]
         [--capacity-blocks 5859] [--block-bytes 65536]
@@ -28,92 +15,30 @@ miss, refreshed as the store's lease refreshes it), and the least recent goes wh
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime
-import json
 import os
 import platform
 import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, TextIO
 
 import redis
 
 from .common import cpu_model
-from mooncake_redis import ErrorCode, Master, MasterConfig
-from mooncake_redis.worker import Worker
+from . import replay
+from .replay import DEFAULT_TRACE, Progress, Request, leading_run, load_trace  # noqa: F401  (this module's API)
+from .replay_policies import Lru
+from mooncake_redis import MasterConfig
 
-# the repository's ../shared/traces (a source checkout only; otherwise --trace is required)
-DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl"
-BLOCK_BYTES = 64 * 1024
-CAPACITY_BLOCKS = 5859
-NAMESPACE = "bcap"
-CLIENT = "bench-capacity"
-SEGMENT = "bench-seg"
-T0 = 1_700_000_000_000   # store clock at the trace's timestamp 0
-PING_EVERY_MS = 1000      # trace time between the client's pings (client_ttl is 10 s)
-
-
-@dataclass(frozen=True)
-class Request:
-    timestamp: int         # ms from the trace's start
-    blocks: tuple[int, ...]
-
-
-def load_trace(path: str | os.PathLike, limit: int | None = None) -> list[Request]:
-    """The first `limit` requests (all when None) of a Mooncake-format JSONL trace. Raises
-    ValueError naming the line of a malformed one; timestamps must not go back."""
-    out: list[Request] = []
-    last = 0
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                ts, ids = row["timestamp"], row["hash_ids"]
-            except (ValueError, TypeError, KeyError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a trace request ({exc})") from None
-            if isinstance(ts, bool) or not isinstance(ts, int) or ts < last:
-                raise ValueError(f"{path}:{lineno}: timestamp must be an integer >= the one before, not {ts!r}")
-            if not isinstance(ids, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in ids):
-                raise ValueError(f"{path}:{lineno}: hash_ids must be a list of integers")
-            last = ts
-            out.append(Request(ts, tuple(ids)))
-    if not out:
-        raise ValueError(f"{path}: no requests")
-    return out
-
-
-def leading_run(found: list[bool]) -> int:
-    """Blocks of the prefix match: how many lead the request before the first miss."""
-    n = 0
-    for hit in found:
-        if not hit:
-            break
-        n += 1
-    return n
+BLOCK_BYTES = replay.BLOCK_BYTES
+CAPACITY_BLOCKS = replay.CAPACITY_BLOCKS
 
 
 def ideal_lru(requests: list[Request], capacity: int) -> int:
     """Block hits of an ideal LRU cache of `capacity` blocks over the requests (see the module doc)."""
-    cache: collections.OrderedDict[int, None] = collections.OrderedDict()
-    hits = 0
-    for req in requests:
-        hits += leading_run([b in cache for b in req.blocks])
-        for b in req.blocks:
-            if b in cache:
-                cache.move_to_end(b)
-            else:
-                cache[b] = None
-                if len(cache) > capacity:
-                    cache.popitem(last=False)
-    return hits
+    return replay.ideal_lru(requests, capacity).hits
 
 
 @dataclass
@@ -128,82 +53,14 @@ class StoreRun:
     worker_evicted: int = 0  # objects the worker evicted (0 without a worker)
 
 
-class Progress:
-    """Progress on stderr once a run has taken a second: a line rewritten twice a second on a
-    terminal, else a line every 10 s."""
-
-    def __init__(self, label: str, total: int, stream: TextIO | None):
-        self.label, self.total, self.stream = label, total, stream
-        self.tty = stream is not None and stream.isatty()
-        self.t0 = self.shown = time.monotonic()
-        self.printed = False
-
-    def __call__(self, done: int) -> None:
-        now = time.monotonic()
-        if self.stream is None or now - self.t0 < 1.0 or now - self.shown < (0.5 if self.tty else 10.0):
-            return
-        self.shown, self.printed = now, True
-        line = f"  {self.label}: {done:,}/{self.total:,} requests"
-        self.stream.write("\r" + line if self.tty else line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.printed and self.tty:
-            self.stream.write(f"\r  {self.label}: {self.total:,}/{self.total:,} requests\n")
-            self.stream.flush()
-
-
 def replay_store(url: str, requests: list[Request], capacity_blocks: int, block_bytes: int,
                  with_worker: bool, progress: Callable[[int], None] = lambda done: None) -> StoreRun:
-    """Replay the requests through a fresh store (FLUSHALL first) on the server at `url`."""
-    r = redis.Redis.from_url(url)
-    try:
-        r.flushall()
-    finally:
-        r.close()
-    m = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=1))
-    res = StoreRun()
-    try:
-        clock = T0 + requests[0].timestamp
-        m.freeze_clock(clock)
-        m.mount_segment(SEGMENT, capacity_blocks * block_bytes, CLIENT)
-        worker = Worker(m) if with_worker else None
-        pinged = clock
-        t0 = time.perf_counter()
-        for i, req in enumerate(requests):
-            now = T0 + req.timestamp
-            if now != clock:
-                m.freeze_clock(now)
-                clock = now
-            if now - pinged >= PING_EVERY_MS:
-                m.ping(CLIENT)
-                pinged = now
-            keys = [f"blk-{b}" for b in req.blocks]
-            found = m.batch_exist_key(keys)
-            res.hits += leading_run(found)
-            res.blocks += len(keys)
-            missing = [k for k, hit in zip(keys, found) if not hit]
-            started = m.batch_put_start(CLIENT, missing, [block_bytes] * len(missing))
-            ok = []
-            for key, got in zip(missing, started):
-                if isinstance(got, ErrorCode):
-                    res.refused[got.name] = res.refused.get(got.name, 0) + 1
-                else:
-                    ok.append(key)
-            for code in m.batch_put_end(CLIENT, ok):
-                if code != ErrorCode.OK:
-                    res.refused[code.name] = res.refused.get(code.name, 0) + 1
-                else:
-                    res.written += 1
-            if worker is not None:
-                res.worker_evicted += worker.run_once().evicted_objects
-            progress(i + 1)
-        res.seconds = time.perf_counter() - t0
-        u = m.usage()
-        res.objects_left, res.used_ratio = u.objects, u.used_bytes / max(u.capacity_bytes, 1)
-    finally:
-        m.close()
-    return res
+    """Replay the requests through a fresh store on the server at `url` (plain leases: the
+    replay's `lru` policy)."""
+    st = replay.replay_store(url, requests, Lru(), capacity_blocks, block_bytes, worker=with_worker,
+                             progress=progress)
+    return StoreRun(st.hits, st.blocks, st.written, dict(st.puts_refused), st.seconds, st.objects_left,
+                    st.used_ratio, st.worker_evicted)
 
 
 def _pct(hits: int, blocks: int) -> float:

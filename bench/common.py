@@ -14,3 +14,21 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def delete_keys(client, *patterns: str) -> int:
+    """SCAN + DEL every key matching one of `patterns`; returns how many were deleted."""
+    deleted, doomed = 0, []
+    for key in (k for match in patterns for k in client.scan_iter(match=match, count=1000)):
+        doomed.append(key)
+        if len(doomed) >= 1000:
+            deleted += client.delete(*doomed)
+            doomed = []
+    if doomed:
+        deleted += client.delete(*doomed)
+    return deleted
+
+
+def delete_namespace(client, namespace: str) -> int:
+    """SCAN + DEL every `<namespace>:*` key; returns how many were deleted."""
+    return delete_keys(client, f"{namespace}:*")

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import redis
 
-from .common import cpu_model
+from .common import cpu_model, delete_keys
 from .retention import figures as retention_figures
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
@@ -207,15 +207,7 @@ def _cpu_seconds(r: redis.Redis) -> tuple[float, float, float] | None:
 def _delete_namespace(r: redis.Redis) -> int:
     """SCAN + DEL every `bench:*` and `bench.*` key (bench/retention.py's stores); returns how
     many were deleted."""
-    deleted, doomed = 0, []
-    for key in (k for match in (f"{NAMESPACE}:*", f"{NAMESPACE}.*") for k in r.scan_iter(match=match, count=1000)):
-        doomed.append(key)
-        if len(doomed) >= 1000:
-            deleted += r.delete(*doomed)
-            doomed = []
-    if doomed:
-        deleted += r.delete(*doomed)
-    return deleted
+    return delete_keys(r, f"{NAMESPACE}:*", f"{NAMESPACE}.*")
 
 
 def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> dict:
