@@ -170,11 +170,19 @@ local function being_evicted(P, tenant, o)
   return o.group ~= nil and group_draining(P, tenant, o.group)
 end
 
--- A read leases the object's unit: the object, or its whole group. Every tier is re-scored
--- with XX (only a unit that is a candidate moves; protected units stay out): a unit whose soft
--- pin expired may still sit in the soft tier until the sweep moves it, and its score must stay
--- its lease. With `rescore` (a batch's list), the re-scores are queued for flush_rescore, which
--- sends one variadic ZADD per tier for the whole batch.
+-- The tiers a unit may sit in, from what the reader loaded: an ungrouped object only in the
+-- ordinary tier, or also the soft tier if it ever had a soft pin (one that expired may still sit
+-- there until the sweep moves it, and its score must stay its lease); a group in any tier.
+local OBJECT_TIERS, SOFT_OBJECT_TIERS = { TIER_ORDINARY }, { TIER_ORDINARY, TIER_SOFT }
+local function possible_tiers(o)
+  if o.group then return TIERS end
+  return (tonumber(o.soft_pin_until) or 0) > 0 and SOFT_OBJECT_TIERS or OBJECT_TIERS
+end
+
+-- A read leases the object's unit: the object, or its whole group. The unit's possible tiers are
+-- re-scored with XX (only a unit that is a candidate moves; protected units stay out). The
+-- re-scores are queued in `rescore` (one per call: tier -> {score, unit, ...}) for
+-- flush_rescore, which sends one variadic ZADD per tier for the whole batch.
 local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
   local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
   if o.group then
@@ -183,18 +191,19 @@ local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
   end
   if until_ms <= cur then return cur end
   redis.call('HSET', target, 'lease_until', S(until_ms))
-  if rescore then
-    rescore[#rescore + 1] = S(until_ms)
-    rescore[#rescore + 1] = unit
-  else
-    for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', S(until_ms), unit) end
+  for _, tier in ipairs(possible_tiers(o)) do
+    local q = rescore[tier]
+    if not q then q = {}; rescore[tier] = q end
+    q[#q + 1] = S(until_ms)
+    q[#q + 1] = unit
   end
   return until_ms
 end
 
 local function flush_rescore(P, rescore)
-  if #rescore == 0 then return end
-  for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', unpack(rescore)) end
+  for _, tier in ipairs(TIERS) do
+    if rescore[tier] then redis.call('ZADD', P .. tier, 'XX', unpack(rescore[tier])) end
+  end
 end
 
 local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now)
