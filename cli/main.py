@@ -1,7 +1,7 @@
 """The `mooncake-redis` operator CLI.
 
     mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | worker | evict
-                   | fsck | metrics | bench ops|evict|capacity
+                   | fsck | metrics | bench ops|evict|capacity|offload
 
 status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
 
@@ -233,6 +233,7 @@ def _status_report(opts: Opts) -> dict:
         secs, micros = master.redis.time()
         running = server_library(master.redis)
         retention = master.retention_usage()
+        offload_clients, offload_counters = master.offload_clients(), master.offload_counters()
     finally:
         master.close()
     rows = [per_shard[i:i + 7] for i in range(0, len(per_shard), 7)]
@@ -266,6 +267,10 @@ def _status_report(opts: Opts) -> dict:
         "segments": [{"name": s["name"], "client": s["client"], "size_bytes": s["size"], "used_bytes": s["used"]}
                      for s in sorted(segments, key=lambda s: s["name"])],
         "retention": retention_report(retention),
+        "offload": {"counters": offload_counters,
+                    "clients": [{"client": c.client, "enabled": c.enabled, "capacity_bytes": c.capacity_bytes,
+                                 "queued": c.queued, "overflow": c.overflow, "inflight": c.inflight}
+                                for c in offload_clients]},
     }
 
 
@@ -319,6 +324,17 @@ def _print_status(r: dict) -> None:
     for line in table(["shard", "candidates", "soft-pinned", "claimed by", "last pass", "evicted",
                        "evicted bytes", "discarded puts", "clients expired"], rows, left=4):
         out("  " + line)
+    off = r["offload"]
+    if off["clients"] or any(off["counters"].values()):
+        out("")
+        c = off["counters"]
+        out(f"offload    enqueued {c['enqueued']}, done {c['done']}, timed out {c['redelivered']}, stale {c['stale']}, "
+            f"dropped high/normal/low {c['dropped_high']}/{c['dropped_normal']}/{c['dropped_low']}")
+        rows = [[x["client"], "yes" if x["enabled"] else "no", human(x["capacity_bytes"]), x["queued"]["high"],
+                 x["queued"]["normal"], x["queued"]["low"], x["overflow"], x["inflight"]] for x in off["clients"]]
+        for line in table(["disk client", "offloading", "capacity", "high", "normal", "low", "overflow",
+                           "in flight"], rows, left=2):
+            out("  " + line)
     out("")
     out(f"segments   {len(r['segments'])} mounted")
     if r["segments"]:
@@ -974,6 +990,35 @@ def bench_evict(opts: Opts, sizes: list[int], put_mib: int, as_json: bool) -> No
         raise CliError(str(exc)) from None
     if as_json:
         emit_json("bench evict", {"results": results})
+
+
+@bench.command("offload")
+@click.option("--objects", type=click.IntRange(100), default=2000, show_default=True,
+              help="64 KiB objects offloaded per figure.")
+@_bench_json
+@click.pass_obj
+def bench_offload(opts: Opts, objects: int, as_json: bool) -> None:
+    """Offload tasks/s (master alone, and the agent with copy + fsync) and LocalClient.put
+    against a raw copy into the mapped file (bench/offload.py). Without --redis it runs on a
+    private Valkey."""
+    from mooncake_redis.bench.offload import main as offload_main
+
+    out = _bench_out(as_json)
+    if opts.url:
+        results = offload_main(opts.url, objects=objects, out=out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
+            server = EmbeddedValkey(data_dir=tmp, appendonly=False)
+            try:
+                try:
+                    server.start()
+                except RuntimeError as exc:
+                    raise CliError(str(exc)) from None
+                results = offload_main(server.url, objects=objects, out=out)
+            finally:
+                server.stop()
+    if as_json:
+        emit_json("bench offload", {"results": results})
 
 
 @bench.command("capacity")

@@ -321,3 +321,25 @@ def _check_offload_books(m, share):
                 assert f"{tenant}:{key}" in inflight
             else:
                 assert int(fields.get(b"task_refs", 0)) == 0
+
+
+def test_fsck_audits_tasks_in_flight_and_repairs_them(new_master):
+    m = offload_master(new_master)
+    put(m, "a")
+    put(m, "b")
+    heartbeat_keys(m)
+    k = shard_keys(m, shard_of(b"a", m.shards))
+    kb = shard_keys(m, shard_of(b"b", m.shards))
+    m.redis.zrem(k.offload_inflight, "default:a")  # a task whose index entry was lost
+    m.redis.hset(kb.disk(DISK), "inflight", 7)        # a drifted in-flight count
+    report = fsck(m)
+    kinds = sorted(f.kind for f in report.findings)
+    assert kinds == ["offload_inflight_count", "offload_task_unindexed"]
+    repaired = fsck(m, repair=True).repaired
+    assert sorted(f.kind for f in repaired) == ["offload_inflight_count", "offload_task_unindexed"]
+    assert fsck(m).ok
+    # the re-indexed task ends at the next sweep and releases its reference
+    m.redeliver_offload_tasks()
+    assert refs(m, "a") == 0
+    m.redis.hdel(kb.object("default", "b"), "task_refs")  # a task without its reference: reported only
+    assert "offload_task_ref" in [f.kind for f in fsck(m).findings]

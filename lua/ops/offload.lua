@@ -220,6 +220,33 @@ local function sweep_offload_tasks(P, args, cfg)
   return { #due, requeued, dropped }
 end
 
+-- mc_fsck_offload_task. KEYS: P. ARGV: tenant, key. An object with a task in flight but no
+--   P:offload_inflight entry gets one with deadline now: the next mc_offload_sweep ends the task
+--   (releasing its reference). Reply: 1 indexed, 0 nothing to do.
+local function fsck_offload_task(P, args)
+  local tenant, key = args[1], args[2]
+  if not valid_tenant(tenant) or type(key) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected tenant, key') end
+  local id = obj_id(tenant, key)
+  if not redis.call('HGET', obj_key(P, tenant, key), 'offload_client') then return 0 end
+  if redis.call('ZSCORE', P .. K.offload_inflight, id) then return 0 end
+  redis.call('ZADD', P .. K.offload_inflight, S(now_ms(P)), id)
+  return 1
+end
+
+-- mc_fsck_offload_inflight. KEYS: P. ARGV: client, expected, value. Compare-and-set of the
+--   client's P:disk:<client>.inflight. Reply: 1 applied, 0 it moved (or no disk segment).
+local function fsck_offload_inflight(P, args)
+  local client, expected, value = args[1], int_arg(args[2], 0, MAX_INT), int_arg(args[3], 0, MAX_INT)
+  if not valid_name(client, 256) or not expected or not value then
+    return fail(E.INVALID_PARAMS, 'expected client, expected count, new count')
+  end
+  local dkey = P .. K.disk .. client
+  local cur = redis.call('HGET', dkey, 'inflight')
+  if not cur or (tonumber(cur) or -1) ~= expected then return 0 end
+  redis.call('HSET', dkey, 'inflight', S(value))
+  return 1
+end
+
 local OFFLOAD_CFG = { 'offload_queue_limit', 'offload_task_timeout', 'offload_max_attempts' }
 register('mc_mount_local_disk', {}, mount_local_disk)
 register('mc_unmount_local_disk', {}, unmount_local_disk)
@@ -227,3 +254,5 @@ register('mc_report_ssd_capacity', {}, report_ssd_capacity)
 register('mc_offload_heartbeat', OFFLOAD_CFG, heartbeat)
 register('mc_offload_done', OFFLOAD_CFG, offload_done)
 register('mc_offload_sweep', OFFLOAD_CFG, sweep_offload_tasks)
+register('mc_fsck_offload_task', {}, fsck_offload_task)
+register('mc_fsck_offload_inflight', {}, fsck_offload_inflight)
