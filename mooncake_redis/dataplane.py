@@ -18,7 +18,7 @@ import mmap
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from blake3 import blake3
 
@@ -95,6 +95,29 @@ class LocalClient:
             self.master.put_revoke(self.client_id, key, tenant_id=tenant_id)
             raise
         self.master.put_end(self.client_id, key, tenant_id=tenant_id, checksum=checksum_of(data))
+
+    def put_many(self, items: Sequence[tuple[Any, bytes]], config: ReplicateConfig | None = None,
+                 tenant_id: str = "default") -> list[ErrorCode]:
+        """put of several objects in two master round trips (batch_put_start, then the writes,
+        then batch_put_end with their checksums). Returns a code per item; a write that fails
+        revokes every put of the call that is not ended yet."""
+        keys = [k for k, _ in items]
+        starts = self.master.batch_put_start(self.client_id, keys, [len(d) for _, d in items], config, tenant_id)
+        codes: list[ErrorCode] = [r if isinstance(r, ErrorCode) else ErrorCode.OK for r in starts]
+        started = [i for i, r in enumerate(starts) if not isinstance(r, ErrorCode)]
+        try:
+            for i in started:
+                data = items[i][1]
+                for r in starts[i]:
+                    self.files.map(r.segment)[r.offset:r.offset + len(data)] = data
+        except BaseException:
+            self.master.batch_put_revoke(self.client_id, [keys[i] for i in started], tenant_id=tenant_id)
+            raise
+        ended = self.master.batch_put_end(self.client_id, [keys[i] for i in started], tenant_id=tenant_id,
+                                          checksums=[checksum_of(items[i][1]) for i in started])
+        for i, code in zip(started, ended):
+            codes[i] = code
+        return codes
 
     def get(self, key: Any, tenant_id: str = "default") -> bytes:
         result = self.master.get_replica_list(key, tenant_id)

@@ -85,25 +85,33 @@ class ObjectsApi(ApiBase):
         return out
 
     def _writer_op(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str,
-                   checksum: str | None = None) -> list[ErrorCode]:
+                   checksums: Sequence[str] | None = None) -> list[ErrorCode]:
         _check_name(client_id, "client_id")
         _check_tenant(tenant_id)
-        if checksum is not None:
-            _check_name(checksum, "checksum", 128)
         bkeys = [_as_key(k) for k in keys]
-        head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id, checksum=checksum)
-        return [ErrorCode(r) for r in self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)]
+        if checksums is None:
+            head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id)
+            return [ErrorCode(r) for r in self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)]
+        if len(checksums) != len(bkeys):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "keys and checksums differ in length")
+        for c in checksums:
+            _check_name(c, "checksum", 128)
+        head = wire.head(("key", "checksum"), client_id=client_id, tenant=tenant_id)
+        return [ErrorCode(r) for r in self.transport.batch(fn, head, list(zip(bkeys, checksums)), bkeys)]
 
     def put_end(self, client_id: str, key: Any, tenant_id: str = "default", checksum: str | None = None) -> None:
         """End the put; `checksum` (1-128 bytes, e.g. the data plane's blake3 hex digest) is
         stored with the object and returned by get_replica_list."""
-        self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id, checksum)[0], "put_end", key)
+        checksums = None if checksum is None else [checksum]
+        self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id, checksums)[0], "put_end", key)
 
     def put_revoke(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
         self._single(self._writer_op("mc_put_revoke", client_id, [key], tenant_id)[0], "put_revoke", key)
 
-    def batch_put_end(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default") -> list[ErrorCode]:
-        return self._writer_op("mc_put_end", client_id, keys, tenant_id)
+    def batch_put_end(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default",
+                      checksums: Sequence[str] | None = None) -> list[ErrorCode]:
+        """put_end of each key; `checksums[i]` (optional) is stored with keys[i]."""
+        return self._writer_op("mc_put_end", client_id, keys, tenant_id, checksums)
 
     def batch_put_revoke(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default") -> list[ErrorCode]:
         return self._writer_op("mc_put_revoke", client_id, keys, tenant_id)

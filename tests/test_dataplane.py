@@ -12,7 +12,7 @@ import time
 import pytest
 
 from mooncake_redis import ErrorCode, MasterError
-from mooncake_redis.dataplane import ChecksumMismatch, LocalClient, SegmentFiles, offload_batch
+from mooncake_redis.dataplane import ChecksumMismatch, LocalClient, SegmentFiles, checksum_of, offload_batch
 from mooncake_redis.fsck import fsck
 
 CLIENT = "engine-a"
@@ -121,3 +121,14 @@ def test_agent_sigkilled_mid_batch_redelivers_without_duplicates(new_master, tmp
         assert m.task_refs(key) == 0
     assert fsck(m).ok
     c.files.close()
+
+
+def test_put_many_round_trips_and_checksums(client):
+    items = [(f"m{i}", os.urandom(3000 + i)) for i in range(40)]
+    assert client.put_many(items) == [ErrorCode.OK] * 40
+    for key, data in items:
+        assert client.get(key) == data
+    again = client.put_many(items[:2] + [("fresh", b"z" * 10)])
+    assert again == [ErrorCode.OBJECT_ALREADY_EXISTS] * 2 + [ErrorCode.OK]
+    assert client.get("fresh") == b"z" * 10
+    assert client.master.batch_put_end(CLIENT, ["fresh"], checksums=[checksum_of(b"z" * 10)]) == [ErrorCode.OK]

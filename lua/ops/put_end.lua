@@ -1,7 +1,7 @@
 -- put_end / put_revoke: the writer finishes or abandons its puts.
--- KEYS: P.  ARGV: options client_id (required), tenant, checksum (put_end only, optional, 1-128
---   bytes, with exactly one key: stored as the object's field checksum when it becomes
---   readable); fields key.  Reply: one code per key (0 = OK).
+-- KEYS: P.  ARGV: options client_id (required), tenant; fields key, and for put_end optionally
+--   checksum (1-128 bytes, else INVALID_PARAMS for that key: stored as the object's field
+--   checksum when it becomes readable).  Reply: one code per key (0 = OK).
 -- With offload_on_put, the first readable put_end queues the object for offload
 -- (enqueue_offload, lua/lib/45_offload.lua) with its priority as of that moment.
 
@@ -23,6 +23,7 @@ local function commit_soft_pin(o, now)
 end
 
 local function end_one(P, tenant, key, now, client, cfg, checksum)
+  if checksum ~= nil and not valid_name(checksum, 128) then return E.INVALID_PARAMS end
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   local code = check_writer(o, client)
@@ -54,17 +55,14 @@ end
 
 local WRITER_SPEC = keys_spec('client_id', 'required')
 local END_SPEC = keys_spec('client_id', 'required')
-END_SPEC.opts.checksum = 'optional'
+END_SPEC.fields.checksum = 'optional'
 
 local function batch_writer_op(P, args, one, cfg, spec)
   local call, err = object_call(args, spec or WRITER_SPEC)
   if not call then return err end
-  local client, checksum = call.opts.client_id, call.opts.checksum
+  local client = call.opts.client_id
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
-  if checksum and (call.rows ~= 1 or not valid_name(checksum, 128)) then
-    return fail(E.INVALID_PARAMS, 'checksum: 1-128 bytes, with exactly one key')
-  end
-  return per_row(P, args, call, function(_, tenant, row, now) return one(P, tenant, row.key, now, client, cfg, checksum) end)
+  return per_row(P, args, call, function(_, tenant, row, now) return one(P, tenant, row.key, now, client, cfg, row.checksum) end)
 end
 
 register('mc_put_end', { 'offload_on_put', 'offload_queue_limit' },
