@@ -793,7 +793,7 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
 @click.pass_obj
 def worker(opts: Opts, interval: float, step_units: int, metrics_port: int | None, metrics_addr: str) -> None:
     """Run the background loops against --redis until SIGINT/SIGTERM: eviction, discard and
-    release of abandoned puts, client-TTL expiry, dead-replica sweeps. Any number of workers
+    release of abandoned puts, client-TTL expiry, dead-replica sweeps, offload redelivery. Any number of workers
     may run; shards are claimed with short leases so work is not repeated."""
     master = _open_existing(opts)
     stop = threading.Event()

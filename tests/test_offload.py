@@ -122,6 +122,17 @@ def test_a_task_reference_protects_until_acknowledged(new_master):
     assert fsck(m).ok
 
 
+def test_removing_an_object_in_flight_ends_its_task(new_master):
+    m = offload_master(new_master)
+    put(m, "k")
+    heartbeat_keys(m)
+    m.remove("k", force=True)
+    (stats,) = m.offload_clients()
+    assert stats.inflight == 0
+    assert m.redeliver_offload_tasks()["timed_out"] == 0  # nothing left in flight
+    assert fsck(m).ok
+
+
 def test_redelivery_after_timeout(new_master):
     m = offload_master(new_master, offload_task_timeout=5_000)
     put(m, "k", config=HIGH)
@@ -308,6 +319,9 @@ def _check_offload_books(m, share):
         inflight = {x.decode() for x in m.redis.zrange(k.offload_inflight, 0, -1)}
         assert len(inflight) <= share
         assert int(m.redis.hget(k.disk(DISK), "inflight") or 0) == len(inflight)
+        holders = [okey for okey in m.redis.scan_iter(match=k.prefix("object") + b"*")
+                   if m.redis.hget(okey, "offload_client") is not None]
+        assert len(holders) == len(inflight)
         for id_ in inflight:
             tenant, _, key = id_.partition(":")
             fields = m.redis.hgetall(k.object(tenant, key))

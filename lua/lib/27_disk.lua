@@ -90,3 +90,12 @@ local function drop_local_disk(P, client)
   redis.call('INCR', P .. K.sweep_pending)
   return true
 end
+
+-- An object with an offload task in flight is deleted: its task leaves the in-flight index and
+-- its client's count (its task reference goes with the object hash).
+local function forget_offload_task(P, tenant, key, o)
+  redis.call('ZREM', P .. K.offload_inflight, obj_id(tenant, key))
+  if disk_mount(P, o.offload_client) == o.offload_mount then
+    redis.call('HINCRBY', P .. K.disk .. o.offload_client, 'inflight', -1)
+  end
+end

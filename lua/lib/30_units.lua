@@ -267,6 +267,7 @@ local function drop_object(P, tenant, key, okey, o, hold_until)
   local size = tonumber(o.size) or 0
   local replicas = replicas_of(P, o)
   if o.guaranteed_until then forget_guarantee(P, tenant, key, o, replicas) end
+  if o.offload_client then forget_offload_task(P, tenant, key, o) end
   for _, r in ipairs(replicas) do
     if r.live and r.off then
       if hold_until then
