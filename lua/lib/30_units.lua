@@ -55,8 +55,20 @@ local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
 local function group_unit(tenant, group) return 'g:' .. tenant .. ':' .. group end
 local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. unit end
 
+-- The indexes a unit can be in by the rule: an object unit never drains and never sits in a
+-- retention tier, so the hot paths (put_end, remove, eviction of an object) touch three indexes,
+-- not all of them. unplace clears every index (the repairs and the odd cases use it).
+local OBJECT_INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES }
+local function indexes_of(unit)
+  return string.sub(unit, 1, 2) == 'o:' and OBJECT_INDEXES or INDEXES
+end
+
 local function unplace(P, unit)
   for _, index in ipairs(INDEXES) do redis.call('ZREM', P .. index, unit) end
+end
+
+local function unplace_object(P, unit)
+  for _, index in ipairs(OBJECT_INDEXES) do redis.call('ZREM', P .. index, unit) end
 end
 
 -- The rule. `f` holds a unit's facts: processing, hard_pinned, task_refs (counts or flags),
@@ -105,7 +117,7 @@ end
 
 -- Write a unit's index entries as the rule says (entries it should not have are removed).
 local function apply_rule(P, unit, entries, now)
-  for _, index in ipairs(INDEXES) do
+  for _, index in ipairs(indexes_of(unit)) do
     local score = entries[index]
     if score == nil then
       redis.call('ZREM', P .. index, unit)
@@ -287,7 +299,7 @@ end
 -- Delete an object and keep its unit's indexes right.
 local function delete_object(P, tenant, key, okey, o, hold_until, now)
   drop_object(P, tenant, key, okey, o, hold_until)
-  if o.group then leave_group(P, tenant, key, o, now) else unplace(P, object_unit(tenant, key)) end
+  if o.group then leave_group(P, tenant, key, o, now) else unplace_object(P, object_unit(tenant, key)) end
 end
 
 -- A guarantee ends (its deadline passed, or expire_guaranteed): the object is an ordinary one

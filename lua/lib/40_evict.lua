@@ -58,7 +58,7 @@ local function evict_object(P, tenant, key, now, cfg)
     apply_rule(P, unit, entries, now)
     return 0, 0
   end
-  unplace(P, unit)
+  unplace_object(P, unit)
   if #live_disk_replicas(P, okey, o) > 0 then -- the disk replica keeps the object readable
     return 1, shed_memory(P, tenant, key, okey, o)
   end
