@@ -132,3 +132,24 @@ def test_put_many_round_trips_and_checksums(client):
     assert again == [ErrorCode.OBJECT_ALREADY_EXISTS] * 2 + [ErrorCode.OK]
     assert client.get("fresh") == b"z" * 10
     assert client.master.batch_put_end(CLIENT, ["fresh"], checksums=[checksum_of(b"z" * 10)]) == [ErrorCode.OK]
+
+
+@pytest.mark.parametrize("backend", ["valkey"])
+def test_agent_stops_on_sigterm_after_its_batch(new_master, tmp_path, valkey):
+    m = new_master(offload_on_put=True)
+    c = LocalClient(m, CLIENT, "seg-a", tmp_path / "seg-a.mem", (4 << 20) * m.shards, disk_dir=tmp_path / "disk")
+    for i in range(20):
+        c.put(f"k{i}", os.urandom(4096))
+    env = {**os.environ, "MOONCAKE_REDIS_URL": valkey.url}
+    agent = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli.main", "offload-agent", "--client", CLIENT,
+                              "--disk-dir", str(tmp_path / "disk")], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 60
+    while m.offload_counters()["done"] < 20:
+        assert time.monotonic() < deadline and agent.poll() is None
+        time.sleep(0.01)
+    agent.send_signal(signal.SIGTERM)
+    out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 0 and f"offload agent {CLIENT} stopped after 20 task(s)" in out
+    assert m.offload_clients()[0].inflight == 0
+    c.files.close()
