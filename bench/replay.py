@@ -3,8 +3,9 @@ in-process reference caches of the same capacity. `mooncake-redis replay` (cli/r
 `bench capacity` (bench/capacity.py) drive it; docs/replay.md describes the method and figures.
 
 The trace is Mooncake's JSONL format: one request a line with `timestamp` (ms from the trace's
-start), `hash_ids` (the request's chain of prefix blocks: block i's parent is block i-1) and
-`input_length` (prompt tokens; when absent, blocks x block tokens). Each request, as an
+start), `hash_ids` (the request's chain of prefix blocks: block i's parent is block i-1),
+`input_length` (prompt tokens; when absent, blocks x block tokens) and `output_length`
+(generated tokens: the `retained` policy's expected duration). Each request, as an
 inference engine would issue it:
 
   1. look up all its blocks in order (the policy's read: batch_exist_key for plain leases); the
@@ -64,6 +65,7 @@ class Request:
     timestamp: int                  # ms from the trace's start
     blocks: tuple[int, ...]
     input_length: int | None = None  # prompt tokens, when the trace gives them
+    output_length: int | None = None  # generated tokens, when the trace gives them
 
     def tokens(self, block_tokens: int) -> int:
         return self.input_length if self.input_length is not None else len(self.blocks) * block_tokens
@@ -87,17 +89,18 @@ def load_trace(path: str | os.PathLike, limit: int | None = None) -> list[Reques
             try:
                 row = json.loads(line)
                 ts, ids = row["timestamp"], row["hash_ids"]
-                length = row.get("input_length")
+                length, output = row.get("input_length"), row.get("output_length")
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a trace request ({exc})") from None
             if isinstance(ts, bool) or not isinstance(ts, int) or ts < last:
                 raise ValueError(f"{path}:{lineno}: timestamp must be an integer >= the one before, not {ts!r}")
             if not isinstance(ids, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in ids):
                 raise ValueError(f"{path}:{lineno}: hash_ids must be a list of integers")
-            if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 0):
-                raise ValueError(f"{path}:{lineno}: input_length must be a non-negative integer")
+            for name, value in (("input_length", length), ("output_length", output)):
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                    raise ValueError(f"{path}:{lineno}: {name} must be a non-negative integer")
             last = ts
-            out.append(Request(ts, tuple(ids), length))
+            out.append(Request(ts, tuple(ids), length, output))
     if not out:
         raise ValueError(f"{path}: no requests")
     return out

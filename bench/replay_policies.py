@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from mooncake_redis import Master, ReplicateConfig
+from mooncake_redis import ErrorCode, Master, ReplicateConfig
 
 from .replay import TENANT, Request, leading_run
 
@@ -108,7 +108,64 @@ class Guaranteed(Policy):
         return {"guaranteed_puts": self.guarantees_asked, "guarantee_renewals": self.renewals_asked}
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed)}
+class Retained(Policy):
+    """Group retention: the blocks a request writes form a group (ReplicateConfig(group_id=...)),
+    retained with retain_groups for the request's expected duration, extra_ms +
+    ms_per_output_token x output_length (at least 1 ms), from its arrival. While retained, the
+    group ranks after every ordinary candidate (allow_evict_retained_groups); afterwards it is an
+    ordinary unit, evicted whole. A group lives on its id's shard and its members must route
+    there, so with several shards a request has one group per shard its new blocks route to, each
+    id carrying a `{tag}` of that shard."""
+
+    name = "retained"
+    KNOBS = {"ms_per_output_token": 30, "extra_ms": 0}
+
+    def __init__(self, ms_per_output_token: int = 30, extra_ms: int = 0):
+        if ms_per_output_token < 0 or extra_ms < 0:
+            raise ValueError("retained: ms_per_output_token and extra_ms must be >= 0")
+        self.ms_per_output_token, self.extra_ms = ms_per_output_token, extra_ms
+        self.requests = 0
+        self.tags: dict[int, str] = {}  # shard -> a routing tag that lands there
+        self.retained = 0
+        self.refused: dict[str, int] = {}
+
+    @property
+    def summary(self) -> str:
+        return (f"a request's new blocks form a group retained for {self.extra_ms:,} ms + "
+                f"{self.ms_per_output_token} ms per output token")
+
+    def duration_ms(self, req: Request) -> int:
+        return max(1, self.extra_ms + self.ms_per_output_token * (req.output_length or 0))
+
+    def _tag(self, m: Master, shard: int) -> str:
+        if not self.tags:
+            i = 0
+            while len(self.tags) < m.shards:
+                self.tags.setdefault(m.transport.shard_of(f"s{i}".encode()), f"s{i}")
+                i += 1
+        return self.tags[shard]
+
+    def put_batches(self, m: Master, req: Request, missing: list[int], now: int) -> list[PutBatch]:
+        self.requests += 1
+        if not missing:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        for j in missing:
+            by_shard.setdefault(m.transport.shard_of(self.key(req.blocks[j])), []).append(j)
+        groups = {s: (f"r{self.requests}" if m.shards == 1 else f"{{{self._tag(m, s)}}}r{self.requests}")
+                  for s in by_shard}
+        for result in m.retain_groups(list(groups.values()), self.duration_ms(req), TENANT):
+            if isinstance(result, ErrorCode):
+                self.refused[result.name] = self.refused.get(result.name, 0) + 1
+            else:
+                self.retained += 1
+        return [(idx, ReplicateConfig(group_id=groups[s])) for s, idx in by_shard.items()]
+
+    def figures(self) -> dict[str, Any]:
+        return {"groups_retained": self.retained, "retentions_refused": dict(sorted(self.refused.items()))}
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed, Retained)}
 
 
 def knobs_of(name: str) -> dict[str, int]:
