@@ -363,13 +363,16 @@ class StoreReplay:
                 if hit and key in self.stored:
                     self.stored.move_to_end(key)
             missing = [j for j, hit in enumerate(found) if not hit]
+            # stored as far as the shadow knows, yet not found: dropped since (a member of a
+            # group being evicted reads as absent until its put finishes its eviction)
+            dropped = [self._forget(keys[j]) for j in missing if keys[j] in self.stored]
             for indexes, rconfig in policy.put_batches(m, req, missing, now):
                 self._put(m, [keys[j] for j in indexes], [req.blocks[j] for j in indexes], rconfig)
             if worker is not None:
                 st.worker_evicted += worker.run_once().evicted_objects
             usage = m.usage()
             st.guaranteed_peak_bytes = max(st.guaranteed_peak_bytes, usage.guaranteed_bytes)
-            self._find_evictions(m, usage.objects, chains)
+            self._find_evictions(m, usage.objects, chains, dropped)
             progress(i + 1)
         st.seconds = time.perf_counter() - t0
         u = m.usage()
@@ -393,16 +396,19 @@ class StoreReplay:
                 self.stored.move_to_end(key)
                 self.stored_blocks.add(block)
 
-    def _find_evictions(self, m: Master, objects: int, chains: Chains) -> None:
+    def _forget(self, key: bytes) -> int:
+        block = self.stored.pop(key)
+        self.stored_blocks.discard(block)
+        return block
+
+    def _find_evictions(self, m: Master, objects: int, chains: Chains, dropped: list[int]) -> None:
         """Drop from the shadow the blocks the store (holding `objects`) no longer holds; count
-        them and the orphan-making ones."""
+        them, with the `dropped` ones the request's lookup found gone, and the orphan-making ones."""
         missing = len(self.stored) - objects
-        if missing <= 0:
-            return
         gone: list[bytes] = []
-        keys = iter(list(self.stored))
+        keys = iter(self.stored)  # not changed until the scan ends
         chunk = max(2 * missing, 64)
-        while len(gone) < missing:
+        while missing > 0 and len(gone) < missing:
             batch = [k for _, k in zip(range(chunk), keys)]
             if not batch:
                 break
@@ -410,8 +416,7 @@ class StoreReplay:
             for k in batch:
                 pipe.exists(m.transport.keys[m.transport.shard_of(k)].object(TENANT, k))
             gone += [k for k, there in zip(batch, pipe.execute()) if not there]
-        evicted = [self.stored.pop(k) for k in gone]
-        self.stored_blocks.difference_update(evicted)
+        evicted = dropped + [self._forget(k) for k in gone]
         self.stats.count_evictions(evicted, chains, self.stored_blocks.__contains__)
 
 
