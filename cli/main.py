@@ -23,7 +23,6 @@ import signal
 import socket
 import tempfile
 import threading
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -34,7 +33,6 @@ from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.functions import LIBRARY_NAME, LIBRARY_PROTOCOL, check_schema, library_source, server_library
-from mooncake_redis.groups import ShardRetention
 from mooncake_redis.keys import ShardKeys, shard_of
 from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
@@ -42,7 +40,7 @@ from mooncake_redis.worker import Worker, stop_on_signals
 
 from .logs import log_options
 from .output import deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
-from .retention import Duration, group_lines, status_lines
+from .retention import Duration, group_lines, group_report, retention_report, status_lines
 
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_DATA_DIR = "./mooncake-data"
@@ -267,7 +265,7 @@ def _status_report(opts: Opts) -> dict:
         "shards": shards,
         "segments": [{"name": s["name"], "client": s["client"], "size_bytes": s["size"], "used_bytes": s["used"]}
                      for s in sorted(segments, key=lambda s: s["name"])],
-        "retention": [dataclasses.asdict(x) for x in retention],
+        "retention": retention_report(retention),
     }
 
 
@@ -301,7 +299,7 @@ def _print_status(r: dict) -> None:
         f"({pct(total['used_bytes'], total['capacity_bytes'])}), {total['objects']} objects")
     out(f"guaranteed {human(total['guaranteed_bytes'])} of a limit of {human(total['guaranteed_limit_bytes'])} "
         f"({pct(total['guaranteed_bytes'], total['guaranteed_limit_bytes'])})")
-    for line in status_lines([ShardRetention(**x) for x in r["retention"]], r["clock"]["now_ms"]):
+    for line in status_lines(r["retention"]):
         out(line)
     out("")
     rows = [[s["shard"], human(s["capacity_bytes"]), human(s["used_bytes"]), pct(s["used_bytes"], s["capacity_bytes"]),
@@ -348,9 +346,7 @@ def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | No
     if (key is None) == (group is None):
         raise click.UsageError("give an object KEY or --group GROUP")
     if group is not None:
-        if as_json:
-            raise click.UsageError("--json is not available with --group")
-        return _inspect_group(opts, group, tenant)
+        return _inspect_group(opts, group, tenant, as_json)
     master = _open_existing(opts)
     try:
         try:
@@ -442,7 +438,7 @@ def expire_guaranteed(opts: Opts, prefixes: tuple[str, ...], tenant: str) -> Non
         click.echo(f"{prefix}  {n} guarantee(s) ended")
 
 
-def _inspect_group(opts: Opts, group: str, tenant: str) -> None:
+def _inspect_group(opts: Opts, group: str, tenant: str, as_json: bool) -> None:
     master = _open_existing(opts)
     try:
         try:
@@ -451,11 +447,17 @@ def _inspect_group(opts: Opts, group: str, tenant: str) -> None:
             if exc.code != ErrorCode.OBJECT_NOT_FOUND:
                 raise
             click.echo(f"not found: group {group!r} (tenant {tenant!r}): no members and no active retention", err=True)
+            if as_json:
+                emit_json("inspect", {"group": group, "tenant": tenant, "found": False})
             raise click.exceptions.Exit(1)
         now = master.now_ms()
     finally:
         master.close()
-    for line in group_lines(info, master.ns, now, deadline):
+    report = group_report(info, master.ns, now)
+    if as_json:
+        emit_json("inspect", report)
+        return
+    for line in group_lines(report, deadline):
         click.echo(line)
 
 
@@ -908,18 +910,26 @@ def _bench_out(as_json: bool):
 @bench.command("ops")
 @click.option("--n", "n", type=click.IntRange(1), default=20000, show_default=True, help="Operations per kind.")
 @click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count.")
+@click.option("--expire-sizes", default="10000,1000000", show_default=True, metavar="N,N",
+              help="Store sizes (guaranteed objects) of the expire_guaranteed figure, smallest first.")
 @_bench_json
 @click.pass_obj
-def bench_ops(opts: Opts, n: int, shards: int, as_json: bool) -> None:
+def bench_ops(opts: Opts, n: int, shards: int, expire_sizes: str, as_json: bool) -> None:
     """Per-operation latency and throughput (bench/ops.py).
 
     Without --redis it runs against a private, throw-away Valkey (no AOF). With --redis it
     runs against that server; see bench/ops.py for what it writes there."""
     from mooncake_redis.bench.ops import main as ops_main
 
+    try:
+        sizes = tuple(int(x) for x in expire_sizes.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{expire_sizes!r} is not a list of integers", param_hint="--expire-sizes") from None
+    if not sizes or min(sizes) < 64:
+        raise click.BadParameter("sizes must be at least 64 (one prefix of 64 keys)", param_hint="--expire-sizes")
     out = _bench_out(as_json)
     if opts.url:
-        results = ops_main(opts.url, n=n, shards=shards, out=out)
+        results = ops_main(opts.url, n=n, shards=shards, out=out, expire_sizes=sizes)
     else:
         with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
             server = EmbeddedValkey(data_dir=tmp, appendonly=False)
@@ -928,7 +938,7 @@ def bench_ops(opts: Opts, n: int, shards: int, as_json: bool) -> None:
                     server.start()
                 except RuntimeError as exc:
                     raise CliError(str(exc)) from None
-                results = ops_main(server.url, n=n, shards=shards, out=out)
+                results = ops_main(server.url, n=n, shards=shards, out=out, expire_sizes=sizes)
             finally:
                 server.stop()
     if as_json:

@@ -1,5 +1,5 @@
-"""The CLI's group retention parts: the --ttl duration type, the status lines and the
-`inspect --group` view (cli/main.py wires them in)."""
+"""The CLI's group retention parts: the --ttl duration type, status's retention report and lines,
+and the `inspect --group` view (cli/main.py wires them in)."""
 from __future__ import annotations
 
 import re
@@ -28,29 +28,43 @@ class Duration(click.ParamType):
         return int(m.group(1)) * _UNIT_MS[m.group(2)]
 
 
-def status_lines(usage: list[ShardRetention], now: int) -> list[str]:
-    active = sum(s.active for s in usage)
-    held = sum(s.held for s in usage)
-    line = (f"retention  {active} active retained group(s) of at most {sum(s.share for s in usage)} "
-            f"(per tenant {sum(s.tenant_share for s in usage)})")
-    if held != active:
-        line += f"; {held - active} expired, freed by the next sweep"
+def retention_report(usage: list[ShardRetention]) -> dict:
+    """status's `retention` object (docs/json.md)."""
+    return {"active_groups": sum(s.active for s in usage), "held_slots": sum(s.held for s in usage),
+            "limit": sum(s.share for s in usage), "tenant_limit": sum(s.tenant_share for s in usage),
+            "shards": [{"shard": s.shard, "active_groups": s.active, "held_slots": s.held, "share": s.share,
+                        "tenant_share": s.tenant_share} for s in usage]}
+
+
+def status_lines(r: dict) -> list[str]:
+    line = (f"retention  {r['active_groups']} active retained group(s) of at most {r['limit']} "
+            f"(per tenant {r['tenant_limit']})")
+    if r["held_slots"] != r["active_groups"]:
+        line += f"; {r['held_slots'] - r['active_groups']} expired, freed by the next sweep"
     lines = [line]
-    if len(usage) > 1:
+    if len(r["shards"]) > 1:
         lines.append("           per shard (active/share): " +
-                     "  ".join(f"{s.shard}:{s.active}/{s.share}" for s in usage))
+                     "  ".join(f"{s['shard']}:{s['active_groups']}/{s['share']}" for s in r["shards"]))
     return lines
 
 
-def group_lines(info: GroupInfo, namespace: str, now: int, deadline: Callable[[int | None, int], str]) -> list[str]:
-    rkey = ShardKeys(namespace, info.shard).group(info.tenant_id, info.group_id).decode(errors="replace")
-    state = "evictable" if info.why == "" else f"protected ({info.why})"
+def group_report(info: GroupInfo, namespace: str, now: int) -> dict:
+    """inspect --group's JSON fields (docs/json.md)."""
+    return {"group": info.group_id, "tenant": info.tenant_id, "found": True, "shard": info.shard,
+            "redis_key": ShardKeys(namespace, info.shard).group(info.tenant_id, info.group_id).decode(errors="replace"),
+            "now_ms": now, "members": info.members, "retained_until_ms": info.retained_until_ms,
+            "lease_until_ms": info.lease_until_ms or None, "protected_by": info.why or None,
+            "tier": info.tier or None, "fields": dict(info.fields)}
+
+
+def group_lines(r: dict, deadline: Callable[[int | None, int], str]) -> list[str]:
+    state = "evictable" if r["protected_by"] is None else f"protected ({r['protected_by']})"
     return [
-        f"group        {info.group_id}",
-        f"tenant       {info.tenant_id}",
-        f"shard        {info.shard}   redis key {rkey}",
-        f"members      {info.members}",
-        f"retention    {deadline(info.retained_until_ms, now)}",
-        f"lease        {deadline(info.lease_until_ms, now)}",
-        f"eviction     {state}" + (f", tier {info.tier}" if info.tier else ""),
+        f"group        {r['group']}",
+        f"tenant       {r['tenant']}",
+        f"shard        {r['shard']}   redis key {r['redis_key']}",
+        f"members      {r['members']}",
+        f"retention    {deadline(r['retained_until_ms'], r['now_ms'])}",
+        f"lease        {deadline(r['lease_until_ms'], r['now_ms'])}",
+        f"eviction     {state}" + (f", tier {r['tier']}" if r["tier"] else ""),
     ]

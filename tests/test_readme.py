@@ -89,3 +89,5 @@ def test_readme_examples_run_as_printed_against_serve(serving):
     assert re.search(r"^10000 \[\('node-a/seg0', \d+, 524288\)\]$", text, re.M), text
     # the shell examples found the store and the object
     assert "1 mounted" in text and "req42/block7" in text, text
+    # the group retention example: a member written after the retention is covered by it
+    assert re.search(r"^1 retained True\n2$", text, re.M), text

@@ -230,5 +230,5 @@ end
 
 register('mc_put_start', { 'put_start_discard_timeout', 'put_start_release_timeout',
   'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length', 'evict_on_put',
-  'allow_evict_soft_pinned_objects', 'allow_evict_retained_groups', 'guaranteed_capacity_ratio',
-  'guaranteed_tenant_ratio', 'max_guaranteed_ttl' }, put_start)
+  'allow_evict_soft_pinned_objects', 'guaranteed_capacity_ratio', 'guaranteed_tenant_ratio',
+  'max_guaranteed_ttl', 'allow_evict_retained_groups' }, put_start)
