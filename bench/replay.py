@@ -466,7 +466,7 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
     from .replay_policies import make_policy
 
     knobs = knobs or {}
-    made = {name: make_policy(name, knobs.get(name)) for name in policies}  # bad names and knobs fail first
+    made = {name: make_policy(name, knobs) for name in policies}  # bad names and knobs fail first
     chains = Chains(requests)
     out = trace_summary(trace, requests, block_tokens)
     out.update({"block_tokens": block_tokens, "block_bytes": block_bytes, "shards": shards, "worker": worker,
@@ -495,7 +495,7 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
             for name in policies:
                 bar = Progress(f"{name} @ {capacity:,} blocks", len(requests), progress)
                 try:
-                    policy = make_policy(name, knobs.get(name))
+                    policy = make_policy(name, knobs)
                     st = replay_store(url, requests, policy, capacity, block_bytes, block_tokens, shards,
                                       worker, chains, bar)
                 finally:

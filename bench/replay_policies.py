@@ -1,10 +1,12 @@
 """Replay policies: how an engine reads and writes a request's blocks under one caching design.
 A policy is a small class overriding the hooks it changes; bench/replay.py's StoreReplay calls
 them for every request, on a fresh instance per run (a policy may keep online state, never
-look ahead in the trace). POLICIES maps the names `mooncake-redis replay --policy` accepts."""
+look ahead in the trace). POLICIES maps the names `mooncake-redis replay --policy` accepts;
+names joined by "+" make a Combined policy."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any
 
 from mooncake_redis import ErrorCode, Master, ReplicateConfig
@@ -165,6 +167,58 @@ class Retained(Policy):
         return {"groups_retained": self.retained, "retentions_refused": dict(sorted(self.refused.items()))}
 
 
+class Combined(Policy):
+    """Several policies at once, e.g. `guaranteed+retained`: the reads of the one part that
+    changes them (at most one may), and each block written with every part's settings merged
+    (the fields a part sets away from ReplicateConfig's defaults; a later part wins a field two
+    set). Each part makes its own calls (retain_groups) and keeps its own counts."""
+
+    def __init__(self, parts: list[Policy]):
+        readers = [p for p in parts if type(p).lookup is not Policy.lookup]
+        if len(parts) < 2 or len(readers) > 1 or len({type(p) for p in parts}) < len(parts):
+            raise ValueError("a combination joins two or more different policies, at most one of which "
+                             "changes reads")
+        self.parts, self.reader = parts, (readers or parts)[0]
+        self.name = "+".join(p.name for p in parts)
+
+    @property
+    def summary(self) -> str:
+        return "; ".join(f"{p.name}: {p.summary}" for p in self.parts)
+
+    def knobs(self) -> dict[str, int]:
+        return {f"{p.name}.{k}": v for p in self.parts for k, v in p.knobs().items()}
+
+    def master_config(self) -> dict[str, Any]:
+        return {k: v for p in self.parts for k, v in p.master_config().items()}
+
+    def lookup(self, m: Master, req: Request, keys: list[bytes], now: int) -> list[bool]:
+        return self.reader.lookup(m, req, keys, now)
+
+    def put_batches(self, m: Master, req: Request, missing: list[int], now: int) -> list[PutBatch]:
+        settings: dict[int, dict[str, Any]] = {j: {} for j in missing}
+        for part in self.parts:
+            for indexes, config in part.put_batches(m, req, missing, now):
+                for j in indexes:
+                    settings[j].update(_set_fields(config))
+        batches: dict[tuple, list[int]] = {}
+        for j in missing:
+            batches.setdefault(tuple(sorted(settings[j].items())), []).append(j)
+        return [(idx, ReplicateConfig(**dict(fields)) if fields else None) for fields, idx in batches.items()]
+
+    def figures(self) -> dict[str, Any]:
+        return {k: v for p in self.parts for k, v in p.figures().items()}
+
+
+_DEFAULTS = ReplicateConfig()
+
+
+def _set_fields(config: ReplicateConfig | None) -> dict[str, Any]:
+    if config is None:
+        return {}
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(_DEFAULTS, f.name)}
+
+
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed, Retained)}
 
 
@@ -173,14 +227,18 @@ def knobs_of(name: str) -> dict[str, int]:
     return dict(POLICIES[name].KNOBS)
 
 
-def make_policy(name: str, knobs: dict[str, int] | None = None) -> Policy:
-    """A fresh policy with its knobs (defaults for those not given)."""
+def make_policy(name: str, knobs: dict[str, dict[str, int]] | None = None) -> Policy:
+    """A fresh policy: one of POLICIES, or several joined by "+" (Combined). `knobs` maps policy
+    names to their knobs (defaults for those not given)."""
+    if "+" in name:
+        return Combined([make_policy(part, knobs) for part in name.split("+")])
     try:
         cls = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
-    unknown = set(knobs or {}) - set(cls.KNOBS)
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)}, or several joined by +)") from None
+    mine = (knobs or {}).get(name, {})
+    unknown = set(mine) - set(cls.KNOBS)
     if unknown:
         raise ValueError(f"policy {name!r} has no knob {', '.join(sorted(unknown))} "
                          f"(knobs: {', '.join(cls.KNOBS) or 'none'})")
-    return cls(**(knobs or {}))
+    return cls(**mine)

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from mooncake_redis.bench import replay as engine
 from mooncake_redis.bench import replay_model
 from mooncake_redis.bench.replay_model import model_lru
-from mooncake_redis.bench.replay_policies import POLICIES, Guaranteed, Lru, Retained, make_policy
+from mooncake_redis import ReplicateConfig
+from mooncake_redis.bench.replay_policies import POLICIES, Combined, Guaranteed, Lru, Policy, Retained, make_policy
 from mooncake_redis.cli.main import cli
 
 SEC = 20_000  # requests 20 s apart: a read's 10 s lease has run out by the next one
@@ -448,3 +449,54 @@ def test_retained_groups_route_with_their_members(valkey):
     finally:
         engine.delete_namespace(m.redis, "rtag")
         m.close()
+
+
+# ---- combinations ----------------------------------------------------------------------------------
+
+class _Part(Policy):
+    def __init__(self, name, batches):
+        self.name, self.batches = name, batches
+
+    def put_batches(self, m, req, missing, now):
+        return self.batches
+
+
+def test_combined_merges_each_blocks_settings():
+    a = _Part("a", [([0, 1], ReplicateConfig(guaranteed_ttl_ms=5)), ([2], None)])
+    b = type("B", (_Part,), {})("b", [([0], ReplicateConfig(group_id="g1")), ([1, 2], ReplicateConfig(group_id="g2"))])
+    got = Combined([a, b]).put_batches(None, engine.Request(0, (7, 8, 9)), [0, 1, 2], 0)
+    assert sorted((idx, c) for idx, c in got) == [
+        ([0], ReplicateConfig(guaranteed_ttl_ms=5, group_id="g1")),
+        ([1], ReplicateConfig(guaranteed_ttl_ms=5, group_id="g2")),
+        ([2], ReplicateConfig(group_id="g2"))]
+    assert Combined([a, b]).name == "a+b"
+
+
+def test_make_policy_combinations():
+    p = make_policy("guaranteed+retained", {"guaranteed": {"ttl_ms": 7}, "retained": {"extra_ms": 3}})
+    assert isinstance(p, Combined) and p.reader is p.parts[0] and p.name == "guaranteed+retained"
+    assert p.knobs() == {"guaranteed.requests": 2, "guaranteed.window_ms": 600_000, "guaranteed.ttl_ms": 7,
+                         "retained.ms_per_output_token": 30, "retained.extra_ms": 3}
+    for bad in ("lru+lru", "lru+nope", "guaranteed+guaranteed"):
+        with pytest.raises(ValueError):
+            make_policy(bad)
+
+
+def test_guaranteed_and_retained_together(url, hot_trace):
+    # as guaranteed alone (HOT_TRACE above), but each request's blocks are one group (retained
+    # 30 ms): R2's group {5 6 7 8} goes whole when R3 writes 1, so R4 finds room for 9 10 11
+    p = make_policy("guaranteed+retained", {"guaranteed": {"ttl_ms": 1_000_000}})
+    st = engine.replay_store(url, engine.load_trace(hot_trace), p, 4, block_bytes=1024, worker=False)
+    assert (st.hits, st.evictions, st.puts_refused) == (1, 5, {"NO_AVAILABLE_HANDLE": 1})
+    assert p.figures() == {"guaranteed_puts": 1, "guarantee_renewals": 1, "groups_retained": 4,
+                           "retentions_refused": {}}
+
+
+def test_cli_combination(hot_trace):
+    r = invoke(hot_trace, "--capacity-blocks", 4, "--block-bytes", 1024, "--no-worker", "--json",
+               "--policy", "guaranteed+retained", "--knob", "guaranteed.ttl_ms=1000000")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert list(res["policies"]) == ["guaranteed+retained"] and res["policies"]["guaranteed+retained"]["hits"] == 1
+    r = invoke(hot_trace, "--policy", "lru+lru")
+    assert r.exit_code == 2 and "a combination joins" in r.output
