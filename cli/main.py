@@ -1,7 +1,7 @@
 """The `mooncake-redis` operator CLI.
 
     mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | worker | evict
-                   | fsck | metrics | bench ops|evict|capacity
+                   | fsck | metrics | bench ops|evict|capacity|offload
 
 status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
 
@@ -235,6 +235,7 @@ def _status_report(opts: Opts) -> dict:
         running = server_library(master.redis)
         retention = master.retention_usage()
         radix = radix_report(master.config.enable_radix_tree, master.radix_stats())
+        offload_clients, offload_counters = master.offload_clients(), master.offload_counters()
     finally:
         master.close()
     rows = [per_shard[i:i + 7] for i in range(0, len(per_shard), 7)]
@@ -269,6 +270,10 @@ def _status_report(opts: Opts) -> dict:
                      for s in sorted(segments, key=lambda s: s["name"])],
         "retention": retention_report(retention),
         "radix": radix,
+        "offload": {"counters": offload_counters,
+                    "clients": [{"client": c.client, "enabled": c.enabled, "capacity_bytes": c.capacity_bytes,
+                                 "queued": c.queued, "overflow": c.overflow, "inflight": c.inflight}
+                                for c in offload_clients]},
     }
 
 
@@ -324,6 +329,17 @@ def _print_status(r: dict) -> None:
     for line in table(["shard", "candidates", "soft-pinned", "claimed by", "last pass", "evicted",
                        "evicted bytes", "discarded puts", "clients expired"], rows, left=4):
         out("  " + line)
+    off = r["offload"]
+    if off["clients"] or any(off["counters"].values()):
+        out("")
+        c = off["counters"]
+        out(f"offload    enqueued {c['enqueued']}, done {c['done']}, timed out {c['redelivered']}, stale {c['stale']}, "
+            f"dropped high/normal/low {c['dropped_high']}/{c['dropped_normal']}/{c['dropped_low']}")
+        rows = [[x["client"], "yes" if x["enabled"] else "no", human(x["capacity_bytes"]), x["queued"]["high"],
+                 x["queued"]["normal"], x["queued"]["low"], x["overflow"], x["inflight"]] for x in off["clients"]]
+        for line in table(["disk client", "offloading", "capacity", "high", "normal", "low", "overflow",
+                           "in flight"], rows, left=2):
+            out("  " + line)
     out("")
     out(f"segments   {len(r['segments'])} mounted")
     if r["segments"]:
@@ -808,7 +824,7 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
 @click.pass_obj
 def worker(opts: Opts, interval: float, step_units: int, metrics_port: int | None, metrics_addr: str) -> None:
     """Run the background loops against --redis until SIGINT/SIGTERM: eviction, discard and
-    release of abandoned puts, client-TTL expiry, dead-replica sweeps. Any number of workers
+    release of abandoned puts, client-TTL expiry, dead-replica sweeps, offload redelivery. Any number of workers
     may run; shards are claimed with short leases so work is not repeated."""
     master = _open_existing(opts)
     stop = threading.Event()
@@ -941,18 +957,26 @@ def _bench_out(as_json: bool):
 @bench.command("ops")
 @click.option("--n", "n", type=click.IntRange(1), default=20000, show_default=True, help="Operations per kind.")
 @click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count.")
+@click.option("--expire-sizes", default="10000,1000000", show_default=True, metavar="N,N",
+              help="Store sizes (guaranteed objects) of the expire_guaranteed figure, smallest first.")
 @_bench_json
 @click.pass_obj
-def bench_ops(opts: Opts, n: int, shards: int, as_json: bool) -> None:
+def bench_ops(opts: Opts, n: int, shards: int, expire_sizes: str, as_json: bool) -> None:
     """Per-operation latency and throughput (bench/ops.py).
 
     Without --redis it runs against a private, throw-away Valkey (no AOF). With --redis it
     runs against that server; see bench/ops.py for what it writes there."""
     from mooncake_redis.bench.ops import main as ops_main
 
+    try:
+        sizes = tuple(int(x) for x in expire_sizes.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{expire_sizes!r} is not a list of integers", param_hint="--expire-sizes") from None
+    if not sizes or min(sizes) < 64:
+        raise click.BadParameter("sizes must be at least 64 (one prefix of 64 keys)", param_hint="--expire-sizes")
     out = _bench_out(as_json)
     if opts.url:
-        results = ops_main(opts.url, n=n, shards=shards, out=out)
+        results = ops_main(opts.url, n=n, shards=shards, out=out, expire_sizes=sizes)
     else:
         with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
             server = EmbeddedValkey(data_dir=tmp, appendonly=False)
@@ -961,7 +985,7 @@ def bench_ops(opts: Opts, n: int, shards: int, as_json: bool) -> None:
                     server.start()
                 except RuntimeError as exc:
                     raise CliError(str(exc)) from None
-                results = ops_main(server.url, n=n, shards=shards, out=out)
+                results = ops_main(server.url, n=n, shards=shards, out=out, expire_sizes=sizes)
             finally:
                 server.stop()
     if as_json:
@@ -1002,6 +1026,35 @@ def bench_evict(opts: Opts, sizes: list[int], put_mib: int, as_json: bool, radix
         emit_json("bench evict", {"results": results})
 
 
+@bench.command("offload")
+@click.option("--objects", type=click.IntRange(100), default=2000, show_default=True,
+              help="64 KiB objects offloaded per figure.")
+@_bench_json
+@click.pass_obj
+def bench_offload(opts: Opts, objects: int, as_json: bool) -> None:
+    """Offload tasks/s (master alone, and the agent with copy + fsync) and LocalClient.put
+    against a raw copy into the mapped file (bench/offload.py). Without --redis it runs on a
+    private Valkey."""
+    from mooncake_redis.bench.offload import main as offload_main
+
+    out = _bench_out(as_json)
+    if opts.url:
+        results = offload_main(opts.url, objects=objects, out=out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
+            server = EmbeddedValkey(data_dir=tmp, appendonly=False)
+            try:
+                try:
+                    server.start()
+                except RuntimeError as exc:
+                    raise CliError(str(exc)) from None
+                results = offload_main(server.url, objects=objects, out=out)
+            finally:
+                server.stop()
+    if as_json:
+        emit_json("bench offload", {"results": results})
+
+
 @bench.command("capacity")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Mooncake-format JSONL trace (default: ../shared/traces/conversation_trace.jsonl "
@@ -1031,6 +1084,8 @@ def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, ca
 
 from mooncake_redis.cli.replay import replay  # noqa: E402  (the command's own module; imports cli.main)
 cli.add_command(replay)
+from mooncake_redis.cli.offload import offload_agent  # noqa: E402
+cli.add_command(offload_agent)
 
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")

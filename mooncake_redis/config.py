@@ -47,6 +47,8 @@ INT_RANGES = {
     "put_start_release_timeout": (1, MAX_INT),
     "client_ttl": (1, MAX_INT),
     "offload_queue_limit": (0, MAX_INT),
+    "offload_task_timeout": (1, MAX_INT),
+    "offload_max_attempts": (1, 1000),
     "max_retained_groups": (0, MAX_INT),
     "max_group_retention": (0, MAX_INT),
     "max_retained_groups_per_tenant": (0, MAX_INT),
@@ -96,6 +98,13 @@ class MasterConfig:
     # the index and expire_guaranteed (keys.prefix_of)
     enable_radix_tree: bool = False
     radix_key_pattern: str = DEFAULT_KEY_PATTERN
+    # SSD offload (mooncake_redis.offload): queue each object at its first readable put_end for
+    # the disk of the client owning its memory replica; a task handed out and not acknowledged
+    # in offload_task_timeout is handed out again (HIGH: until it succeeds; NORMAL and LOW: up to
+    # offload_max_attempts hand-outs, then dropped and counted)
+    offload_on_put: bool = False
+    offload_task_timeout: int = 60_000
+    offload_max_attempts: int = 3
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):

@@ -53,6 +53,7 @@ from . import wire
 from .errors import MasterError
 from .fsck_radix import radix_findings, repair_radix
 from .fsck_retention import repair_counts, retention_count_findings
+from . import fsck_offload
 from .keys import K, ShardKeys
 from .transport import Shards
 
@@ -119,6 +120,8 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     "radix_empty_node": (WARNING, True, "a node with neither keys nor children past the grace period"),
     "radix_outbox": (ERROR, True, "a malformed outbox entry"),
 }
+# the SSD offload tier (fsck_offload.py)
+KINDS.update(fsck_offload.KINDS)
 
 SCAN_COUNT = 1000
 GROUP_MAX_MEMBERS = 4096    # members one group snapshot / mc_fsck_group call may cover (Lua cap: 10000)
@@ -234,6 +237,7 @@ class _Pass:
     stable: bool = False
     guaranteed: dict = field(default_factory=lambda: defaultdict(int))      # (segment | b"", tenant) -> bytes
     guarantee_prefix: dict = field(default_factory=lambda: defaultdict(set))  # (tenant, prefix) -> {key}
+    offload_tasks: set = field(default_factory=set)  # tenant:key of objects with an offload task in flight
 
 
 class _Audit:
@@ -470,6 +474,8 @@ class _Audit:
         # objects, in atomic batches
         prefix = k.prefix("object")
         chunk: list[tuple[bytes, bytes]] = []
+        # local disk segments: client -> mount id (a disk replica "<mount> <location>" is live on a match)
+        disk_mounts = {c: int(score) for c, score in self.zall(k.disks).items()}
 
         def flush() -> None:
             if not chunk:
@@ -494,6 +500,8 @@ class _Audit:
                 guaranteed = b"guaranteed_until" in h
                 if guaranteed:
                     ps.guarantee_prefix[(tenant, h.get(b"prefix", key))].add(key)
+                if b"offload_client" in h:
+                    ps.offload_tasks.add(tenant + b":" + key)
                 n_reps = live = 0
                 for f, v in h.items():
                     if not f.startswith(b"rep:"):
@@ -507,6 +515,9 @@ class _Audit:
                         if guaranteed:
                             ps.guaranteed[(seg, tenant)] += size
                             ps.guaranteed[(b"", tenant)] += size
+                for f, v in h.items():  # a live disk replica keeps the object readable
+                    if f.startswith(b"disk:") and disk_mounts.get(f[5:]) == _int(v.split(b" ", 1)[0]):
+                        live += 1
                 if live == 0 and not sweep_owed:
                     ps.aggregate.append(self.finding(
                         "no_live_replica", shard, _d(tenant + b":" + key), "at least one replica on a mounted segment",
@@ -878,6 +889,7 @@ class _Audit:
         findings += retention_count_findings(self, shard)
         if self.radix_present(shard):
             findings += radix_findings(self, shard)
+        findings += fsck_offload.offload_findings(self, shard, ps.offload_tasks)
         # units and processing entries no scanned object accounts for: re-read, then judge
         recheck: set[tuple[bytes, bytes]] = set()
         for unit in sorted(ps.units):
@@ -930,6 +942,8 @@ class _Audit:
              "guaranteed": 4, "sweep": 5}
     ORDER["retention_counts"] = 2
     ORDER.update({"radix_index": 1, "radix_link": 6, "radix_unlink": 6, "radix_outbox": 6, "radix_empty": 7})
+    ORDER["offload_task"] = 0
+    ORDER["offload_inflight"] = 4
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)
@@ -965,6 +979,8 @@ class _Audit:
             return repair_radix(self, action)
         elif kind == "retention_counts":
             return repair_counts(self, action)
+        elif kind in ("offload_task", "offload_inflight"):
+            return fsck_offload.repair(self, action)
         elif kind == "forget":
             self.fcall("mc_fsck_forget_segment", shard, action[2])
         elif kind == "sweep":

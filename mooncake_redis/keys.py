@@ -42,6 +42,9 @@ K.update({"radix_node": ":rnode:", "radix_keys": ":rkeys:", "radix_kids": ":rkid
 # group retention: its tiers, its deadline index, its per-tenant counts
 K.update({"tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft_retained",
           "deadline_retention": ":deadline:retention", "retained_tenants": ":retained_tenants"})
+# SSD offload: local disk segments, per-client queues (and HIGH overflow), tasks in flight
+K.update({"disk": ":disk:", "disks": ":disks", "offload_queue": ":offq:", "offload_overflow": ":offover:",
+          "offload_inflight": ":offload_inflight"})
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
 
 _KB = {name: suffix.encode() for name, suffix in K.items()}
@@ -89,6 +92,21 @@ class ShardKeys:
         # the radix index: every node of the shard, the outbox of cross-shard steps
         self.radix_nodes = P + _KB["radix_nodes"]
         self.radix_outbox = P + _KB["radix_outbox"]
+        # SSD offload
+        self.disks = P + _KB["disks"]
+        self.offload_inflight = P + _KB["offload_inflight"]
+
+    def disk(self, client: str | bytes) -> bytes:
+        """A client's local disk segment on this shard (hash)."""
+        return self.P + _KB["disk"] + _b(client)
+
+    def offload_queue(self, client: str | bytes) -> bytes:
+        """A client's offload queue on this shard (zset)."""
+        return self.P + _KB["offload_queue"] + _b(client)
+
+    def offload_overflow(self, client: str | bytes) -> bytes:
+        """A client's HIGH entries that found its queue full of HIGH entries (zset)."""
+        return self.P + _KB["offload_overflow"] + _b(client)
 
     def prefix(self, name: str) -> bytes:
         """P + the suffix `name` of K: the start of a family of keys, e.g. for a SCAN MATCH."""

@@ -24,6 +24,7 @@ from .keys import ShardKeys, compile_key_pattern
 from .radix import RadixApi
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
+from .offload import OffloadApi
 from .preflight import check_server
 from .segments import SegmentsApi
 from .transport import Shards
@@ -65,7 +66,7 @@ def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
         raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
 
 
-class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, RadixApi):
+class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config

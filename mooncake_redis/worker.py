@@ -14,9 +14,11 @@ space that eviction would otherwise have to find):
      set, also if a worker stopped before sweeping, or step 2 just unmounted one), sweep the dead
      replicas out of the shard's object hashes (`mc_sweep_replicas` over a SCAN of the shard's
      objects, then `mc_sweep_done`);
-  4. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps) until the
+  4. redeliver_offload: offload tasks whose deadline passed are queued again or dropped
+     (`mc_offload_sweep`, which releases their task references first);
+  5. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps) until the
      shard's state is no longer "more".
-  5. radix (only with enable_radix_tree): deliver the shard's radix outbox (unlinks eviction
+  6. radix (only with enable_radix_tree): deliver the shard's radix outbox (unlinks eviction
      wrote make parents on other shards candidates), then one bounded reconciliation call.
 Then it publishes metrics to the plain hash `<P>:metrics` (not master state). A new loop is one
 more `Step` in `STEPS`.
@@ -61,6 +63,7 @@ class WorkerPass:
     radix_outbox_applied: int = 0    # cross-shard radix steps delivered
     radix_nodes_dropped: int = 0     # empty radix nodes reconciliation removed
     radix_phantoms_removed: int = 0  # children a parent listed that were gone
+    offload_timed_out: int = 0  # offload tasks whose deadline passed (queued again or dropped)
 
     def add(self, other: "WorkerPass") -> None:
         for f in fields(self):
@@ -89,6 +92,7 @@ _TOTALS = {
     "radix_outbox_applied_total": "radix_outbox_applied",
     "radix_nodes_dropped_total": "radix_nodes_dropped",
     "radix_phantoms_removed_total": "radix_phantoms_removed",
+    "offload_timed_out_total": "offload_timed_out",
 }
 
 
@@ -180,6 +184,15 @@ def radix(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
     worker.radix_cursors[shard.index] = cursor
     done.radix_nodes_dropped += dropped
     done.radix_phantoms_removed += phantoms
+def redeliver_offload(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    """Offload tasks whose deadline passed end as failures: queued again (HIGH always) or
+    dropped and counted (`mc_offload_sweep`, until a call finds fewer than `batch`)."""
+    while True:
+        timed_out, _, _ = worker.transport.call("mc_offload_sweep", shard.index, worker.batch)
+        done.offload_timed_out += timed_out
+        if timed_out < worker.batch or worker.stopping():
+            return
+        worker.renew(shard.index)
 
 
 # The loops of one pass over a claimed shard, in order.
@@ -187,6 +200,7 @@ STEPS: list[Step] = [
     Step("discard_puts", discard_puts),
     Step("expire_clients", expire_clients),
     Step("sweep_replicas", sweep_replicas),
+    Step("redeliver_offload", redeliver_offload),
     Step("evict", evict),
     Step("radix", radix),
 ]

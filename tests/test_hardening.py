@@ -213,6 +213,8 @@ FUNCTIONS += ["mc_retain_groups", "mc_describe_group", "mc_retention_usage", "mc
               "mc_fsck_retention_counts"]
 FUNCTIONS += ["mc_radix_register", "mc_radix_nodes", "mc_radix_describe", "mc_radix_outbox", "mc_radix_apply",
               "mc_radix_ack", "mc_radix_probe", "mc_radix_reconcile", "mc_radix_stats", "mc_fsck_radix_index"]
+FUNCTIONS += ["mc_mount_local_disk", "mc_unmount_local_disk", "mc_report_ssd_capacity", "mc_offload_heartbeat",
+              "mc_offload_done", "mc_offload_sweep", "mc_fsck_offload_task", "mc_fsck_offload_inflight"]
 
 
 def test_every_function_is_listed_here():
