@@ -167,8 +167,9 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
                 chains: Chains | None = None, config: MasterConfig | None = None) -> Stats:
     """The model's figures for the replay under `radix`: as model_lru, with leaf-first candidates
     (RadixShardModel), each block written as its own put (put_start + put_end: a block written is
-    a candidate when the next block of the request is put), and a block's parent the block before
-    it in the request (the first registration stays). One shard only: with several, the
+    a candidate when the next block of the request is put, unless that block names it as its
+    parent: a put links its node before evict-on-put makes room), and a block's parent the block
+    before it in the request (the first registration stays). One shard only: with several, the
     parent's shard learns of an evicted child through the outbox, which this model does not
     follow."""
     if shards != 1:
@@ -207,18 +208,22 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
         for j, (b, hit) in enumerate(zip(req.blocks, found)):
             if hit:
                 continue
+            if b not in parent_of:  # registered (and linked) before evict-on-put makes room
+                p = req.blocks[j - 1] if j else None
+                parent_of[b] = p
+                if p is not None:
+                    kids[p] = kids.get(p, 0) + 1
             if len(m.score) >= m.slots:
                 victim = m.pop_candidate(now) if config.evict_on_put else None
                 if victim is None:
                     st.refuse(ErrorCode.NO_AVAILABLE_HANDLE)
                     m.put_failed = True
+                    if kids.get(b, 0) == 0:  # the refused key's empty node goes again
+                        evicted_none: list[int] = []
+                        stored.add(b)
+                        drop(b, evicted_none)
                     continue
                 drop(victim, evicted)
-            if b not in parent_of:
-                p = req.blocks[j - 1] if j else None
-                parent_of[b] = p
-                if p is not None:
-                    kids[p] = kids.get(p, 0) + 1
             m.set_score(b, now)
             stored.add(b)
             st.written += 1

@@ -500,3 +500,22 @@ def test_cli_combination(hot_trace):
     assert list(res["policies"]) == ["guaranteed+retained"] and res["policies"]["guaranteed+retained"]["hits"] == 1
     r = invoke(hot_trace, "--policy", "lru+lru")
     assert r.exit_code == 2 and "a combination joins" in r.output
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_radix_model_agrees_with_the_store_on_random_traces(url, seed):
+    """The radix policy (one shard): the store and model_radix agree eviction for eviction, and
+    neither evicts a block another stored block extends."""
+    from mooncake_redis.bench.replay_model import model_radix
+    from mooncake_redis.bench.replay_policies import Radix
+
+    rnd = random.Random(seed)
+    reqs = random_trace(rnd, 40 if url.startswith("memory://") else 120)
+    chains = engine.Chains(reqs)
+    for capacity, worker in ((rnd.randint(4, 12), True), (rnd.randint(8, 12), False), (40, True)):
+        store = engine.replay_store(url, reqs, Radix(), capacity, block_bytes=1000, shards=1, worker=worker,
+                                    chains=chains)
+        model = model_radix(reqs, capacity, block_bytes=1000, shards=1, worker=worker, chains=chains)
+        fields = ("hits", "evictions", "orphan_evictions", "written", "puts_refused", "objects_left", "worker_evicted")
+        assert {f: getattr(store, f) for f in fields} == {f: getattr(model, f) for f in fields}, (capacity, worker)
+        assert store.orphan_evictions == 0

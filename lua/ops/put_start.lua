@@ -145,14 +145,19 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   end
   local guaranteed = a.guarantee_ttl > 0 and guarantee_allowed(P, a, size, cfg) -- one replica at least
   if guaranteed == 'refused' then return E.GUARANTEED_CAPACITY_EXCEEDED end
+  -- the node is linked to its parent before evict-on-put runs, so that the parent (on this
+  -- shard) is no longer a candidate for the room this key needs; a refused key takes it back
+  if node then radix_register(P, a.tenant, node, parent, pshard, now) end
   local got, fits = allocate_evicting(P, size, a, now, cfg, by_free)
   if #got == 0 then
     if fits then redis.call('HSET', P, 'put_failed', S(now)) end -- tells the eviction workers to start
+    if node then radix_settle(P, a.tenant, node, now, 0) end
     return E.NO_AVAILABLE_HANDLE
   end
   if guaranteed == 'yes' and #got > 1 then guaranteed = guarantee_allowed(P, a, size * #got, cfg) end
   if guaranteed == 'refused' then
     undo_allocation(P, got, size)
+    if node then radix_settle(P, a.tenant, node, now, 0) end
     return E.GUARANTEED_CAPACITY_EXCEEDED
   end
   local guaranteed_until = guaranteed == 'yes' and now + a.guarantee_ttl or nil
@@ -176,10 +181,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   redis.call('HINCRBY', P, 'objects', 1)
   if guaranteed_until then start_guarantee(P, a.tenant, key, prefix, guaranteed_until, got, size) end
   if a.group then join_group(P, a.tenant, key, a.group, a.hard_pin, guaranteed_until, now) end
-  if node then
-    radix_register(P, a.tenant, node, parent, pshard, now)
-    join_group(P, a.tenant, key, radix_group(node), a.hard_pin, guaranteed_until, now)
-  end
+  if node then join_group(P, a.tenant, key, radix_group(node), a.hard_pin, guaranteed_until, now) end
   return reply
 end
 
