@@ -27,6 +27,7 @@ from typing import Any, Callable
 import redis
 
 from .common import cpu_model, delete_keys
+from .guarantee import figures as guarantee_figures
 from .retention import figures as retention_figures
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
@@ -210,7 +211,8 @@ def _delete_namespace(r: redis.Redis) -> int:
     return delete_keys(r, f"{NAMESPACE}:*", f"{NAMESPACE}.*")
 
 
-def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> dict:
+def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print,
+         expire_sizes: tuple[int, ...] = (10_000, 1_000_000)) -> dict:
     """Run the benchmark; print one line per figure through `out`; return all figures."""
     if n < 1 or shards < 1:
         raise ValueError("n and shards must be >= 1")
@@ -231,7 +233,7 @@ def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> 
                 out(f"note     deleted {left} leftover {NAMESPACE}:* keys of an earlier run")
         master = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=shards))
         where = url if server is None else "a private valkey-server (appendonly no)"
-        return _run(master, r, where, n, shards, out, url)
+        return _run(master, r, where, n, shards, out, url, expire_sizes)
     finally:
         if master is not None:
             master.close()
@@ -243,7 +245,8 @@ def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print) -> 
             shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
-def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, url: str) -> dict:
+def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, url: str,
+         expire_sizes: tuple[int, ...]) -> dict:
     res: dict[str, Any] = {"n": n, "shards": shards, "repeats": REPEATS}
     info = r.info("server")
     res["server"] = f"{info.get('server_name', 'redis')} {info.get('valkey_version') or info.get('redis_version')}"
@@ -433,6 +436,8 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
 
     out("group retention (bench/retention.py):")
     res.update(retention_figures(url, r, REPEATS, out))
+    out("explicit caching (bench/guarantee.py):")
+    res.update(guarantee_figures(url, r, max(1, n // 4), REPEATS, out, expire_sizes))
 
     cpu1, wall = _cpu_seconds(r), time.perf_counter() - wall0
     if cpu0 and cpu1:
@@ -449,13 +454,15 @@ def _cli() -> None:
                                 description="Single-client operations benchmark (docs/bench.md).")
     p.add_argument("--n", type=int, default=20000, help="ops per figure and repeat (default 20000)")
     p.add_argument("--shards", type=int, default=1, help="shards of the bench namespace (default 1)")
+    p.add_argument("--expire-sizes", default="10000,1000000", metavar="N,N",
+                   help="store sizes (guaranteed objects) of the expire_guaranteed figure")
     p.add_argument("--redis", default=None, metavar="URL",
                    help="a running server (namespace 'bench'; every bench:* key is deleted before and "
                         "after); default: a private valkey-server started and stopped here")
     a = p.parse_args()
     if a.n < 1 or a.shards < 1:
         p.error("--n and --shards must be >= 1")
-    main(url=a.redis, n=a.n, shards=a.shards)
+    main(url=a.redis, n=a.n, shards=a.shards, expire_sizes=tuple(int(x) for x in a.expire_sizes.split(",")))
 
 
 if __name__ == "__main__":

@@ -959,18 +959,26 @@ def _bench_out(as_json: bool):
 @bench.command("ops")
 @click.option("--n", "n", type=click.IntRange(1), default=20000, show_default=True, help="Operations per kind.")
 @click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count.")
+@click.option("--expire-sizes", default="10000,1000000", show_default=True, metavar="N,N",
+              help="Store sizes (guaranteed objects) of the expire_guaranteed figure, smallest first.")
 @_bench_json
 @click.pass_obj
-def bench_ops(opts: Opts, n: int, shards: int, as_json: bool) -> None:
+def bench_ops(opts: Opts, n: int, shards: int, expire_sizes: str, as_json: bool) -> None:
     """Per-operation latency and throughput (bench/ops.py).
 
     Without --redis it runs against a private, throw-away Valkey (no AOF). With --redis it
     runs against that server; see bench/ops.py for what it writes there."""
     from mooncake_redis.bench.ops import main as ops_main
 
+    try:
+        sizes = tuple(int(x) for x in expire_sizes.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{expire_sizes!r} is not a list of integers", param_hint="--expire-sizes") from None
+    if not sizes or min(sizes) < 64:
+        raise click.BadParameter("sizes must be at least 64 (one prefix of 64 keys)", param_hint="--expire-sizes")
     out = _bench_out(as_json)
     if opts.url:
-        results = ops_main(opts.url, n=n, shards=shards, out=out)
+        results = ops_main(opts.url, n=n, shards=shards, out=out, expire_sizes=sizes)
     else:
         with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
             server = EmbeddedValkey(data_dir=tmp, appendonly=False)
@@ -979,7 +987,7 @@ def bench_ops(opts: Opts, n: int, shards: int, as_json: bool) -> None:
                     server.start()
                 except RuntimeError as exc:
                     raise CliError(str(exc)) from None
-                results = ops_main(server.url, n=n, shards=shards, out=out)
+                results = ops_main(server.url, n=n, shards=shards, out=out, expire_sizes=sizes)
             finally:
                 server.stop()
     if as_json:

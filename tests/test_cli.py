@@ -216,8 +216,9 @@ def test_serve_with_redis_refuses_other_shard_count(store, valkey):
 def fake_bench(monkeypatch):
     calls = []
 
-    def main(url, n, shards, out):
+    def main(url, n, shards, out, expire_sizes):
         assert redis.Redis.from_url(url).ping()
+        assert expire_sizes == (10_000, 1_000_000)  # the default
         calls.append((url, n, shards))
         out("fake bench done")
 
@@ -229,6 +230,8 @@ def test_bench_ops_with_redis(fake_bench, valkey):
     r = run("--redis", valkey.url, "bench", "ops", "--n", "5", "--shards", "4")
     assert r.exit_code == 0, r.output
     assert fake_bench == [(valkey.url, 5, 4)] and "fake bench done" in r.stdout
+    r = run("--redis", valkey.url, "bench", "ops", "--expire-sizes", "10,x")
+    assert r.exit_code == 2 and "--expire-sizes" in r.output and "Traceback" not in r.output
 
 
 def test_bench_ops_private_valkey(fake_bench):

@@ -121,7 +121,7 @@ def test_bench_evict_bad_sizes_is_a_usage_error():
 
 
 def test_bench_json(monkeypatch, valkey):
-    def main(url, n, shards, out):
+    def main(url, n, shards, out, expire_sizes):
         out("text line")
         return {"url": url, "n": n, "noop_fcall_ops_per_s": 1.5}
 

@@ -1,6 +1,8 @@
 """The CLI's group retention: `retain`, the retention lines of `status`, `inspect --group`."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 from click.testing import CliRunner
@@ -60,3 +62,19 @@ def test_retain_refusals_exit_1_and_usage_errors_exit_2(store, valkey):
     assert r.exit_code == 2 and "INVALID_PARAMS" in r.output
     r = run("--redis", valkey.url, "inspect", "--group", "nothing")
     assert r.exit_code == 1 and "not found: group 'nothing'" in r.output
+
+
+def test_status_and_inspect_group_json(store, valkey):
+    assert run("--redis", valkey.url, "retain", "g1", "--ttl", "90s").exit_code == 0
+    doc = json.loads(run("--redis", valkey.url, "status", "--json").stdout)
+    ret = doc["retention"]
+    assert (ret["active_groups"], ret["held_slots"], ret["limit"], ret["tenant_limit"]) == (1, 1, 6, 6)
+    assert [s["shard"] for s in ret["shards"]] == [0, 1] and sum(s["share"] for s in ret["shards"]) == 6
+    doc = json.loads(run("--redis", valkey.url, "inspect", "--group", "g1", "--json").stdout)
+    assert doc["command"] == "inspect" and doc["found"] is True
+    assert (doc["members"], doc["retained_until_ms"], doc["lease_until_ms"], doc["protected_by"], doc["tier"]) == \
+        (0, T0 + 90_000, None, "no_members", None)
+    assert doc["fields"] == {"retained_until": str(T0 + 90_000)}
+    r = run("--redis", valkey.url, "inspect", "--group", "nothing", "--json")
+    assert r.exit_code == 1 and json.loads(r.stdout) == {"command": "inspect", "format": 1, "group": "nothing",
+                                                        "tenant": "default", "found": False}

@@ -272,6 +272,23 @@ def test_leases_hard_pins_and_puts_in_progress_stay_authoritative(master):
     assert not alive(m, "{t}leased/1") and alive(m, "{t}hard/1") and alive(m, "{t}busy/1")
 
 
+def test_a_guaranteed_member_protects_its_retained_group_until_the_guarantee_ends(master):
+    m = master
+    mount(m)
+    put(m, "{t}filler", ReplicateConfig(with_hard_pin=True), size=95_000)
+    m.retain_groups(["{t}g"], HOUR)
+    m.put_start(W, "{t}g/1", OBJ, ReplicateConfig(group_id="{t}g", guaranteed_ttl_ms=5 * TTL))
+    m.put_end(W, "{t}g/1")
+    assert m.describe_group("{t}g").why == "guaranteed"
+    m.advance_clock(TTL + 1)
+    assert m.evict_step(shard_of_str(m, "{t}")).state == "blocked" and alive(m, "{t}g/1")
+    m.advance_clock(4 * TTL)  # the guarantee ends; the retention goes on, and the fallback tier may go
+    m.evict_step(shard_of_str(m, "{t}"))
+    assert not alive(m, "{t}g/1")
+    assert m.describe_group("{t}g").retained_until_ms == T0 + HOUR  # the record outlives its members
+    assert fsck(m).ok
+
+
 def test_evicting_every_member_keeps_the_retention_for_new_members(master):
     m = master
     units = _scenario(m)

@@ -55,8 +55,20 @@ local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
 local function group_unit(tenant, group) return 'g:' .. tenant .. ':' .. group end
 local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. unit end
 
+-- The indexes a unit can be in by the rule: an object unit never drains and never sits in a
+-- retention tier, so the hot paths (put_end, remove, eviction of an object) touch three indexes,
+-- not all of them. unplace clears every index (the repairs and the odd cases use it).
+local OBJECT_INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES }
+local function indexes_of(unit)
+  return string.sub(unit, 1, 2) == 'o:' and OBJECT_INDEXES or INDEXES
+end
+
 local function unplace(P, unit)
   for _, index in ipairs(INDEXES) do redis.call('ZREM', P .. index, unit) end
+end
+
+local function unplace_object(P, unit)
+  for _, index in ipairs(OBJECT_INDEXES) do redis.call('ZREM', P .. index, unit) end
 end
 
 -- The rule. `f` holds a unit's facts: processing, hard_pinned, task_refs (counts or flags),
@@ -102,7 +114,7 @@ end
 
 -- Write a unit's index entries as the rule says (entries it should not have are removed).
 local function apply_rule(P, unit, entries, now)
-  for _, index in ipairs(INDEXES) do
+  for _, index in ipairs(indexes_of(unit)) do
     local score = entries[index]
     if score == nil then
       redis.call('ZREM', P .. index, unit)
@@ -167,11 +179,19 @@ local function being_evicted(P, tenant, o)
   return o.group ~= nil and group_draining(P, tenant, o.group)
 end
 
--- A read leases the object's unit: the object, or its whole group. Every tier is re-scored
--- with XX (only a unit that is a candidate moves; protected units stay out): a unit whose soft
--- pin expired may still sit in the soft tier until the sweep moves it, and its score must stay
--- its lease. With `rescore` (a batch's list), the re-scores are queued for flush_rescore, which
--- sends one variadic ZADD per tier for the whole batch.
+-- The tiers a unit may sit in, from what the reader loaded: an ungrouped object only in the
+-- ordinary tier, or also the soft tier if it ever had a soft pin (one that expired may still sit
+-- there until the sweep moves it, and its score must stay its lease); a group in any tier.
+local OBJECT_TIERS, SOFT_OBJECT_TIERS = { TIER_ORDINARY }, { TIER_ORDINARY, TIER_SOFT }
+local function possible_tiers(o)
+  if o.group then return TIERS end
+  return (tonumber(o.soft_pin_until) or 0) > 0 and SOFT_OBJECT_TIERS or OBJECT_TIERS
+end
+
+-- A read leases the object's unit: the object, or its whole group. The unit's possible tiers are
+-- re-scored with XX (only a unit that is a candidate moves; protected units stay out). The
+-- re-scores are queued in `rescore` (one per call: tier -> {score, unit, ...}) for
+-- flush_rescore, which sends one variadic ZADD per tier for the whole batch.
 local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
   local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
   if o.group then
@@ -180,18 +200,19 @@ local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
   end
   if until_ms <= cur then return cur end
   redis.call('HSET', target, 'lease_until', S(until_ms))
-  if rescore then
-    rescore[#rescore + 1] = S(until_ms)
-    rescore[#rescore + 1] = unit
-  else
-    for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', S(until_ms), unit) end
+  for _, tier in ipairs(possible_tiers(o)) do
+    local q = rescore[tier]
+    if not q then q = {}; rescore[tier] = q end
+    q[#q + 1] = S(until_ms)
+    q[#q + 1] = unit
   end
   return until_ms
 end
 
 local function flush_rescore(P, rescore)
-  if #rescore == 0 then return end
-  for _, tier in ipairs(TIERS) do redis.call('ZADD', P .. tier, 'XX', unpack(rescore)) end
+  for _, tier in ipairs(TIERS) do
+    if rescore[tier] then redis.call('ZADD', P .. tier, 'XX', unpack(rescore[tier])) end
+  end
 end
 
 local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now)
@@ -274,7 +295,7 @@ end
 -- Delete an object and keep its unit's indexes right.
 local function delete_object(P, tenant, key, okey, o, hold_until, now)
   drop_object(P, tenant, key, okey, o, hold_until)
-  if o.group then leave_group(P, tenant, key, o, now) else unplace(P, object_unit(tenant, key)) end
+  if o.group then leave_group(P, tenant, key, o, now) else unplace_object(P, object_unit(tenant, key)) end
 end
 
 -- A guarantee ends (its deadline passed, or expire_guaranteed): the object is an ordinary one

@@ -58,7 +58,7 @@ local function evict_object(P, tenant, key, now, cfg)
     return 0, 0
   end
   local bytes = drop_object(P, tenant, key, okey, o, nil)
-  unplace(P, unit)
+  unplace_object(P, unit)
   return 1, bytes
 end
 

@@ -139,7 +139,8 @@ local function fsck_place_object(P, tenant, key, now)
   else
     redis.call('ZREM', P .. K.guaranteed, id)
   end
-  if o.group then unplace(P, unit) else place_object(P, tenant, key, o, now) end
+  unplace(P, unit) -- every index: a stray entry anywhere goes
+  if not o.group then place_object(P, tenant, key, o, now) end
   return 1
 end
 

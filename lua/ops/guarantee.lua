@@ -7,7 +7,7 @@
 -- Cost: O(keys of the prefix) through P:gpfx:<tenant>:<prefix>, never a scan; at most
 --   EXPIRE_PER_CALL objects a call, shared by its prefixes in order.
 
-local EXPIRE_PER_CALL = 1024
+local EXPIRE_PER_CALL = 128 -- about 2 ms of server time at 15 redis.calls a key
 local EXPIRE_SPEC = { opts = { tenant = 'optional' }, fields = { prefix = 'required' }, max_rows = MAX_KEYS_PER_CALL }
 
 local function expire_prefix(P, tenant, prefix, now, budget)
