@@ -994,6 +994,32 @@ def bench_ops(opts: Opts, n: int, shards: int, expire_sizes: str, as_json: bool)
         emit_json("bench ops", {"results": results})
 
 
+@bench.command("cluster")
+@click.option("--processes", type=click.IntRange(1, 64), default=4, show_default=True, help="Client processes.")
+@click.option("--seconds", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
+              help="Seconds each process calls, per topology.")
+@click.option("--keys", type=click.IntRange(1, 1_000_000), default=2000, show_default=True, help="Stored objects.")
+@click.option("--batch", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="Keys per batch_get_replica_list call (at most --keys).")
+@_bench_json
+@click.pass_obj
+def bench_cluster(opts: Opts, processes: int, seconds: float, keys: int, batch: int, as_json: bool) -> None:
+    """get_replica_list calls/s from several client processes against one private Valkey and a
+    private 3-primary cluster, in the same run (bench/cluster.py)."""
+    if batch > keys:
+        raise click.BadParameter("must be at most --keys", param_hint="--batch")
+    from mooncake_redis.bench.cluster import main as cluster_main
+
+    if opts.url:
+        click.echo("note: bench cluster runs on its own private servers, not on --redis", err=True)
+    try:
+        results = cluster_main(processes, seconds, keys, batch, out=_bench_out(as_json))
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    if as_json:
+        emit_json("bench cluster", {"results": results})
+
+
 def _sizes(_ctx, _param, value: str) -> list[int]:
     """--sizes: comma-separated object counts, each at least 1000 (a usage error otherwise)."""
     try:

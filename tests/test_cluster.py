@@ -285,3 +285,14 @@ def test_cluster_up_refuses_a_data_dir_in_use(tmp_path):
     (tmp_path / "x").write_text("")
     result = CliRunner().invoke(cli, ["cluster-up", "--data-dir", str(tmp_path)])
     assert result.exit_code == 2 and "not empty" in result.output
+
+
+def test_bench_cluster_measures_both_topologies():
+    from mooncake_redis.bench.cluster import main
+
+    lines = []
+    res = main(processes=1, seconds=0.3, keys=20, out=lines.append)
+    for name in ("one_node", "three_nodes"):
+        assert res[name]["calls"] > 0 and res[name]["server_cpu_s"] > 0
+    assert res["ratio"] == res["three_nodes"]["calls_per_s"] / res["one_node"]["calls_per_s"]
+    assert any(line.startswith("  3 nodes / 1 node:") for line in lines)
