@@ -32,7 +32,7 @@ import redis
 from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
-from mooncake_redis.cluster import primary_clients
+from mooncake_redis.cluster import is_cluster_url, primary_clients
 from mooncake_redis.functions import LIBRARY_NAME, LIBRARY_PROTOCOL, check_schema, library_source, server_library
 from mooncake_redis.keys import ShardKeys, shard_of
 from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
@@ -743,6 +743,10 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         tool = valkey_cli_binary() or "valkey-cli"
         if private is not None:
             _serve_banner(private, tool)
+        elif is_cluster_url(url):  # valkey-cli takes one node, and -c to follow redirects
+            first = url.partition("://")[2].rpartition("@")[2].split(",")[0].rstrip("/")
+            host, _, port = first.rpartition(":")
+            out(f"  redis-cli {tool} -c -h {host} -p {port}")
         else:
             out(f"  redis-cli {tool} -u {safe_url(url)}")
         out("  background work: one worker (eviction, abandoned puts, client TTL, sweeps)")
