@@ -99,6 +99,24 @@ def test_shards_spread_over_every_primary_and_each_key_lives_on_its_shards_node(
         m.close()
 
 
+def test_clock_hooks_touch_one_shard_per_command(valkey_cluster):
+    """A command naming keys of two shards is refused by a cluster (CROSSSLOT): the clock hooks
+    send one command per shard."""
+    flush(valkey_cluster.url)
+    m = Master.connect(valkey_cluster.url, MasterConfig(shards=16, client_ttl=LONG))
+    try:
+        m.freeze_clock(T0)
+        assert m.advance_clock(5) == T0 + 5 and set(m.transport.each("mc_now")) == {T0 + 5}
+        with pytest.raises(MasterError) as e:  # what a two-shard command gets
+            m.transport.run([("DEL", m.transport.keys[0].clock, m.transport.keys[1].clock)])
+        assert "don't hash to the same slot" in e.value.message
+        m.unfreeze_clock()
+        assert all(m.redis.exists(k.clock) == 0 for k in m.transport.keys)
+        assert abs(m.now_ms() - int(time.time() * 1000)) < 60_000  # server TIME again
+    finally:
+        m.close()
+
+
 def test_library_reloaded_on_a_node_that_lost_it(valkey_cluster):
     flush(valkey_cluster.url)
     m = Master.connect(valkey_cluster.url, MasterConfig(shards=16, client_ttl=LONG))
