@@ -3,8 +3,9 @@ in-process reference caches of the same capacity. `mooncake-redis replay` (cli/r
 `bench capacity` (bench/capacity.py) drive it; docs/replay.md describes the method and figures.
 
 The trace is Mooncake's JSONL format: one request a line with `timestamp` (ms from the trace's
-start), `hash_ids` (the request's chain of prefix blocks: block i's parent is block i-1) and
-`input_length` (prompt tokens; when absent, blocks x block tokens). Each request, as an
+start), `hash_ids` (the request's chain of prefix blocks: block i's parent is block i-1),
+`input_length` (prompt tokens; when absent, blocks x block tokens) and `output_length`
+(generated tokens: the `retained` policy's expected duration). Each request, as an
 inference engine would issue it:
 
   1. look up all its blocks in order (the policy's read: batch_exist_key for plain leases); the
@@ -64,6 +65,7 @@ class Request:
     timestamp: int                  # ms from the trace's start
     blocks: tuple[int, ...]
     input_length: int | None = None  # prompt tokens, when the trace gives them
+    output_length: int | None = None  # generated tokens, when the trace gives them
 
     def tokens(self, block_tokens: int) -> int:
         return self.input_length if self.input_length is not None else len(self.blocks) * block_tokens
@@ -87,17 +89,18 @@ def load_trace(path: str | os.PathLike, limit: int | None = None) -> list[Reques
             try:
                 row = json.loads(line)
                 ts, ids = row["timestamp"], row["hash_ids"]
-                length = row.get("input_length")
+                length, output = row.get("input_length"), row.get("output_length")
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a trace request ({exc})") from None
             if isinstance(ts, bool) or not isinstance(ts, int) or ts < last:
                 raise ValueError(f"{path}:{lineno}: timestamp must be an integer >= the one before, not {ts!r}")
             if not isinstance(ids, list) or not all(isinstance(b, int) and not isinstance(b, bool) for b in ids):
                 raise ValueError(f"{path}:{lineno}: hash_ids must be a list of integers")
-            if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 0):
-                raise ValueError(f"{path}:{lineno}: input_length must be a non-negative integer")
+            for name, value in (("input_length", length), ("output_length", output)):
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                    raise ValueError(f"{path}:{lineno}: {name} must be a non-negative integer")
             last = ts
-            out.append(Request(ts, tuple(ids), length))
+            out.append(Request(ts, tuple(ids), length, output))
     if not out:
         raise ValueError(f"{path}: no requests")
     return out
@@ -360,13 +363,16 @@ class StoreReplay:
                 if hit and key in self.stored:
                     self.stored.move_to_end(key)
             missing = [j for j, hit in enumerate(found) if not hit]
+            # stored as far as the shadow knows, yet not found: dropped since (a member of a
+            # group being evicted reads as absent until its put finishes its eviction)
+            dropped = [self._forget(keys[j]) for j in missing if keys[j] in self.stored]
             for indexes, rconfig in policy.put_batches(m, req, missing, now):
                 self._put(m, [keys[j] for j in indexes], [req.blocks[j] for j in indexes], rconfig)
             if worker is not None:
                 st.worker_evicted += worker.run_once().evicted_objects
             usage = m.usage()
             st.guaranteed_peak_bytes = max(st.guaranteed_peak_bytes, usage.guaranteed_bytes)
-            self._find_evictions(m, usage.objects, chains)
+            self._find_evictions(m, usage.objects, chains, dropped)
             progress(i + 1)
         st.seconds = time.perf_counter() - t0
         u = m.usage()
@@ -390,16 +396,19 @@ class StoreReplay:
                 self.stored.move_to_end(key)
                 self.stored_blocks.add(block)
 
-    def _find_evictions(self, m: Master, objects: int, chains: Chains) -> None:
+    def _forget(self, key: bytes) -> int:
+        block = self.stored.pop(key)
+        self.stored_blocks.discard(block)
+        return block
+
+    def _find_evictions(self, m: Master, objects: int, chains: Chains, dropped: list[int]) -> None:
         """Drop from the shadow the blocks the store (holding `objects`) no longer holds; count
-        them and the orphan-making ones."""
+        them, with the `dropped` ones the request's lookup found gone, and the orphan-making ones."""
         missing = len(self.stored) - objects
-        if missing <= 0:
-            return
         gone: list[bytes] = []
-        keys = iter(list(self.stored))
+        keys = iter(self.stored)  # not changed until the scan ends
         chunk = max(2 * missing, 64)
-        while len(gone) < missing:
+        while missing > 0 and len(gone) < missing:
             batch = [k for _, k in zip(range(chunk), keys)]
             if not batch:
                 break
@@ -407,8 +416,7 @@ class StoreReplay:
             for k in batch:
                 pipe.exists(m.transport.keys[m.transport.shard_of(k)].object(TENANT, k))
             gone += [k for k, there in zip(batch, pipe.execute()) if not there]
-        evicted = [self.stored.pop(k) for k in gone]
-        self.stored_blocks.difference_update(evicted)
+        evicted = dropped + [self._forget(k) for k in gone]
         self.stats.count_evictions(evicted, chains, self.stored_blocks.__contains__)
 
 
@@ -458,7 +466,7 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
     from .replay_policies import make_policy
 
     knobs = knobs or {}
-    made = {name: make_policy(name, knobs.get(name)) for name in policies}  # bad names and knobs fail first
+    made = {name: make_policy(name, knobs) for name in policies}  # bad names and knobs fail first
     chains = Chains(requests)
     out = trace_summary(trace, requests, block_tokens)
     out.update({"block_tokens": block_tokens, "block_bytes": block_bytes, "shards": shards, "worker": worker,
@@ -487,7 +495,7 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
             for name in policies:
                 bar = Progress(f"{name} @ {capacity:,} blocks", len(requests), progress)
                 try:
-                    policy = make_policy(name, knobs.get(name))
+                    policy = make_policy(name, knobs)
                     st = replay_store(url, requests, policy, capacity, block_bytes, block_tokens, shards,
                                       worker, chains, bar)
                 finally:

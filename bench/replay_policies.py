@@ -1,13 +1,15 @@
 """Replay policies: how an engine reads and writes a request's blocks under one caching design.
 A policy is a small class overriding the hooks it changes; bench/replay.py's StoreReplay calls
 them for every request, on a fresh instance per run (a policy may keep online state, never
-look ahead in the trace). POLICIES maps the names `mooncake-redis replay --policy` accepts."""
+look ahead in the trace). POLICIES maps the names `mooncake-redis replay --policy` accepts;
+names joined by "+" make a Combined policy."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any
 
-from mooncake_redis import Master, ReplicateConfig
+from mooncake_redis import ErrorCode, Master, ReplicateConfig
 
 from .replay import TENANT, Request, leading_run
 
@@ -108,7 +110,116 @@ class Guaranteed(Policy):
         return {"guaranteed_puts": self.guarantees_asked, "guarantee_renewals": self.renewals_asked}
 
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed)}
+class Retained(Policy):
+    """Group retention: the blocks a request writes form a group (ReplicateConfig(group_id=...)),
+    retained with retain_groups for the request's expected duration, extra_ms +
+    ms_per_output_token x output_length (at least 1 ms), from its arrival. While retained, the
+    group ranks after every ordinary candidate (allow_evict_retained_groups); afterwards it is an
+    ordinary unit, evicted whole. A group lives on its id's shard and its members must route
+    there, so with several shards a request has one group per shard its new blocks route to, each
+    id carrying a `{tag}` of that shard."""
+
+    name = "retained"
+    KNOBS = {"ms_per_output_token": 30, "extra_ms": 0}
+
+    def __init__(self, ms_per_output_token: int = 30, extra_ms: int = 0):
+        if ms_per_output_token < 0 or extra_ms < 0:
+            raise ValueError("retained: ms_per_output_token and extra_ms must be >= 0")
+        self.ms_per_output_token, self.extra_ms = ms_per_output_token, extra_ms
+        self.requests = 0
+        self.tags: dict[int, str] = {}  # shard -> a routing tag that lands there
+        self.retained = 0
+        self.refused: dict[str, int] = {}
+
+    @property
+    def summary(self) -> str:
+        return (f"a request's new blocks form a group retained for {self.extra_ms:,} ms + "
+                f"{self.ms_per_output_token} ms per output token")
+
+    def duration_ms(self, req: Request) -> int:
+        return max(1, self.extra_ms + self.ms_per_output_token * (req.output_length or 0))
+
+    def _tag(self, m: Master, shard: int) -> str:
+        if not self.tags:
+            i = 0
+            while len(self.tags) < m.shards:
+                self.tags.setdefault(m.transport.shard_of(f"s{i}".encode()), f"s{i}")
+                i += 1
+        return self.tags[shard]
+
+    def put_batches(self, m: Master, req: Request, missing: list[int], now: int) -> list[PutBatch]:
+        self.requests += 1
+        if not missing:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        for j in missing:
+            by_shard.setdefault(m.transport.shard_of(self.key(req.blocks[j])), []).append(j)
+        groups = {s: (f"r{self.requests}" if m.shards == 1 else f"{{{self._tag(m, s)}}}r{self.requests}")
+                  for s in by_shard}
+        for result in m.retain_groups(list(groups.values()), self.duration_ms(req), TENANT):
+            if isinstance(result, ErrorCode):
+                self.refused[result.name] = self.refused.get(result.name, 0) + 1
+            else:
+                self.retained += 1
+        return [(idx, ReplicateConfig(group_id=groups[s])) for s, idx in by_shard.items()]
+
+    def figures(self) -> dict[str, Any]:
+        return {"groups_retained": self.retained, "retentions_refused": dict(sorted(self.refused.items()))}
+
+
+class Combined(Policy):
+    """Several policies at once, e.g. `guaranteed+retained`: the reads of the one part that
+    changes them (at most one may), and each block written with every part's settings merged
+    (the fields a part sets away from ReplicateConfig's defaults; a later part wins a field two
+    set). Each part makes its own calls (retain_groups) and keeps its own counts."""
+
+    def __init__(self, parts: list[Policy]):
+        readers = [p for p in parts if type(p).lookup is not Policy.lookup]
+        if len(parts) < 2 or len(readers) > 1 or len({type(p) for p in parts}) < len(parts):
+            raise ValueError("a combination joins two or more different policies, at most one of which "
+                             "changes reads")
+        self.parts, self.reader = parts, (readers or parts)[0]
+        self.name = "+".join(p.name for p in parts)
+
+    @property
+    def summary(self) -> str:
+        return "; ".join(f"{p.name}: {p.summary}" for p in self.parts)
+
+    def knobs(self) -> dict[str, int]:
+        return {f"{p.name}.{k}": v for p in self.parts for k, v in p.knobs().items()}
+
+    def master_config(self) -> dict[str, Any]:
+        return {k: v for p in self.parts for k, v in p.master_config().items()}
+
+    def lookup(self, m: Master, req: Request, keys: list[bytes], now: int) -> list[bool]:
+        return self.reader.lookup(m, req, keys, now)
+
+    def put_batches(self, m: Master, req: Request, missing: list[int], now: int) -> list[PutBatch]:
+        settings: dict[int, dict[str, Any]] = {j: {} for j in missing}
+        for part in self.parts:
+            for indexes, config in part.put_batches(m, req, missing, now):
+                for j in indexes:
+                    settings[j].update(_set_fields(config))
+        batches: dict[tuple, list[int]] = {}
+        for j in missing:
+            batches.setdefault(tuple(sorted(settings[j].items())), []).append(j)
+        return [(idx, ReplicateConfig(**dict(fields)) if fields else None) for fields, idx in batches.items()]
+
+    def figures(self) -> dict[str, Any]:
+        return {k: v for p in self.parts for k, v in p.figures().items()}
+
+
+_DEFAULTS = ReplicateConfig()
+
+
+def _set_fields(config: ReplicateConfig | None) -> dict[str, Any]:
+    if config is None:
+        return {}
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(_DEFAULTS, f.name)}
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed, Retained)}
 
 
 def knobs_of(name: str) -> dict[str, int]:
@@ -116,14 +227,18 @@ def knobs_of(name: str) -> dict[str, int]:
     return dict(POLICIES[name].KNOBS)
 
 
-def make_policy(name: str, knobs: dict[str, int] | None = None) -> Policy:
-    """A fresh policy with its knobs (defaults for those not given)."""
+def make_policy(name: str, knobs: dict[str, dict[str, int]] | None = None) -> Policy:
+    """A fresh policy: one of POLICIES, or several joined by "+" (Combined). `knobs` maps policy
+    names to their knobs (defaults for those not given)."""
+    if "+" in name:
+        return Combined([make_policy(part, knobs) for part in name.split("+")])
     try:
         cls = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
-    unknown = set(knobs or {}) - set(cls.KNOBS)
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)}, or several joined by +)") from None
+    mine = (knobs or {}).get(name, {})
+    unknown = set(mine) - set(cls.KNOBS)
     if unknown:
         raise ValueError(f"policy {name!r} has no knob {', '.join(sorted(unknown))} "
                          f"(knobs: {', '.join(cls.KNOBS) or 'none'})")
-    return cls(**(knobs or {}))
+    return cls(**mine)

@@ -51,10 +51,19 @@ def _knobs(args: tuple[str, ...]) -> dict[str, dict[str, int]]:
             raise click.BadParameter(f"{arg!r}: the value must be an integer", param_hint="--knob") from None
     for name, values in out.items():
         try:
-            make_policy(name, values)
+            make_policy(name, out)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--knob") from None
     return out
+
+
+def _policies(_ctx, _param, names: tuple[str, ...]) -> tuple[str, ...]:
+    for name in names:
+        try:
+            make_policy(name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return names
 
 
 def _pct(x: float) -> str:
@@ -158,8 +167,9 @@ def plot(res: dict, path: Path) -> None:
               help="Tokens per block (the trace's: 512 for Mooncake's).")
 @click.option("--block-bytes", type=click.IntRange(1), default=engine.BLOCK_BYTES, show_default=True,
               help="Bytes per block in the store.")
-@click.option("--policy", "policies", type=click.Choice(list(POLICIES)), multiple=True,
-              help="Policy to replay (repeatable; default: every one).")
+@click.option("--policy", "policies", multiple=True, callback=_policies, metavar="NAME",
+              help=f"Policy to replay: {', '.join(POLICIES)}, or several joined by + "
+                   "(e.g. guaranteed+retained). Repeatable; default: every one alone.")
 @click.option("--knob", "knob_args", multiple=True, metavar="POLICY.KNOB=VALUE",
               help="Tune a policy's rule, e.g. guaranteed.requests=3 (repeatable; knobs in docs/replay.md).")
 @click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count of each store.")

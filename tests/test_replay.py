@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from mooncake_redis.bench import replay as engine
 from mooncake_redis.bench import replay_model
 from mooncake_redis.bench.replay_model import model_lru
-from mooncake_redis.bench.replay_policies import POLICIES, Guaranteed, Lru, make_policy
+from mooncake_redis import ReplicateConfig
+from mooncake_redis.bench.replay_policies import POLICIES, Combined, Guaranteed, Lru, Policy, Retained, make_policy
 from mooncake_redis.cli.main import cli
 
 SEC = 20_000  # requests 20 s apart: a read's 10 s lease has run out by the next one
@@ -396,3 +397,106 @@ def test_progress_on_a_terminal_and_off_it(monkeypatch):
     quiet = engine.Progress("lru", 100, None)
     quiet(50)
     quiet.close()
+
+
+# ---- retained: a request's blocks, retained as a group, outlive an older ordinary block -----------
+
+# capacity 4 blocks, no worker; retained knobs ms_per_output_token=1000, extra_ms=0, so a request
+# with output_length n is retained n seconds. (time, blocks, input_length, output_length)
+RETAIN_TRACE = [
+    (0, [1, 2], 1024, 100),      # group r1 {1 2} retained until 100 s
+    (20_000, [3], 512, 1),       # group r2 {3} retained until 21 s
+    (40_000, [4, 5], 1024, 1),   # group r3 {4 5}; 5 needs room. lru evicts 1 (score 0: orphan-making, 2
+                                 # stays); retained evicts r2 (3, ordinary again), never r1 (retained)
+    (60_000, [1, 2], 1024, 1),   # retained hits 1 2; lru misses 1 (2 found past the miss), writes 1: 3 goes
+]
+
+
+@pytest.fixture
+def retain_trace(tmp_path):
+    path = tmp_path / "retain.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": ids})
+                            + "\n" for ts, ids, n, out in RETAIN_TRACE))
+    return path
+
+
+def test_retained_keeps_the_requests_group(url, shards, retain_trace):
+    reqs = engine.load_trace(retain_trace)
+    assert [q.output_length for q in reqs] == [100, 1, 1, 1]
+    if shards == 1:  # (with 4 shards each shard holds a slice: the hand count is for one)
+        lru = engine.replay_store(url, reqs, Lru(), 4, block_bytes=1024, worker=False)
+        assert (lru.hits, lru.evictions, lru.orphan_evictions) == (0, 2, 1)
+    policy = Retained(ms_per_output_token=1000, extra_ms=0)
+    r = engine.replay_store(url, reqs, policy, 4 * shards, block_bytes=1024, shards=shards, worker=False)
+    if shards == 1:
+        assert (r.hits, r.evictions, r.orphan_evictions, r.puts_refused, r.written) == (2, 1, 0, {}, 5)
+        assert policy.figures() == {"groups_retained": 3, "retentions_refused": {}}
+    else:  # one group per shard a request's new blocks route to
+        assert policy.figures()["retentions_refused"] == {} and policy.figures()["groups_retained"] >= 3
+
+
+def test_retained_groups_route_with_their_members(valkey):
+    m = engine.Master.connect(valkey.url, engine.MasterConfig(namespace="rtag", shards=4))
+    try:
+        p = Retained()
+        req = engine.Request(0, tuple(range(40)), output_length=10)
+        batches = p.put_batches(m, req, list(range(40)), 0)
+        assert sorted(j for idx, _ in batches for j in idx) == list(range(40)) and len(batches) == 4
+        for idx, config in batches:
+            shard = m.transport.shard_of(config.group_id.encode())
+            assert {m.transport.shard_of(p.key(req.blocks[j])) for j in idx} == {shard}
+        assert p.duration_ms(req) == 300 and Retained(0, 0).duration_ms(req) == 1
+    finally:
+        engine.delete_namespace(m.redis, "rtag")
+        m.close()
+
+
+# ---- combinations ----------------------------------------------------------------------------------
+
+class _Part(Policy):
+    def __init__(self, name, batches):
+        self.name, self.batches = name, batches
+
+    def put_batches(self, m, req, missing, now):
+        return self.batches
+
+
+def test_combined_merges_each_blocks_settings():
+    a = _Part("a", [([0, 1], ReplicateConfig(guaranteed_ttl_ms=5)), ([2], None)])
+    b = type("B", (_Part,), {})("b", [([0], ReplicateConfig(group_id="g1")), ([1, 2], ReplicateConfig(group_id="g2"))])
+    got = Combined([a, b]).put_batches(None, engine.Request(0, (7, 8, 9)), [0, 1, 2], 0)
+    assert sorted((idx, c) for idx, c in got) == [
+        ([0], ReplicateConfig(guaranteed_ttl_ms=5, group_id="g1")),
+        ([1], ReplicateConfig(guaranteed_ttl_ms=5, group_id="g2")),
+        ([2], ReplicateConfig(group_id="g2"))]
+    assert Combined([a, b]).name == "a+b"
+
+
+def test_make_policy_combinations():
+    p = make_policy("guaranteed+retained", {"guaranteed": {"ttl_ms": 7}, "retained": {"extra_ms": 3}})
+    assert isinstance(p, Combined) and p.reader is p.parts[0] and p.name == "guaranteed+retained"
+    assert p.knobs() == {"guaranteed.requests": 2, "guaranteed.window_ms": 600_000, "guaranteed.ttl_ms": 7,
+                         "retained.ms_per_output_token": 30, "retained.extra_ms": 3}
+    for bad in ("lru+lru", "lru+nope", "guaranteed+guaranteed"):
+        with pytest.raises(ValueError):
+            make_policy(bad)
+
+
+def test_guaranteed_and_retained_together(url, hot_trace):
+    # as guaranteed alone (HOT_TRACE above), but each request's blocks are one group (retained
+    # 30 ms): R2's group {5 6 7 8} goes whole when R3 writes 1, so R4 finds room for 9 10 11
+    p = make_policy("guaranteed+retained", {"guaranteed": {"ttl_ms": 1_000_000}})
+    st = engine.replay_store(url, engine.load_trace(hot_trace), p, 4, block_bytes=1024, worker=False)
+    assert (st.hits, st.evictions, st.puts_refused) == (1, 5, {"NO_AVAILABLE_HANDLE": 1})
+    assert p.figures() == {"guaranteed_puts": 1, "guarantee_renewals": 1, "groups_retained": 4,
+                           "retentions_refused": {}}
+
+
+def test_cli_combination(hot_trace):
+    r = invoke(hot_trace, "--capacity-blocks", 4, "--block-bytes", 1024, "--no-worker", "--json",
+               "--policy", "guaranteed+retained", "--knob", "guaranteed.ttl_ms=1000000")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    assert list(res["policies"]) == ["guaranteed+retained"] and res["policies"]["guaranteed+retained"]["hits"] == 1
+    r = invoke(hot_trace, "--policy", "lru+lru")
+    assert r.exit_code == 2 and "a combination joins" in r.output
