@@ -11,6 +11,8 @@ import time
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.cluster import primary_clients, slot_of
@@ -26,7 +28,7 @@ RECOVERY_TRIES = 400  # calls tried while a failover completes (each fails fast 
 
 
 def node_client(port: int) -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10, retry=Retry(NoBackoff(), 0))
 
 
 def node_of(cluster: EmbeddedCluster, name: str):
