@@ -1,7 +1,7 @@
 """The `mooncake-redis` operator CLI.
 
     mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | worker | evict
-                   | fsck | metrics | bench ops|evict|capacity
+                   | fsck | metrics | bench ops|evict|capacity|offload
 
 status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
 
@@ -236,6 +236,7 @@ def _status_report(opts: Opts) -> dict:
         nodes = [master.transport.node_name(s) or None for s in range(master.shards)]
         running = server_library(master.redis)
         retention = master.retention_usage()
+        offload_clients, offload_counters = master.offload_clients(), master.offload_counters()
     finally:
         master.close()
     rows = [per_shard[i:i + 7] for i in range(0, len(per_shard), 7)]
@@ -269,6 +270,10 @@ def _status_report(opts: Opts) -> dict:
         "segments": [{"name": s["name"], "client": s["client"], "size_bytes": s["size"], "used_bytes": s["used"]}
                      for s in sorted(segments, key=lambda s: s["name"])],
         "retention": retention_report(retention),
+        "offload": {"counters": offload_counters,
+                    "clients": [{"client": c.client, "enabled": c.enabled, "capacity_bytes": c.capacity_bytes,
+                                 "queued": c.queued, "overflow": c.overflow, "inflight": c.inflight}
+                                for c in offload_clients]},
     }
 
 
@@ -325,6 +330,17 @@ def _print_status(r: dict) -> None:
     for line in table(["shard", "candidates", "soft-pinned", "claimed by", "last pass", "evicted",
                        "evicted bytes", "discarded puts", "clients expired"], rows, left=4):
         out("  " + line)
+    off = r["offload"]
+    if off["clients"] or any(off["counters"].values()):
+        out("")
+        c = off["counters"]
+        out(f"offload    enqueued {c['enqueued']}, done {c['done']}, timed out {c['redelivered']}, stale {c['stale']}, "
+            f"dropped high/normal/low {c['dropped_high']}/{c['dropped_normal']}/{c['dropped_low']}")
+        rows = [[x["client"], "yes" if x["enabled"] else "no", human(x["capacity_bytes"]), x["queued"]["high"],
+                 x["queued"]["normal"], x["queued"]["low"], x["overflow"], x["inflight"]] for x in off["clients"]]
+        for line in table(["disk client", "offloading", "capacity", "high", "normal", "low", "overflow",
+                           "in flight"], rows, left=2):
+            out("  " + line)
     out("")
     out(f"segments   {len(r['segments'])} mounted")
     if r["segments"]:
@@ -830,7 +846,7 @@ def cluster_up(nodes: int, replicas: int, data_dir: Path) -> None:
 @click.pass_obj
 def worker(opts: Opts, interval: float, step_units: int, metrics_port: int | None, metrics_addr: str) -> None:
     """Run the background loops against --redis until SIGINT/SIGTERM: eviction, discard and
-    release of abandoned puts, client-TTL expiry, dead-replica sweeps. Any number of workers
+    release of abandoned puts, client-TTL expiry, dead-replica sweeps, offload redelivery. Any number of workers
     may run; shards are claimed with short leases so work is not repeated."""
     master = _open_existing(opts)
     stop = threading.Event()
@@ -1055,6 +1071,35 @@ def bench_evict(opts: Opts, sizes: list[int], put_mib: int, as_json: bool) -> No
         emit_json("bench evict", {"results": results})
 
 
+@bench.command("offload")
+@click.option("--objects", type=click.IntRange(100), default=2000, show_default=True,
+              help="64 KiB objects offloaded per figure.")
+@_bench_json
+@click.pass_obj
+def bench_offload(opts: Opts, objects: int, as_json: bool) -> None:
+    """Offload tasks/s (master alone, and the agent with copy + fsync) and LocalClient.put
+    against a raw copy into the mapped file (bench/offload.py). Without --redis it runs on a
+    private Valkey."""
+    from mooncake_redis.bench.offload import main as offload_main
+
+    out = _bench_out(as_json)
+    if opts.url:
+        results = offload_main(opts.url, objects=objects, out=out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mooncake-bench-") as tmp:
+            server = EmbeddedValkey(data_dir=tmp, appendonly=False)
+            try:
+                try:
+                    server.start()
+                except RuntimeError as exc:
+                    raise CliError(str(exc)) from None
+                results = offload_main(server.url, objects=objects, out=out)
+            finally:
+                server.stop()
+    if as_json:
+        emit_json("bench offload", {"results": results})
+
+
 @bench.command("capacity")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Mooncake-format JSONL trace (default: ../shared/traces/conversation_trace.jsonl "
@@ -1084,6 +1129,8 @@ def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, ca
 
 from mooncake_redis.cli.replay import replay  # noqa: E402  (the command's own module; imports cli.main)
 cli.add_command(replay)
+from mooncake_redis.cli.offload import offload_agent  # noqa: E402
+cli.add_command(offload_agent)
 
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")

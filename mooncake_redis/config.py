@@ -43,6 +43,8 @@ INT_RANGES = {
     "put_start_release_timeout": (1, MAX_INT),
     "client_ttl": (1, MAX_INT),
     "offload_queue_limit": (0, MAX_INT),
+    "offload_task_timeout": (1, MAX_INT),
+    "offload_max_attempts": (1, 1000),
     "max_retained_groups": (0, MAX_INT),
     "max_group_retention": (0, MAX_INT),
     "max_retained_groups_per_tenant": (0, MAX_INT),
@@ -89,6 +91,13 @@ class MasterConfig:
     # and whether retained groups may be evicted once no ordinary candidate is left
     max_retained_groups_per_tenant: int | None = None
     allow_evict_retained_groups: bool = True
+    # SSD offload (mooncake_redis.offload): queue each object at its first readable put_end for
+    # the disk of the client owning its memory replica; a task handed out and not acknowledged
+    # in offload_task_timeout is handed out again (HIGH: until it succeeds; NORMAL and LOW: up to
+    # offload_max_attempts hand-outs, then dropped and counted)
+    offload_on_put: bool = False
+    offload_task_timeout: int = 60_000
+    offload_max_attempts: int = 3
     # durability: each batch of writes waits (WAIT) until this many replicas of its server hold
     # it, or replica_ack_timeout ms pass (then the call fails OUTCOME_UNKNOWN); 0: no wait
     # (Redis replication is asynchronous: an acknowledged write may die with its primary)

@@ -52,6 +52,7 @@ import redis
 from . import wire
 from .errors import MasterError
 from .fsck_retention import repair_counts, retention_count_findings
+from . import fsck_offload
 from .keys import K, ShardKeys
 from .transport import Shards
 
@@ -112,6 +113,8 @@ KINDS: dict[str, tuple[str, bool, str]] = {
     "retention_deadline": (ERROR, True, "a P:deadline:retention entry differs from its group's retained_until record"),
     "retention_counts": (ERROR, True, "P:retained_tenants differs from the tenant's P:deadline:retention entries"),
 }
+# the SSD offload tier (fsck_offload.py)
+KINDS.update(fsck_offload.KINDS)
 
 SCAN_COUNT = 1000
 GROUP_MAX_MEMBERS = 4096    # members one group snapshot / mc_fsck_group call may cover (Lua cap: 10000)
@@ -226,6 +229,7 @@ class _Pass:
     stable: bool = False
     guaranteed: dict = field(default_factory=lambda: defaultdict(int))      # (segment | b"", tenant) -> bytes
     guarantee_prefix: dict = field(default_factory=lambda: defaultdict(set))  # (tenant, prefix) -> {key}
+    offload_tasks: set = field(default_factory=set)  # tenant:key of objects with an offload task in flight
 
 
 class _Audit:
@@ -456,6 +460,8 @@ class _Audit:
         # objects, in atomic batches
         prefix = k.prefix("object")
         chunk: list[tuple[bytes, bytes]] = []
+        # local disk segments: client -> mount id (a disk replica "<mount> <location>" is live on a match)
+        disk_mounts = {c: int(score) for c, score in self.zall(k.disks).items()}
 
         def flush() -> None:
             if not chunk:
@@ -478,6 +484,8 @@ class _Audit:
                 guaranteed = b"guaranteed_until" in h
                 if guaranteed:
                     ps.guarantee_prefix[(tenant, h.get(b"prefix", key))].add(key)
+                if b"offload_client" in h:
+                    ps.offload_tasks.add(tenant + b":" + key)
                 n_reps = live = 0
                 for f, v in h.items():
                     if not f.startswith(b"rep:"):
@@ -491,6 +499,9 @@ class _Audit:
                         if guaranteed:
                             ps.guaranteed[(seg, tenant)] += size
                             ps.guaranteed[(b"", tenant)] += size
+                for f, v in h.items():  # a live disk replica keeps the object readable
+                    if f.startswith(b"disk:") and disk_mounts.get(f[5:]) == _int(v.split(b" ", 1)[0]):
+                        live += 1
                 if live == 0 and not sweep_owed:
                     ps.aggregate.append(self.finding(
                         "no_live_replica", shard, _d(tenant + b":" + key), "at least one replica on a mounted segment",
@@ -850,6 +861,7 @@ class _Audit:
         for (tenant, group), keys in sorted(groups.items()):
             findings += self.check_group(shard, tenant, group, keys)
         findings += retention_count_findings(self, shard)
+        findings += fsck_offload.offload_findings(self, shard, ps.offload_tasks)
         # units and processing entries no scanned object accounts for: re-read, then judge
         recheck: set[tuple[bytes, bytes]] = set()
         for unit in sorted(ps.units):
@@ -901,6 +913,8 @@ class _Audit:
     ORDER = {"place": 0, "unit": 0, "group": 1, "segment": 2, "forget": 2, "rebuild": 3, "counters": 4,
              "guaranteed": 4, "sweep": 5}
     ORDER["retention_counts"] = 2
+    ORDER["offload_task"] = 0
+    ORDER["offload_inflight"] = 4
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)
@@ -933,6 +947,8 @@ class _Audit:
             self.fcall("mc_fsck_retention", shard, action[2], action[3])  # the group's retention index entry
         elif kind == "retention_counts":
             return repair_counts(self, action)
+        elif kind in ("offload_task", "offload_inflight"):
+            return fsck_offload.repair(self, action)
         elif kind == "forget":
             self.fcall("mc_fsck_forget_segment", shard, action[2])
         elif kind == "sweep":

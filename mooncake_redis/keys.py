@@ -31,6 +31,9 @@ K: dict[str, str] = {
 # group retention: its tiers, its deadline index, its per-tenant counts
 K.update({"tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft_retained",
           "deadline_retention": ":deadline:retention", "retained_tenants": ":retained_tenants"})
+# SSD offload: local disk segments, per-client queues (and HIGH overflow), tasks in flight
+K.update({"disk": ":disk:", "disks": ":disks", "offload_queue": ":offq:", "offload_overflow": ":offover:",
+          "offload_inflight": ":offload_inflight"})
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
 
 _KB = {name: suffix.encode() for name, suffix in K.items()}
@@ -75,6 +78,21 @@ class ShardKeys:
         self.retained_tenants = P + _KB["retained_tenants"]
         self.tiers += (self.tier_retained, self.tier_soft_retained)
         self.unit_indexes += (self.tier_retained, self.tier_soft_retained)
+        # SSD offload
+        self.disks = P + _KB["disks"]
+        self.offload_inflight = P + _KB["offload_inflight"]
+
+    def disk(self, client: str | bytes) -> bytes:
+        """A client's local disk segment on this shard (hash)."""
+        return self.P + _KB["disk"] + _b(client)
+
+    def offload_queue(self, client: str | bytes) -> bytes:
+        """A client's offload queue on this shard (zset)."""
+        return self.P + _KB["offload_queue"] + _b(client)
+
+    def offload_overflow(self, client: str | bytes) -> bytes:
+        """A client's HIGH entries that found its queue full of HIGH entries (zset)."""
+        return self.P + _KB["offload_overflow"] + _b(client)
 
     def prefix(self, name: str) -> bytes:
         """P + the suffix `name` of K: the start of a family of keys, e.g. for a SCAN MATCH."""

@@ -24,6 +24,7 @@ from .groups import GroupsApi
 from .keys import ShardKeys
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
+from .offload import OffloadApi
 from .preflight import check_server
 from .segments import SegmentsApi
 from .transport import Shards
@@ -73,7 +74,7 @@ def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
         raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
 
 
-class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi):
+class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config

@@ -16,12 +16,16 @@ class Replica:
     offset: int   # absolute address: the segment's base plus the offset inside it
     size: int
     status: ReplicaStatus
+    kind: str = "memory"        # "memory", or "disk": a copy on a client's local disk (segment "", offset 0)
+    client: str | None = None   # disk: the client whose disk holds it
+    location: str | None = None  # disk: where on that disk (as the client reported it)
 
 
 @dataclass(frozen=True)
 class ReplicaListResult:
-    replicas: list[Replica]
+    replicas: list[Replica]  # memory replicas first, then disk replicas
     lease_ttl_ms: int
+    checksum: str | None = None  # as given to put_end (the data plane's blake3 hex digest)
 
 
 @dataclass(frozen=True)
@@ -80,3 +84,15 @@ class EvictionReport:
     evicted_bytes: int
     steps: int
     final: list[EvictionStep]  # the last step of each shard
+
+
+@dataclass(frozen=True)
+class OffloadTask:
+    """One object for a client to copy to its local disk (offload_object_heartbeat)."""
+    key: bytes
+    tenant_id: str
+    size: int
+    priority: str  # high | normal | low
+    segment: str   # the memory replica to copy from
+    offset: int
+    attempt: int = 1  # 1 for the first hand-out, more after timeouts or failures

@@ -84,21 +84,34 @@ class ObjectsApi(ApiBase):
                 for j in range(0, len(reply), 2)]
         return out
 
-    def _writer_op(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str) -> list[ErrorCode]:
+    def _writer_op(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str,
+                   checksums: Sequence[str] | None = None) -> list[ErrorCode]:
         _check_name(client_id, "client_id")
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
-        head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id)
-        return [ErrorCode(r) for r in self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)]
+        if checksums is None:
+            head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id)
+            return [ErrorCode(r) for r in self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)]
+        if len(checksums) != len(bkeys):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "keys and checksums differ in length")
+        for c in checksums:
+            _check_name(c, "checksum", 128)
+        head = wire.head(("key", "checksum"), client_id=client_id, tenant=tenant_id)
+        return [ErrorCode(r) for r in self.transport.batch(fn, head, list(zip(bkeys, checksums)), bkeys)]
 
-    def put_end(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
-        self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id)[0], "put_end", key)
+    def put_end(self, client_id: str, key: Any, tenant_id: str = "default", checksum: str | None = None) -> None:
+        """End the put; `checksum` (1-128 bytes, e.g. the data plane's blake3 hex digest) is
+        stored with the object and returned by get_replica_list."""
+        checksums = None if checksum is None else [checksum]
+        self._single(self._writer_op("mc_put_end", client_id, [key], tenant_id, checksums)[0], "put_end", key)
 
     def put_revoke(self, client_id: str, key: Any, tenant_id: str = "default") -> None:
         self._single(self._writer_op("mc_put_revoke", client_id, [key], tenant_id)[0], "put_revoke", key)
 
-    def batch_put_end(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default") -> list[ErrorCode]:
-        return self._writer_op("mc_put_end", client_id, keys, tenant_id)
+    def batch_put_end(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default",
+                      checksums: Sequence[str] | None = None) -> list[ErrorCode]:
+        """put_end of each key; `checksums[i]` (optional) is stored with keys[i]."""
+        return self._writer_op("mc_put_end", client_id, keys, tenant_id, checksums)
 
     def batch_put_revoke(self, client_id: str, keys: Sequence[Any], tenant_id: str = "default") -> list[ErrorCode]:
         return self._writer_op("mc_put_revoke", client_id, keys, tenant_id)
@@ -112,7 +125,9 @@ class ObjectsApi(ApiBase):
     def _read(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> list[Any]:
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
-        head = wire.head(wire.KEY, tenant=tenant_id, guaranteed_ttl_ms=self._guarantee_ttl(guaranteed_ttl_ms) or None)
+        with_disk = 1 if fn == "mc_get_replica_list" else None  # replies carry disk replicas and the checksum
+        head = wire.head(wire.KEY, tenant=tenant_id, guaranteed_ttl_ms=self._guarantee_ttl(guaranteed_ttl_ms) or None,
+                         with_disk=with_disk)
         if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip, no grouping
             return self.transport.call(fn, 0, *head, *bkeys)
         return self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)
@@ -122,10 +137,12 @@ class ObjectsApi(ApiBase):
         code = _code(reply)
         if code is not None:
             return code
-        size = int(reply[1])
-        return ReplicaListResult(
-            [Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), size, ReplicaStatus.COMPLETE)
-             for j in range(2, len(reply), 2)], int(reply[0]))
+        size, checksum, memory = int(reply[1]), reply[2].decode() or None, 4 + 2 * int(reply[3])
+        replicas = [Replica(reply[j].decode(errors="replace"), int(reply[j + 1]), size, ReplicaStatus.COMPLETE)
+                    for j in range(4, memory, 2)]
+        replicas += [Replica("", 0, size, ReplicaStatus.COMPLETE, kind="disk", client=reply[j].decode(errors="replace"),
+                             location=reply[j + 1].decode(errors="replace")) for j in range(memory, len(reply), 2)]
+        return ReplicaListResult(replicas, int(reply[0]), checksum)
 
     def get_replica_list(self, key: Any, tenant_id: str = "default", guaranteed_ttl_ms: int = 0) -> ReplicaListResult:
         """The object's live replicas; leases it. With guaranteed_ttl_ms, an active guarantee is

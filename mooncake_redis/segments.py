@@ -13,15 +13,20 @@ from .checks import _check_int, _check_name
 
 
 class SegmentsApi(ApiBase):
-    def mount_segment(self, name: str, size: int, client_id: str, base: int = 0) -> None:
+    def mount_segment(self, name: str, size: int, client_id: str, base: int = 0, path: str | None = None) -> None:
+        """Mount a segment (one slice per shard). `path`: where a reader on the same host finds
+        its bytes (the reference data plane's memory-mapped file), recorded with the segment."""
         _check_name(name, "segment name", 1024)
+        if path is not None:
+            _check_name(path, "path", 4096)
         _check_name(client_id, "client_id")
         _check_int(size, "size", self.shards)
         _check_int(base, "base", 0)
         _check_int(base + size, "base + size", 1)
         t = self.transport
         slices = [segment_slice(base, size, shard, self.shards) for shard in range(self.shards)]
-        t.run([t.command("mc_mount_segment", shard, *wire.options(name=name, client_id=client_id, base=lo, size=length))
+        t.run([t.command("mc_mount_segment", shard, *wire.options(name=name, client_id=client_id, base=lo, size=length,
+                                                                     path=path))
                for shard, (lo, length) in enumerate(slices)])
 
     def unmount_segment(self, name: str, client_id: str,
@@ -64,6 +69,12 @@ class SegmentsApi(ApiBase):
         return "OK" if all(known) else "NEED_REMOUNT"
 
     # ---- inspection ------------------------------------------------------------------
+    def segment_path(self, name: str) -> str | None:
+        """The path recorded when the segment was mounted, or None (no path, or not mounted)."""
+        _check_name(name, "segment name", 1024)
+        path = self.transport.run([("HGET", self.transport.keys[0].segment(name), "path")])[0]
+        return path.decode() if path is not None else None
+
 
     def segments(self) -> list[dict[str, Any]]:
         """Mounted segments with per-shard slices summed: name, client, size, used."""

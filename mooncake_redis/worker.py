@@ -14,7 +14,9 @@ space that eviction would otherwise have to find):
      set, also if a worker stopped before sweeping, or step 2 just unmounted one), sweep the dead
      replicas out of the shard's object hashes (`mc_sweep_replicas` over a SCAN of the shard's
      objects, then `mc_sweep_done`);
-  4. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps) until the
+  4. redeliver_offload: offload tasks whose deadline passed are queued again or dropped
+     (`mc_offload_sweep`, which releases their task references first);
+  5. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps) until the
      shard's state is no longer "more".
 Then it publishes metrics to the plain hash `<P>:metrics` (not master state). A new loop is one
 more `Step` in `STEPS`.
@@ -55,6 +57,7 @@ class WorkerPass:
     clients_expired: int = 0
     segments_unmounted: int = 0
     swept_objects: int = 0  # objects the dead-replica sweep deleted (no live replica left)
+    offload_timed_out: int = 0  # offload tasks whose deadline passed (queued again or dropped)
 
     def add(self, other: "WorkerPass") -> None:
         for f in fields(self):
@@ -80,6 +83,7 @@ _TOTALS = {
     "clients_expired_total": "clients_expired",
     "segments_unmounted_total": "segments_unmounted",
     "swept_objects_total": "swept_objects",
+    "offload_timed_out_total": "offload_timed_out",
 }
 
 
@@ -157,11 +161,23 @@ def evict(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
         worker.renew(shard.index)
 
 
+def redeliver_offload(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    """Offload tasks whose deadline passed end as failures: queued again (HIGH always) or
+    dropped and counted (`mc_offload_sweep`, until a call finds fewer than `batch`)."""
+    while True:
+        timed_out, _, _ = worker.transport.call("mc_offload_sweep", shard.index, worker.batch)
+        done.offload_timed_out += timed_out
+        if timed_out < worker.batch or worker.stopping():
+            return
+        worker.renew(shard.index)
+
+
 # The loops of one pass over a claimed shard, in order.
 STEPS: list[Step] = [
     Step("discard_puts", discard_puts),
     Step("expire_clients", expire_clients),
     Step("sweep_replicas", sweep_replicas),
+    Step("redeliver_offload", redeliver_offload),
     Step("evict", evict),
 ]
 

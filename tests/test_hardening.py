@@ -211,6 +211,8 @@ FUNCTIONS = ["mc_mount_segment", "mc_unmount_segment", "mc_sweep_replicas", "mc_
              "mc_fsck_rebuild_free", "mc_expire_guaranteed", "mc_fsck_guaranteed"]
 FUNCTIONS += ["mc_retain_groups", "mc_describe_group", "mc_retention_usage", "mc_fsck_retention",
               "mc_fsck_retention_counts"]
+FUNCTIONS += ["mc_mount_local_disk", "mc_unmount_local_disk", "mc_report_ssd_capacity", "mc_offload_heartbeat",
+              "mc_offload_done", "mc_offload_sweep", "mc_fsck_offload_task", "mc_fsck_offload_inflight"]
 
 
 def test_every_function_is_listed_here():

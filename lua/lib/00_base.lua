@@ -15,6 +15,9 @@ local K = {
   -- group retention (lua/lib/35_retention.lua): its tiers, its deadline index, its per-tenant counts
   tier_retained = ':evict:retained', tier_soft_retained = ':evict:soft_retained',
   deadline_retention = ':deadline:retention', retained_tenants = ':retained_tenants',
+  -- SSD offload (lua/lib/27_disk.lua, 45_offload.lua): local disk segments, queues, tasks in flight
+  disk = ':disk:', disks = ':disks', offload_queue = ':offq:', offload_overflow = ':offover:',
+  offload_inflight = ':offload_inflight',
 }
 
 local E = {
@@ -96,6 +99,10 @@ CONFIG_RANGES.allow_evict_retained_groups = { 0, 1 }
 CONFIG_RANGES.max_retained_groups = { 0, MAX_INT }
 CONFIG_RANGES.max_retained_groups_per_tenant = { 0, MAX_INT }
 CONFIG_RANGES.max_group_retention = { 0, MAX_INT }
+CONFIG_RANGES.offload_on_put = { 0, 1 }
+CONFIG_RANGES.offload_queue_limit = { 0, MAX_INT }
+CONFIG_RANGES.offload_task_timeout = { 1, MAX_TTL }
+CONFIG_RANGES.offload_max_attempts = { 1, 1000 }
 
 local function config_value(name, raw)
   local range = CONFIG_RANGES[name]

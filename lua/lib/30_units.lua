@@ -72,6 +72,7 @@ local function unplace_object(P, unit)
 end
 
 -- The rule. `f` holds a unit's facts: processing, hard_pinned, task_refs (counts or flags),
+-- disk_only (an object kept only by its disk replicas, 27_disk.lua: nothing to free),
 -- empty (a group without members), draining, lease_until, and one deadline per kind
 -- (soft_pin, guarantee). Returns why the unit is protected ('' when it is not) and the index entries it
 -- should have: { [index] = score } (score false: any, for the draining index).
@@ -79,6 +80,7 @@ local function unit_rule(f, now)
   if f.draining then return 'draining', { [DRAINING] = false } end
   local why = (f.empty and 'no_members') or (f.processing > 0 and 'processing')
     or (f.hard_pinned > 0 and 'hard_pin') or (f.task_refs > 0 and 'task_ref')
+    or (f.disk_only and 'disk_only')
     or (f.guarantee > now and 'guaranteed') or ''
   if why ~= '' then return why, {} end
   if (f.retained_until or 0) > now then -- a group's active retention: the fallback level
@@ -96,7 +98,8 @@ end
 local function object_facts(o)
   return { processing = o.status ~= 'complete' and 1 or 0, hard_pinned = o.hard_pin == '1' and 1 or 0,
     task_refs = tonumber(o.task_refs) or 0, lease_until = tonumber(o.lease_until) or 0,
-    soft_pin = tonumber(o.soft_pin_until) or 0, guarantee = tonumber(o.guaranteed_until) or 0 }
+    soft_pin = tonumber(o.soft_pin_until) or 0, guarantee = tonumber(o.guaranteed_until) or 0,
+    disk_only = is_disk_only(o) }
 end
 
 local function group_facts(P, tenant, group)
@@ -276,6 +279,7 @@ local function drop_object(P, tenant, key, okey, o, hold_until)
   local size = tonumber(o.size) or 0
   local replicas = replicas_of(P, o)
   if o.guaranteed_until then forget_guarantee(P, tenant, key, o, replicas) end
+  if o.offload_client then forget_offload_task(P, tenant, key, o) end
   for _, r in ipairs(replicas) do
     if r.live and r.off then
       if hold_until then

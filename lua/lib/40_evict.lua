@@ -1,4 +1,5 @@
--- Eviction: pop candidates from the low end of the tiers, re-check the rule, delete.
+-- Eviction: pop candidates from the low end of the tiers, re-check the rule, delete. An object
+-- with a live disk replica is not deleted: its memory is freed and it stays readable from disk.
 
 -- May units of this tier be evicted under `cfg`? (A tier without a flag always may.)
 -- A flag may be a list of flags, all of which must allow it.
@@ -57,9 +58,11 @@ local function evict_object(P, tenant, key, now, cfg)
     apply_rule(P, unit, entries, now)
     return 0, 0
   end
-  local bytes = drop_object(P, tenant, key, okey, o, nil)
   unplace_object(P, unit)
-  return 1, bytes
+  if #live_disk_replicas(P, okey, o) > 0 then -- the disk replica keeps the object readable
+    return 1, shed_memory(P, tenant, key, okey, o)
+  end
+  return 1, drop_object(P, tenant, key, okey, o, nil)
 end
 
 -- Evict a group: decide (re-checking the rule), mark it draining, then drop up to `budget`
@@ -82,7 +85,11 @@ local function evict_group(P, tenant, group, now, budget, cfg)
   for _, key in ipairs(keys) do
     local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
-    if o then
+    if o and #live_disk_replicas(P, okey, o) > 0 then -- kept from disk, out of the group
+      bytes = bytes + shed_memory(P, tenant, key, okey, o)
+      redis.call('HDEL', okey, 'group')
+      objects = objects + 1
+    elseif o then
       bytes = bytes + drop_object(P, tenant, key, okey, o, nil)
       objects = objects + 1
     end

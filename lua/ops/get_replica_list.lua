@@ -3,30 +3,51 @@
 -- KEYS: P.  ARGV: options tenant, and for get_replica_list guaranteed_ttl_ms (0 -
 --   max_guaranteed_ttl, default 0: renew-only, an object whose guarantee is active gets
 --   guaranteed_until = max(guaranteed_until, now + guaranteed_ttl_ms); any other is unchanged);
---   fields key.
+--   with_disk (0|1, default 0; get_replica_list only), fields key.
 -- get_replica_list reply, per key: {lease_ttl_ms, size, segment, offset, segment, offset, ...}
---   or an error code.   exist_key reply, per key: 1 or 0.
+--   or an error code; with with_disk=1 see disk_reply below (disk replicas and the checksum).
+-- An object whose memory replicas are gone stays readable while it has a live disk replica
+-- (with_disk=0 then answers it with no replica).   exist_key reply, per key: 1 or 0.
 
 -- Returns the live replicas, or nil and an error code; leases the object on success.
-local function read_one(P, tenant, key, now, lease_ttl, guarantee_ttl, mount_cache, rescore)
+local function read_one(P, tenant, key, now, lease_ttl, guarantee_ttl, mount_cache, rescore, disk_cache)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o or being_evicted(P, tenant, o) then return nil, E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return nil, E.REPLICA_IS_NOT_READY end
   local live = live_replicas(P, okey, o, mount_cache)
-  if #live == 0 then -- every replica was on unmounted segments: the object is gone
+  local disks = live_disk_replicas(P, okey, o, disk_cache)
+  if #live == 0 and #disks == 0 then -- every replica was on unmounted segments: the object is gone
     delete_object(P, tenant, key, okey, o, nil, now)
     return nil, E.OBJECT_NOT_FOUND
   end
+  if #live == 0 and o.group then settle_disk_only(P, tenant, key, okey, now) end
   local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl, rescore)
   local guaranteed = tonumber(o.guaranteed_until) or 0
   if guaranteed > now and now + guarantee_ttl > guaranteed then
     renew_guarantee(P, tenant, key, okey, o, now + guarantee_ttl)
   end
-  return live, leased_until - now, tonumber(o.size)
+  return live, leased_until - now, tonumber(o.size), disks, o.checksum
+end
+
+-- with_disk=1: {lease_ttl_ms, size, checksum ("" if none), n_memory, (segment, offset) x n_memory,
+-- (client, location) x n_disk}: memory replicas first, then disk replicas.
+local function disk_reply(live, ttl_or_code, size, disks, checksum)
+  if not live then return ttl_or_code end
+  local r = { ttl_or_code, size, checksum or '', #live }
+  for _, rep in ipairs(live) do
+    r[#r + 1] = rep.seg
+    r[#r + 1] = rep.off
+  end
+  for _, d in ipairs(disks) do
+    r[#r + 1] = d.client
+    r[#r + 1] = d.location
+  end
+  return r
 end
 
 local GET_SPEC, EXIST_SPEC = keys_spec('guaranteed_ttl_ms', 'optional'), keys_spec()
+GET_SPEC.opts.with_disk = 'optional'
 
 local function batch_read(P, args, cfg, spec, shape)
   local call, err = object_call(args, spec)
@@ -36,9 +57,14 @@ local function batch_read(P, args, cfg, spec, shape)
     return fail(E.INVALID_PARAMS, 'guaranteed_ttl_ms must be an integer in [0, max_guaranteed_ttl ('
       .. S(cfg.max_guaranteed_ttl) .. ')]')
   end
-  local mount_cache, rescore = {}, {}
+  local with_disk = call.opts.with_disk or '0'
+  if with_disk ~= '0' and with_disk ~= '1' then return fail(E.INVALID_PARAMS, 'with_disk must be 0 or 1') end
+  local mount_cache, rescore, disk_cache = {}, {}, {}
   local reply = per_row(P, args, call, function(_, tenant, row, now)
-    return shape(read_one(P, tenant, row.key, now, cfg.default_kv_lease_ttl, guarantee_ttl, mount_cache, rescore))
+    local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, row.key, now, cfg.default_kv_lease_ttl,
+      guarantee_ttl, mount_cache, rescore, disk_cache)
+    if with_disk == '1' then return disk_reply(live, ttl_or_code, size, disks, checksum) end
+    return shape(live, ttl_or_code, size)
   end)
   flush_rescore(P, rescore)
   return reply

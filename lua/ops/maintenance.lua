@@ -17,7 +17,7 @@
 --   last ping (P:clients score) and the start of the run are more than client_ttl old, so after
 --   an outage of any length every engine has a full client_ttl to ping again.
 --   An expired client loses every segment it mounted on this shard, exactly as unmount_segment
---   does, and leaves P:clients (its next ping replies 0: remount). Their replicas hide at
+--   does (and its local disk segment, as unmount_local_disk_segment: counted as a segment), and leaves P:clients (its next ping replies 0: remount). Their replicas hide at
 --   once (mount id); sweep_replicas then removes them from the object hashes.
 --   Cost: one pass over P:segs when any client expired (there is no client -> segments index).
 --   When it unmounted anything it INCRs P:sweep_pending, the marker that a dead-replica sweep
@@ -85,6 +85,9 @@ local function expire_clients(P, args, cfg)
   for _, name in ipairs(redis.call('ZRANGE', P .. K.segments, 0, -1)) do
     local owner = redis.call('HGET', P .. K.segment .. name, 'client')
     if owner and is_dead[owner] and drop_segment(P, name) then unmounted = unmounted + 1 end
+  end
+  for _, client in ipairs(dead) do -- and its local disk segment, with its disk replicas
+    if drop_local_disk(P, client) then unmounted = unmounted + 1 end
   end
   redis.call('ZREM', P .. K.clients, unpack(dead))
   -- remembered for put_start_release_timeout: abandoned puts of these writers free at once

@@ -1,5 +1,9 @@
 -- put_end / put_revoke: the writer finishes or abandons its puts.
--- KEYS: P.  ARGV: options client_id (required), tenant; fields key.  Reply: one code per key (0 = OK).
+-- KEYS: P.  ARGV: options client_id (required), tenant; fields key, and for put_end optionally
+--   checksum (1-128 bytes, else INVALID_PARAMS for that key: stored as the object's field
+--   checksum when it becomes readable).  Reply: one code per key (0 = OK).
+-- With offload_on_put, the first readable put_end queues the object for offload
+-- (enqueue_offload, lua/lib/45_offload.lua) with its priority as of that moment.
 
 local function check_writer(o, client)
   if not o then return E.OBJECT_NOT_FOUND end
@@ -18,7 +22,8 @@ local function commit_soft_pin(o, now)
   return o.soft_pin_until -- preserve
 end
 
-local function end_one(P, tenant, key, now, client)
+local function end_one(P, tenant, key, now, client, cfg, checksum)
+  if checksum ~= nil and not valid_name(checksum, 128) then return E.INVALID_PARAMS end
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   local code = check_writer(o, client)
@@ -27,12 +32,14 @@ local function end_one(P, tenant, key, now, client)
   o.soft_pin_until = commit_soft_pin(o, now)
   redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until)
   redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
+  if checksum then redis.call('HSET', okey, 'checksum', checksum) end
   redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
   if o.group then
     group_member_completed(P, tenant, key, o.group, o.soft_pin_until, now)
   else
     place_object(P, tenant, key, o, now)
   end
+  if cfg.offload_on_put == 1 then enqueue_offload(P, tenant, key, o, now, cfg) end
   return E.OK
 end
 
@@ -47,14 +54,17 @@ local function revoke_one(P, tenant, key, now, client)
 end
 
 local WRITER_SPEC = keys_spec('client_id', 'required')
+local END_SPEC = keys_spec('client_id', 'required')
+END_SPEC.fields.checksum = 'optional'
 
-local function batch_writer_op(P, args, one)
-  local call, err = object_call(args, WRITER_SPEC)
+local function batch_writer_op(P, args, one, cfg, spec)
+  local call, err = object_call(args, spec or WRITER_SPEC)
   if not call then return err end
   local client = call.opts.client_id
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
-  return per_row(P, args, call, function(_, tenant, row, now) return one(P, tenant, row.key, now, client) end)
+  return per_row(P, args, call, function(_, tenant, row, now) return one(P, tenant, row.key, now, client, cfg, row.checksum) end)
 end
 
-register('mc_put_end', {}, function(P, args) return batch_writer_op(P, args, end_one) end)
+register('mc_put_end', { 'offload_on_put', 'offload_queue_limit' },
+  function(P, args, cfg) return batch_writer_op(P, args, end_one, cfg, END_SPEC) end)
 register('mc_put_revoke', {}, function(P, args) return batch_writer_op(P, args, revoke_one) end)

@@ -4,10 +4,12 @@
 -- mounted_at. P:segs zset: segment -> free bytes. P:clients zset: client -> last ping ms.
 
 -- mount_segment. KEYS: P. ARGV: options name, client_id, base (the slice base), size (the slice size),
--- all required. Reply: 0 (OK).
+-- all required; path (optional, 1-4096 bytes: where a same-host reader finds the segment's bytes,
+-- e.g. the data plane's memory-mapped file; stored as the field path). Reply: 0 (OK).
 -- Idempotent: mounting the same name again with the same client, base and size is OK (and counts
 -- as a ping). A refused mount writes nothing.
-local MOUNT_SPEC = { opts = { name = 'required', client_id = 'required', base = 'required', size = 'required' } }
+local MOUNT_SPEC = { opts = { name = 'required', client_id = 'required', base = 'required', size = 'required',
+  path = 'optional' } }
 
 local function mount_segment(P, args)
   local call, err = parse_call(args, MOUNT_SPEC)
@@ -16,6 +18,8 @@ local function mount_segment(P, args)
   local base, size = int_arg(call.opts.base, 0, MAX_INT), int_arg(call.opts.size, 1, MAX_INT)
   if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
+  local path = call.opts.path
+  if path ~= nil and not valid_name(path, 4096) then return fail(E.INVALID_PARAMS, 'path must be 1-4096 bytes') end
   if not base or not size or base + size > MAX_INT then
     return fail(E.INVALID_PARAMS, 'base and size must be integers, size > 0, base + size < 2^53')
   end
@@ -40,6 +44,7 @@ local function mount_segment(P, args)
   local mount = redis.call('INCR', P .. K.mount_seq)
   redis.call('HSET', skey, 'client', client, 'base', S(base), 'size', S(size), 'used', 0,
     'mount', mount, 'mounted_at', S(now))
+  if path then redis.call('HSET', skey, 'path', path) end
   local by_off, by_size = free_keys(P, name)
   add_free(by_off, by_size, base, size)
   redis.call('ZADD', P .. K.segments, S(size), name)
@@ -65,8 +70,9 @@ local function unmount_segment(P, args)
   return E.OK
 end
 
--- sweep_replicas. KEYS: P. ARGV: options tenant; fields key.  Drops replicas on unmounted segments;
--- an object left with no replica is deleted. Reply: number of objects deleted.
+-- sweep_replicas. KEYS: P. ARGV: options tenant; fields key.  Drops replicas on unmounted segments
+-- and disk replicas on unmounted disk segments; an object left with no replica of either kind is
+-- deleted, one left with only disk replicas stays (readable from disk). Reply: number of objects deleted.
 local SWEEP_SPEC = keys_spec()
 
 local function sweep_replicas(P, args)
@@ -77,9 +83,14 @@ local function sweep_replicas(P, args)
     local key = row.key
     local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
-    if o and #live_replicas(P, okey, o) == 0 then
-      delete_object(P, tenant, key, okey, o, nil, now)
-      deleted = deleted + 1
+    if o then
+      local memory, disks = #live_replicas(P, okey, o), #live_disk_replicas(P, okey, o)
+      if memory == 0 and disks == 0 then
+        delete_object(P, tenant, key, okey, o, nil, now)
+        deleted = deleted + 1
+      elseif memory == 0 then
+        settle_disk_only(P, tenant, key, okey, now)
+      end
     end
     return 0
   end)

@@ -12,14 +12,8 @@ local function task_ref_one(P, tenant, key, delta, now)
   local o = load_object(okey)
   if not o or being_evicted(P, tenant, o) then return E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
-  local refs = (tonumber(o.task_refs) or 0) + delta
-  if refs < 0 then return E.INVALID_PARAMS end
-  if refs == 0 then redis.call('HDEL', okey, 'task_refs') else redis.call('HSET', okey, 'task_refs', S(refs)) end
-  o.task_refs = refs
-  if o.group then
-    redis.call('HINCRBY', grp_key(P, tenant, o.group), 'task_refs', delta)
-  end
-  place_unit_of(P, tenant, key, o, now)
+  local refs = add_task_refs(P, tenant, key, okey, o, delta, now)
+  if not refs then return E.INVALID_PARAMS end
   return { refs }
 end
 

@@ -1,0 +1,146 @@
+-- The offload queue (SSD offload tier; disk segments and disk replicas are 27_disk.lua).
+-- Per shard P and client c (the owner of the segment that holds the object's memory replica,
+-- as in Mooncake's master, so a client offloads its own memory):
+--   P:offq:<c>     zset "<tenant>:<key>" -> rank * 2^44 + seq: the queue. rank 0 HIGH (an
+--                  active guarantee), 1 NORMAL (soft pin or retained group), 2 LOW (others);
+--                  seq = HINCRBY P offload_seq, so ZRANGE order is HIGH first, FIFO inside a rank
+--   P:offover:<c>  the same for HIGH entries that found the queue full of HIGH entries
+--   P:offload_inflight  zset "<tenant>:<key>" -> deadline of its task (one task per object)
+-- Bounds (per client, on each shard: this shard's share of offload_queue_limit, shard_share):
+-- the queue, the overflow and the tasks in flight each hold at most the share.
+-- A task in flight is recorded in its object's hash (offload_client, offload_mount,
+-- offload_score: its queue score, so a redelivery keeps its place) and holds one task
+-- reference; offload_attempts counts its hand-outs until it succeeds or is dropped.
+-- Counters (fields of the shard hash P): offload_enqueued, offload_done, offload_redelivered
+-- (tasks that timed out), offload_stale (entries whose object went away or already is on disk),
+-- offload_dropped_<high|normal|low> (full queue, displaced by a HIGH entry, retries spent, disk
+-- unmounted; HIGH only when its overflow was full too or its client's disk went away).
+
+local RANK_SPAN = 17592186044416 -- 2^44: seq stays below it, and rank * 2^44 + seq below 2^53
+local RANK_NAMES = { [0] = 'high', [1] = 'normal', [2] = 'low' }
+
+local function offload_rank(score) return math.floor(score / RANK_SPAN) end
+
+-- The priority an object gets when it is queued: decided by its state at that moment.
+local function offload_priority(P, tenant, o, now)
+  if (tonumber(o.guaranteed_until) or 0) > now then return 0 end
+  if (tonumber(o.soft_pin_until) or 0) > now then return 1 end
+  if o.group and (tonumber(redis.call('HGET', grp_key(P, tenant, o.group), 'retained_until')) or 0) > now then
+    return 1
+  end
+  return 2
+end
+
+-- Change an object's task references by delta (the object is loaded, complete and not being
+-- evicted); its unit is re-placed. Returns the new count, or nil if it would go below 0.
+local function add_task_refs(P, tenant, key, okey, o, delta, now)
+  local refs = (tonumber(o.task_refs) or 0) + delta
+  if refs < 0 then return nil end
+  if refs == 0 then redis.call('HDEL', okey, 'task_refs') else redis.call('HSET', okey, 'task_refs', S(refs)) end
+  o.task_refs = refs
+  if o.group then redis.call('HINCRBY', grp_key(P, tenant, o.group), 'task_refs', delta) end
+  place_unit_of(P, tenant, key, o, now)
+  return refs
+end
+
+local function count_dropped(P, rank) redis.call('HINCRBY', P, 'offload_dropped_' .. RANK_NAMES[rank], 1) end
+
+-- Queue an entry for `client` under the bounds. A full queue: a HIGH entry displaces the newest
+-- LOW, then NORMAL entry (the queue's highest score), else waits in the overflow, else is
+-- dropped and counted; a NORMAL or LOW entry is dropped and counted. An entry already queued
+-- keeps its place (it moves up only to a better rank). Returns what happened.
+local function offload_push(P, client, id, score, share)
+  local queue, overflow = P .. K.offload_queue .. client, P .. K.offload_overflow .. client
+  local rank = offload_rank(score)
+  local cur = tonumber(redis.call('ZSCORE', queue, id))
+  if cur then
+    if offload_rank(cur) > rank then redis.call('ZADD', queue, S(score), id) end
+    return 'present'
+  end
+  if redis.call('ZSCORE', overflow, id) then return 'present' end
+  if redis.call('ZCARD', queue) < share then
+    redis.call('ZADD', queue, S(score), id)
+    return 'queued'
+  end
+  if rank > 0 then
+    count_dropped(P, rank)
+    return 'dropped'
+  end
+  local newest = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+  if newest[1] and offload_rank(tonumber(newest[2])) > 0 then
+    redis.call('ZREM', queue, newest[1])
+    count_dropped(P, offload_rank(tonumber(newest[2])))
+    redis.call('ZADD', queue, S(score), id)
+    return 'displaced'
+  end
+  if redis.call('ZCARD', overflow) < share then
+    redis.call('ZADD', overflow, S(score), id)
+    return 'overflow'
+  end
+  count_dropped(P, 0)
+  return 'dropped'
+end
+
+-- The client whose disk takes the object: the owner of the first live memory replica's
+-- segment that has a local disk segment with offloading enabled, or nil.
+local function offload_target(P, o)
+  for _, r in ipairs(replicas_of(P, o)) do
+    if r.live then
+      local owner = redis.call('HGET', P .. K.segment .. r.seg, 'client')
+      if owner and redis.call('HGET', P .. K.disk .. owner, 'enabled') == '1' then return owner end
+    end
+  end
+  return nil
+end
+
+-- Queue a complete object for offload with its priority as of now (put_end with
+-- offload_on_put). cfg: offload_queue_limit, shards. Returns what offload_push did, or nil.
+local function enqueue_offload(P, tenant, key, o, now, cfg)
+  local client = offload_target(P, o)
+  if not client then return nil end
+  local seq = redis.call('HINCRBY', P, 'offload_seq', 1)
+  local score = offload_priority(P, tenant, o, now) * RANK_SPAN + seq
+  local what = offload_push(P, client, obj_id(tenant, key), score, shard_share(P, cfg.offload_queue_limit, cfg.shards))
+  if what ~= 'present' then redis.call('HINCRBY', P, 'offload_enqueued', 1) end
+  return what
+end
+
+-- End an object's task in flight (acknowledged, failed or timed out): drop its index entry, the
+-- client's in-flight count (when its disk is still the same mount) and the task reference.
+-- Returns the client, the queue score and the hand-outs so far.
+local function release_offload_task(P, tenant, key, okey, o, now)
+  local client, score, attempts = o.offload_client, tonumber(o.offload_score) or 0, tonumber(o.offload_attempts) or 1
+  redis.call('ZREM', P .. K.offload_inflight, obj_id(tenant, key))
+  if disk_mount(P, client) == o.offload_mount then redis.call('HINCRBY', P .. K.disk .. client, 'inflight', -1) end
+  redis.call('HDEL', okey, 'offload_client', 'offload_mount', 'offload_score')
+  o.offload_client, o.offload_mount, o.offload_score = nil, nil, nil
+  if (tonumber(o.task_refs) or 0) > 0 and o.status == 'complete' and not being_evicted(P, tenant, o) then
+    add_task_refs(P, tenant, key, okey, o, -1, now)
+  end
+  return client, score, attempts
+end
+
+-- After a failure or a timeout: a HIGH task is queued again (in its old place) until it
+-- succeeds; NORMAL and LOW ones until offload_max_attempts hand-outs, then dropped and counted.
+-- cfg: offload_max_attempts, offload_queue_limit, shards.
+local function requeue_offload(P, client, id, score, attempts, cfg)
+  local rank = offload_rank(score)
+  if (rank > 0 and attempts >= cfg.offload_max_attempts) or not disk_mount(P, client) then
+    count_dropped(P, rank)
+    return 'dropped'
+  end
+  return offload_push(P, client, id, score, shard_share(P, cfg.offload_queue_limit, cfg.shards))
+end
+
+-- An object that lost its last memory replica but has a live disk replica: it leaves its group
+-- (a group is a unit of memory to evict) and its unit goes where the rule says (nowhere).
+local function settle_disk_only(P, tenant, key, okey, now)
+  local o = load_object(okey)
+  if not o or not is_disk_only(o) then return end
+  if o.group then
+    leave_group(P, tenant, key, o, now)
+    redis.call('HDEL', okey, 'group')
+    o.group = nil
+  end
+  place_object(P, tenant, key, o, now)
+end
