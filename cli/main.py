@@ -32,10 +32,11 @@ import redis
 from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
+from mooncake_redis.cluster import is_cluster_url, primary_clients
 from mooncake_redis.functions import LIBRARY_NAME, LIBRARY_PROTOCOL, check_schema, library_source, server_library
 from mooncake_redis.keys import ShardKeys
 from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
-from mooncake_redis.server import EmbeddedValkey, valkey_binary
+from mooncake_redis.server import EmbeddedCluster, EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
 
 from .logs import log_options
@@ -152,7 +153,8 @@ def _url(ctx: click.Context) -> str | None:
 
 @click.group(cls=_Cli)
 @click.option("--redis", "redis_url", envvar="MOONCAKE_REDIS_URL", default=None, metavar="URL",
-              help="Redis/Valkey URL (redis://host:port/db, rediss://, unix://). "
+              help="Redis/Valkey URL (redis://host:port/db, rediss://, unix://, "
+                   "redis+cluster://host:port[,host:port...] for a Redis Cluster). "
                    "Env: MOONCAKE_REDIS_URL. `serve` without it starts a private Valkey; other "
                    "commands without it use the URL of that Valkey (the `url` file of "
                    "$MOONCAKE_DATA_DIR, default ./mooncake-data).")
@@ -231,7 +233,8 @@ def _status_report(opts: Opts) -> dict:
         per_shard = master.transport.run([c for k in master.transport.keys for c in (
             ("ZCARD", k.processing), ("ZCARD", k.held), ("GET", k.clock), ("ZCARD", k.tier_ordinary),
             ("ZCARD", k.tier_soft), ("GET", k.worker), ("HGETALL", k.metrics))])
-        secs, micros = master.redis.time()
+        secs, micros = primary_clients(master.redis)[0].time()
+        nodes = [master.transport.node_name(s) or None for s in range(master.shards)]
         running = server_library(master.redis)
         retention = master.retention_usage()
         radix = radix_report(master.config.enable_radix_tree, master.radix_stats())
@@ -245,7 +248,7 @@ def _status_report(opts: Opts) -> dict:
     for s, (processing, held, _clock, ordinary, soft, claim, metrics) in zip(usage.shards, rows):
         m = {text(k): text(v) for k, v in metrics.items()}
         shards.append({
-            "shard": s.shard, "capacity_bytes": s.capacity_bytes, "used_bytes": s.used_bytes,
+            "shard": s.shard, "node": nodes[s.shard], "capacity_bytes": s.capacity_bytes, "used_bytes": s.used_bytes,
             "objects": s.objects, "puts_in_progress": processing, "held_extents": held,
             "guaranteed_bytes": s.guaranteed_bytes, "guaranteed_limit_bytes": s.guaranteed_limit_bytes,
             "candidates": ordinary, "soft_pinned_candidates": soft,
@@ -312,12 +315,15 @@ def _print_status(r: dict) -> None:
     for line in radix_status_lines(r["radix"]):
         out(line)
     out("")
-    rows = [[s["shard"], human(s["capacity_bytes"]), human(s["used_bytes"]), pct(s["used_bytes"], s["capacity_bytes"]),
-             s["objects"], s["puts_in_progress"], s["held_extents"]] for s in r["shards"]]
-    rows.append(["total", human(total["capacity_bytes"]), human(total["used_bytes"]),
+    on_cluster = any(s["node"] for s in r["shards"])  # a node column only on a Redis Cluster
+    rows = [[s["shard"], *([s["node"]] if on_cluster else []), human(s["capacity_bytes"]), human(s["used_bytes"]),
+             pct(s["used_bytes"], s["capacity_bytes"]), s["objects"], s["puts_in_progress"], s["held_extents"]]
+            for s in r["shards"]]
+    rows.append(["total", *([""] if on_cluster else []), human(total["capacity_bytes"]), human(total["used_bytes"]),
                  pct(total["used_bytes"], total["capacity_bytes"]), total["objects"], total["puts_in_progress"],
                  total["held_extents"]])
-    for line in table(["shard", "capacity", "used", "used%", "objects", "in-progress", "held"], rows):
+    for line in table(["shard", *(["node"] if on_cluster else []), "capacity", "used", "used%", "objects",
+                       "in-progress", "held"], rows):
         out(line)
     out("")
     now = r["clock"]["now_ms"]
@@ -784,6 +790,10 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         tool = valkey_cli_binary() or "valkey-cli"
         if private is not None:
             _serve_banner(private, tool)
+        elif is_cluster_url(url):  # valkey-cli takes one node, and -c to follow redirects
+            first = url.partition("://")[2].rpartition("@")[2].split(",")[0].rstrip("/")
+            host, _, port = first.rpartition(":")
+            out(f"  redis-cli {tool} -c -h {host} -p {port}")
         else:
             out(f"  redis-cli {tool} -u {safe_url(url)}")
         out("  background work: one worker (eviction, abandoned puts, client TTL, sweeps)")
@@ -810,6 +820,49 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         click.echo("valkey-server shut down; master stopped")
     else:
         click.echo("stopped")
+
+
+# ---- cluster-up ----------------------------------------------------------------------------
+
+@cli.command("cluster-up")
+@click.option("--nodes", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Primaries; the 16384 slots are split between them in equal ranges.")
+@click.option("--replicas", type=click.IntRange(0, 8), default=0, show_default=True,
+              help="Replicas per primary.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="A new or empty directory: one node-<port> directory per node (AOF, nodes.conf, log), "
+                   "and the cluster's URL in DIR/url.")
+def cluster_up(nodes: int, replicas: int, data_dir: Path) -> None:
+    """Run a local Redis Cluster of the embedded Valkey on loopback until SIGINT/SIGTERM, for
+    development and tests: cluster-enabled nodes on free ports, slots assigned, replicas
+    attached. Prints its redis+cluster:// URL (also written to DIR/url, where the other
+    commands find it with MOONCAKE_DATA_DIR=DIR). Ctrl-C stops every node."""
+    data_dir = data_dir.resolve()
+    if data_dir.exists() and any(data_dir.iterdir()):
+        raise click.UsageError(f"--data-dir {data_dir} is not empty: a cluster starts in a new or empty directory")
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stop = threading.Event()
+    previous = stop_on_signals(stop)
+    try:
+        cluster = EmbeddedCluster(primaries=nodes, replicas=replicas, data_dir=str(data_dir), appendonly=True)
+        try:
+            cluster.start()
+        except (RuntimeError, redis.RedisError) as exc:
+            raise CliError(f"the cluster did not start: {exc}") from None
+        try:
+            _write_private(data_dir / URL_FILE, cluster.url + "\n")
+            click.echo(f"cluster    {cluster.url}")
+            click.echo(f"nodes      {nodes} primaries, {replicas} replica(s) each, on 127.0.0.1 ports "
+                       f"{', '.join(str(n.port) for n in cluster.nodes)}")
+            click.echo(f"data dir   {data_dir} (url file {data_dir / URL_FILE})")
+            click.echo("Ctrl-C stops it")
+            stop.wait()
+        finally:
+            cluster.stop()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    click.echo("stopped")
 
 
 # ---- worker and eviction -----------------------------------------------------------------
@@ -990,6 +1043,32 @@ def bench_ops(opts: Opts, n: int, shards: int, expire_sizes: str, as_json: bool)
                 server.stop()
     if as_json:
         emit_json("bench ops", {"results": results})
+
+
+@bench.command("cluster")
+@click.option("--processes", type=click.IntRange(1, 64), default=4, show_default=True, help="Client processes.")
+@click.option("--seconds", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
+              help="Seconds each process calls, per topology.")
+@click.option("--keys", type=click.IntRange(1, 1_000_000), default=2000, show_default=True, help="Stored objects.")
+@click.option("--batch", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="Keys per batch_get_replica_list call (at most --keys).")
+@_bench_json
+@click.pass_obj
+def bench_cluster(opts: Opts, processes: int, seconds: float, keys: int, batch: int, as_json: bool) -> None:
+    """get_replica_list calls/s from several client processes against one private Valkey and a
+    private 3-primary cluster, in the same run (bench/cluster.py)."""
+    if batch > keys:
+        raise click.BadParameter("must be at most --keys", param_hint="--batch")
+    from mooncake_redis.bench.cluster import main as cluster_main
+
+    if opts.url:
+        click.echo("note: bench cluster runs on its own private servers, not on --redis", err=True)
+    try:
+        results = cluster_main(processes, seconds, keys, batch, out=_bench_out(as_json))
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    if as_json:
+        emit_json("bench cluster", {"results": results})
 
 
 def _sizes(_ctx, _param, value: str) -> list[int]:

@@ -23,4 +23,4 @@ class ClockApi(ApiBase):
         return int(self.transport.run([("INCRBY", k.clock, delta_ms) for k in self.transport.keys])[0])
 
     def unfreeze_clock(self) -> None:
-        self.transport.run([("DEL", *[k.clock for k in self.transport.keys])])
+        self.transport.run([("DEL", k.clock) for k in self.transport.keys])  # one slot per command

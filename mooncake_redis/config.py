@@ -54,6 +54,8 @@ INT_RANGES = {
     "max_retained_groups_per_tenant": (0, MAX_INT),
     "max_key_length": (1, MAX_KEY_LENGTH),
     "max_guaranteed_ttl": (0, MAX_INT),
+    "min_replicas_ack": (0, 64),
+    "replica_ack_timeout": (1, MAX_INT),
 }
 _INT_TEXT = re.compile(r"-?[0-9]{1,17}")  # stored numbers: only forms Lua's tonumber reads the same
 _FLOAT_TEXT = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -105,6 +107,11 @@ class MasterConfig:
     offload_on_put: bool = False
     offload_task_timeout: int = 60_000
     offload_max_attempts: int = 3
+    # durability: each batch of writes waits (WAIT) until this many replicas of its server hold
+    # it, or replica_ack_timeout ms pass (then the call fails OUTCOME_UNKNOWN); 0: no wait
+    # (Redis replication is asynchronous: an acknowledged write may die with its primary)
+    min_replicas_ack: int = 0
+    replica_ack_timeout: int = 1000
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):

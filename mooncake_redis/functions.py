@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import redis
 
+from . import cluster
 from .errors import ErrorCode, MasterError, parse_error_reply
 from .keys import shard_key
 
@@ -54,7 +55,9 @@ def library_source() -> tuple[str, str]:
 
 def server_library(client: redis.Redis) -> tuple[str, int] | None:
     """(version, protocol) of the library the server runs, or None when it has none (raw redis
-    errors). Protocol 1 replied the bare version; later protocols reply {version, protocol}."""
+    errors). Protocol 1 replied the bare version; later protocols reply {version, protocol}.
+    On a cluster: the library of one primary (load puts the same on all)."""
+    client = cluster.primary_clients(client)[0]
     try:
         reply = client.execute_command("FCALL_RO", "mc_version", 0)
     except redis.ResponseError:  # no library, or one without mc_version
@@ -111,9 +114,11 @@ def stored_config(config: Any) -> dict[str, str]:
 
 
 def load(client: redis.Redis) -> str:
-    """ensure_loaded, with its failures as MasterError."""
+    """ensure_loaded (on a cluster: on every primary; a replica gets it by replication), with its
+    failures as MasterError."""
     try:
-        return ensure_loaded(client)
+        versions = [ensure_loaded(c) for c in cluster.primary_clients(client)]
+        return versions[0]
     except redis.BusyLoadingError as exc:
         raise error_of(exc) from None
     except redis.ResponseError as exc:
@@ -124,19 +129,23 @@ def load(client: redis.Redis) -> str:
         raise _no_reply(exc) from exc
 
 
-def run(client: redis.Redis, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> list[Any]:
+def run(client: redis.Redis, commands: Sequence[Sequence[Any]], raise_on_error: bool = True,
+        wait: tuple[int, int] | None = None) -> list[Any]:
     """Run commands (one: a plain call; several: one pipeline, no MULTI) and return their replies
     in order. Commands answered "Function not found" (FUNCTION FLUSH, a restart without
     persistence) are run once more after loading the library. Error replies become MasterError
     (a function's own "<NAME> <code> <detail>" keeps its code): the first is raised, or with
     raise_on_error=False each is returned in its place. No reply at all (timeout, lost
-    connection) raises OUTCOME_UNKNOWN: the commands may or may not have run."""
+    connection) raises OUTCOME_UNKNOWN: the commands may or may not have run. With `wait`
+    (replicas, timeout ms), writes are followed by WAIT on their server, and fewer replicas
+    than asked raise OUTCOME_UNKNOWN. A cluster client (mooncake_redis.cluster) sends each
+    command to the node of its key's slot."""
     try:
-        replies = _send(client, commands)
+        replies = _send(client, commands, wait)
         missing = [i for i, r in enumerate(replies) if isinstance(r, redis.ResponseError) and FUNCTION_MISSING in str(r)]
         if missing:
             load(client)
-            for i, reply in zip(missing, _send(client, [commands[i] for i in missing])):
+            for i, reply in zip(missing, _send(client, [commands[i] for i in missing], wait)):
                 replies[i] = reply
     except redis.AuthenticationError as exc:  # refused at login: nothing ran
         raise MasterError(ErrorCode.INTERNAL_ERROR, f"Redis refused the login: {exc}") from None
@@ -156,7 +165,11 @@ def run(client: redis.Redis, commands: Sequence[Sequence[Any]], raise_on_error: 
 _ERROR_REPLIES = (redis.ResponseError, redis.BusyLoadingError)
 
 
-def _send(client: redis.Redis, commands: Sequence[Sequence[Any]]) -> list[Any]:
+def _send(client: redis.Redis, commands: Sequence[Sequence[Any]], wait: tuple[int, int] | None) -> list[Any]:
+    if cluster.is_cluster(client):
+        return cluster.send(client, commands, wait, load)
+    if wait:
+        return cluster.send_plain(client, commands, wait)
     if len(commands) == 1:
         try:
             return [client.execute_command(*commands[0])]

@@ -15,6 +15,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .checks import _check_bool
+from .cluster import cluster_from_url, is_cluster_url
 from .clock import ClockApi
 from .config import MasterConfig
 from .errors import ErrorCode, MasterError
@@ -40,7 +41,8 @@ _memory_lock = threading.Lock()
 
 def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
                     connect_timeout: float | None = CONNECT_TIMEOUT_S) -> redis.Redis:
-    """A client for `url`; memory://<name> is an in-process fakeredis server. Timeouts are
+    """A client for `url`; memory://<name> is an in-process fakeredis server, and
+    redis+cluster://host:port[,host:port...] a Redis Cluster (mooncake_redis.cluster). Timeouts are
     seconds (None: wait forever); redis-py never resends a command by itself, since a resent
     FCALL could run twice."""
     for value, what in ((socket_timeout, "socket_timeout"), (connect_timeout, "connect_timeout")):
@@ -49,6 +51,13 @@ def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
             raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a positive number of seconds or None")
     if not isinstance(url, str):
         raise MasterError(ErrorCode.INVALID_PARAMS, "url must be a str")
+    if is_cluster_url(url):
+        try:
+            return cluster_from_url(url, socket_timeout, connect_timeout)
+        except ValueError as exc:
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise MasterError(ErrorCode.OUTCOME_UNKNOWN, f"no node of the cluster answered: {exc}") from None
     if url.startswith("memory://"):
         try:
             import fakeredis
@@ -73,7 +82,8 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
         self.ns = config.namespace
         self.shards = config.shards
         self.key_pattern = compile_key_pattern(config.radix_key_pattern)
-        self.transport = Shards(client, self.ns, self.shards, self.key_pattern)
+        wait = (config.min_replicas_ack, config.replica_ack_timeout) if config.min_replicas_ack else None
+        self.transport = Shards(client, self.ns, self.shards, wait, self.key_pattern)
 
     # ---- connection -------------------------------------------------------------------
     @classmethod

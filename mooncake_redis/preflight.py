@@ -14,6 +14,7 @@ import re
 
 import redis
 
+from .cluster import primary_clients
 from .errors import ErrorCode, MasterError
 from .functions import library_source, run
 from .keys import shard_key
@@ -41,8 +42,10 @@ def needed_commands() -> set[str]:
 
 
 def check_server(client: redis.Redis, namespace: str, require_noeviction: bool = True) -> None:
-    _check_policy(client, require_noeviction)
-    _check_acl(client, namespace)
+    """Both checks, on every primary of a cluster."""
+    for server in primary_clients(client):
+        _check_policy(server, require_noeviction)
+        _check_acl(server, namespace)
 
 
 def _reply(client: redis.Redis, *command: str) -> tuple[object, str]:

@@ -140,3 +140,104 @@ class EmbeddedValkey:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+CLUSTER_SLOTS = 16384
+
+
+class EmbeddedCluster:
+    """A local Redis Cluster of embedded Valkey nodes on loopback (development and tests):
+    `primaries` nodes holding the 16384 slots in equal ranges, each with `replicas` replicas.
+    start() returns once every node reports cluster_state:ok and every replica's link to its
+    primary is up; `url` (redis+cluster://) then reaches it. Each node keeps its files in its
+    own directory under `data_dir` (default: a throw-away one, removed by stop())."""
+
+    def __init__(self, primaries: int = 3, replicas: int = 0, data_dir: str | None = None,
+                 base_port: int | None = None, appendonly: bool = False, node_timeout_ms: int = 2000,
+                 binary: str | None = None):
+        if primaries < 1 or replicas < 0:
+            raise ValueError("a cluster needs at least one primary and a non-negative replica count")
+        self.owns_data_dir = data_dir is None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="mooncake-cluster-")
+        self.primaries = primaries
+        self.replicas = replicas
+        count = primaries * (1 + replicas)
+        ports = [base_port + i for i in range(count)] if base_port else [free_port() for _ in range(count)]
+        args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(node_timeout_ms), "--cluster-require-full-coverage", "no",
+                "--repl-diskless-sync-delay", "0")
+        # the bus port is given (not port + 10000, which may be taken or out of range)
+        self.bus_ports = [free_port() for _ in ports]
+        self.nodes = [EmbeddedValkey(data_dir=os.path.join(self.data_dir, f"node-{port}"), port=port,
+                                     appendonly=appendonly, binary=binary,
+                                     extra_args=(*args, "--cluster-port", str(bus)))
+                      for port, bus in zip(ports, self.bus_ports)]
+        self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:primaries])
+
+    def client(self, node: "EmbeddedValkey") -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=10, retry=Retry(NoBackoff(), 0))
+
+    def start(self, timeout_s: float = 30.0) -> "EmbeddedCluster":
+        try:
+            for node in self.nodes:
+                node.start()
+            self._form(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _form(self, timeout_s: float) -> None:
+        clients = [self.client(n) for n in self.nodes]
+        try:
+            first = clients[0]
+            for node, bus in zip(self.nodes[1:], self.bus_ports[1:]):
+                first.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, bus)
+            for i, c in enumerate(clients[:self.primaries]):
+                lo = i * CLUSTER_SLOTS // self.primaries
+                hi = (i + 1) * CLUSTER_SLOTS // self.primaries - 1
+                c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+            ids = [c.execute_command("CLUSTER", "MYID") for c in clients]
+            ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
+            deadline = time.monotonic() + timeout_s
+            # every node must know every other before a replica can name its primary
+            self._wait(lambda: all(_known_nodes(c) >= len(clients) for c in clients), deadline, "the nodes to meet")
+            for r in range(self.replicas):
+                for p in range(self.primaries):
+                    replica = clients[self.primaries + r * self.primaries + p]
+                    replica.execute_command("CLUSTER", "REPLICATE", ids[p])
+            self._wait(lambda: all(c.execute_command("CLUSTER", "INFO").find(b"cluster_state:ok") >= 0
+                                   for c in clients), deadline, "cluster_state:ok")
+            self._wait(lambda: all(c.info("replication").get("master_link_status") == "up"
+                                   for c in clients[self.primaries:]), deadline, "the replicas to sync")
+        finally:
+            for c in clients:
+                c.close()
+
+    @staticmethod
+    def _wait(ready, deadline: float, what: str) -> None:
+        while not ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the local cluster did not reach {what} in time")
+            time.sleep(0.05)  # waiting for the nodes' gossip, not for a deadline
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        if self.owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "EmbeddedCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _known_nodes(client: redis.Redis) -> int:
+    info = client.execute_command("CLUSTER", "INFO")
+    text = info.decode() if isinstance(info, bytes) else info
+    for line in text.splitlines():
+        if line.startswith("cluster_known_nodes:"):
+            return int(line.split(":", 1)[1])
+    return 0

@@ -4,8 +4,9 @@
 (`ShardKeys`). Master, Worker, fsck and the CLI share one (`master.transport`). Everything it
 sends goes through functions.run: the library is reloaded once on "Function not found", error
 replies and lost replies become MasterError. Every command is addressed to one shard (a function
-call carries its shard key, a SCAN or a pipeline names its shard), so routing by hash slot for
-Redis Cluster can later live here without changing the callers.
+call carries its shard key, a SCAN or a pipeline names its shard), so on Redis Cluster
+(mooncake_redis.cluster) each reaches the node that serves its shard's slot, batches grouped
+and pipelined per node. With `wait` (min_replicas_ack), writes are followed by WAIT.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, Iterator, Sequence
 
 import redis
 
+from . import cluster
 from .config import NAME_RE
 from .functions import run
 from .keys import ShardKeys, shard_of
@@ -27,12 +29,14 @@ SCAN_COUNT = 1000  # keys per SCAN step
 
 
 class Shards:
-    def __init__(self, client: redis.Redis, namespace: str, count: int, key_pattern: re.Pattern | None = None):
+    def __init__(self, client: redis.Redis, namespace: str, count: int, wait: tuple[int, int] | None = None,
+                 key_pattern: re.Pattern | None = None):
         self.redis = client
         self.namespace = namespace
         self.count = count
         self.key_pattern = key_pattern  # the store's radix_key_pattern (None: the default)
         self.keys = [ShardKeys(namespace, shard) for shard in range(count)]
+        self.wait = wait  # (replicas, timeout ms) for WAIT after writes, or None
 
     def shard_of(self, key: bytes) -> int:
         """The shard of a user key (or a group id): see keys.shard_of."""
@@ -41,7 +45,7 @@ class Shards:
     # ---- commands --------------------------------------------------------------------
     def run(self, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> list[Any]:
         """Run commands (several: one pipeline, no MULTI); replies in order (functions.run)."""
-        return run(self.redis, commands, raise_on_error)
+        return run(self.redis, commands, raise_on_error, self.wait)
 
     def command(self, fn: str, shard: int, *args: Any) -> tuple:
         """The call of function `fn` on `shard`, for run()."""
@@ -81,7 +85,7 @@ class Shards:
         each non-empty batch. As with any SCAN, a key may come twice."""
         cursor = 0
         while True:
-            cursor, batch = self.run([("SCAN", cursor, "MATCH", match, "COUNT", count)])[0]
+            cursor, batch = run(self.node(shard), [("SCAN", cursor, "MATCH", match, "COUNT", count)])[0]
             if batch:
                 yield batch
             if int(cursor) == 0:
@@ -102,7 +106,25 @@ class Shards:
     def pipeline(self, shard: int, transaction: bool = True) -> redis.client.Pipeline:
         """A pipeline (MULTI/EXEC when `transaction`) for commands on `shard`'s keys only; its
         replies and errors are redis-py's own."""
-        return self.redis.pipeline(transaction=transaction)
+        return self.node(shard).pipeline(transaction=transaction)
+
+    # ---- nodes -----------------------------------------------------------------------
+    def node(self, shard: int) -> redis.Redis:
+        """The client of the server that holds `shard` (on a cluster: its slot's node)."""
+        return cluster.node_client(self.redis, self.keys[shard].P)
+
+    def node_name(self, shard: int) -> str:
+        """host:port of the cluster node that serves `shard` ("" when not a cluster)."""
+        return cluster.node_name(self.redis, self.keys[shard].P)
+
+    def spread(self, shards: Sequence[int]) -> list[int]:
+        """`shards` reordered so that consecutive ones are served by different nodes where
+        possible (round robin over the nodes): a worker's steps then take turns on the nodes."""
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for shard in sorted(shards):
+            by_node[self.node_name(shard)].append(shard)
+        queues = list(by_node.values())
+        return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
     def close(self) -> None:
         self.redis.close()

@@ -267,7 +267,9 @@ class Worker:
 
     def _run_once(self) -> WorkerPass:
         total = WorkerPass()
-        for index, (now, sweep_pending) in sorted(self._claim_all().items()):
+        claimed = self._claim_all()
+        for index in self.transport.spread(claimed):  # on a cluster: taking turns on the nodes
+            now, sweep_pending = claimed[index]
             if self.stopping():
                 break
             total.shards_claimed += 1

@@ -70,7 +70,7 @@ def test_status_json(store, valkey):
     assert [s["shard"] for s in doc["shards"]] == [0, 1]
     assert sum(s["used_bytes"] for s in doc["shards"]) == 2 * 4096 + 100
     assert set(doc["shards"][0]) == {
-        "shard", "capacity_bytes", "used_bytes", "objects", "puts_in_progress", "held_extents", "candidates",
+        "shard", "node", "capacity_bytes", "used_bytes", "objects", "puts_in_progress", "held_extents", "candidates",
         "guaranteed_bytes", "guaranteed_limit_bytes", "soft_pinned_candidates", "claimed_by", "last_pass_ms", "evicted_objects_total", "evicted_bytes_total",
         "discarded_puts_total", "clients_expired_total"}
     assert {s["client"] for s in doc["segments"]} == {"client-1"}

@@ -24,6 +24,8 @@ from mooncake_redis.keys import object_key, shard_of
 
 from helpers import shard_keys
 
+pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
+
 OWNER = "owner"     # mounts the segment
 W = "writer"        # writes the objects
 OBJ = 1000          # bytes per object
@@ -681,6 +683,8 @@ def _put_end(m: Master, model: Model, key: str) -> None:
         o["soft"] = model.now + INV_TTL_SOFT if o["pin"] == "soft" else 0
 
 
+@pytest.mark.not_on_cluster("25 random runs over 16 shards take ~25 s there; the same functions run "
+                            "on every other backend")
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op_strategy, min_size=20, max_size=60), allow_soft=st.booleans(),
        evict_on_put=st.booleans())

@@ -12,6 +12,8 @@ from mooncake_redis.fsck import KINDS, _Audit, fsck
 
 from helpers import all_shard_keys, keys_of, shard_keys, watched_silence
 
+pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
+
 SEG = 1 << 18  # 256 KiB per segment (split across the shards)
 SOFT = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=5_000)
 LONG_SOFT = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=3_600_000)

@@ -8,6 +8,8 @@ from helpers import WRITER, keys_of, keys_on_shard, mount, put, raises_code, sha
 from mooncake_redis import ErrorCode, ReplicaStatus, ReplicateConfig
 from mooncake_redis.keys import shard_of
 
+pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
+
 
 # ---- put_start: parameters ---------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from mooncake_redis.worker import STEPS, Step, Worker, WorkerPass, evict, stop_o
 from conftest import T0
 from helpers import all_shard_keys, shard_keys, watched_silence
 
+pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
+
 KIB = 1024
 LONG = 10**12  # a client_ttl that never runs out in these tests (writers that stop pinging are tested apart)
 
@@ -366,4 +368,6 @@ def test_a_pass_runs_the_steps_in_order_on_each_claimed_shard(new_master):
     done = Worker(m, steps=steps + [Step("last", lambda worker, shard, done: seen.append((shard.index, "last")))]
                   ).run_once()
     assert done.shards_claimed == 4 and done.eviction_steps == 4  # the built-in steps ran too
-    assert seen == [(shard, name) for shard in range(4) for name in [s.name for s in STEPS] + ["last"]]
+    order = m.transport.spread(range(4))  # by shard number; on a cluster, taking turns on the nodes
+    assert sorted(order) == [0, 1, 2, 3]
+    assert seen == [(shard, name) for shard in order for name in [s.name for s in STEPS] + ["last"]]
