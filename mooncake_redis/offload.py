@@ -75,11 +75,12 @@ class OffloadApi(ApiBase):
                 left = max_tasks - len(tasks)
                 asks = [(shard, left // len(active) + (1 if i < left % len(active) else 0))
                         for i, shard in enumerate(active)]
+                waiting = [shard for shard, n in asks if n == 0]  # not asked this round: first in the next
                 asks = [(shard, n) for shard, n in asks if n > 0]
                 replies = t.run([t.command("mc_offload_heartbeat", shard,
                                            *wire.options(client_id=client_id, max_tasks=n, max_rank=rank))
                                  for shard, n in asks])
-                active = []
+                active = waiting
                 for (shard, n), reply in zip(asks, replies):
                     tasks += self._tasks(reply)
                     if len(reply) == n:  # the shard may have more of this priority

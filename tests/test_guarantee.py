@@ -12,6 +12,8 @@ from helpers import OWNER, WRITER, keys_on_shard, mount, put, raises_code, shard
 from mooncake_redis import ErrorCode, MasterError, ReplicateConfig, SoftPinAction
 from mooncake_redis.fsck import fsck
 
+pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
+
 TTL = 60_000
 G = ReplicateConfig(guaranteed_ttl_ms=TTL)
 H1, H2 = "ab" * 32, "cd" * 32  # prefix hashes: keys "<hash>_<n>" share their prefix's shard

@@ -21,6 +21,8 @@ from mooncake_redis.server import EmbeddedValkey
 from conftest import T0
 from helpers import raises_code, shard_keys
 
+pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
+
 OWNER, W = "owner", "writer"
 OBJ = 1000
 CAP = 100_000          # bytes per shard slice
