@@ -380,15 +380,9 @@ def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | No
         return _inspect_node(opts, node, tenant, as_json)
     master = _open_existing(opts)
     try:
-        try:
-            info = master.describe(key, tenant)
-        except MasterError as exc:
-            if exc.code != ErrorCode.OBJECT_NOT_FOUND:
-                raise
-            click.echo(f"not found: object {key!r} (tenant {tenant!r}, namespace {master.ns!r})", err=True)
-            if as_json:
-                emit_json("inspect", {"key": key, "tenant": tenant, "found": False})
-            raise click.exceptions.Exit(1)
+        info = _describe_or_exit(lambda: master.describe(key, tenant),
+                                 f"object {key!r} (tenant {tenant!r}, namespace {master.ns!r})",
+                                 {"key": key, "tenant": tenant}, as_json)
         now = master.now_ms()
     finally:
         master.close()
@@ -469,18 +463,26 @@ def expire_guaranteed(opts: Opts, prefixes: tuple[str, ...], tenant: str) -> Non
         click.echo(f"{prefix}  {n} guarantee(s) ended")
 
 
+def _describe_or_exit(describe, what: str, ident: dict, as_json: bool):
+    """describe(); OBJECT_NOT_FOUND prints "not found: <what>" (and, with --json, the ident
+    fields with found false) and exits 1."""
+    try:
+        return describe()
+    except MasterError as exc:
+        if exc.code != ErrorCode.OBJECT_NOT_FOUND:
+            raise
+        click.echo(f"not found: {what}", err=True)
+        if as_json:
+            emit_json("inspect", {**ident, "found": False})
+        raise click.exceptions.Exit(1) from None
+
+
 def _inspect_group(opts: Opts, group: str, tenant: str, as_json: bool) -> None:
     master = _open_existing(opts)
     try:
-        try:
-            info = master.describe_group(group, tenant)
-        except MasterError as exc:
-            if exc.code != ErrorCode.OBJECT_NOT_FOUND:
-                raise
-            click.echo(f"not found: group {group!r} (tenant {tenant!r}): no members and no active retention", err=True)
-            if as_json:
-                emit_json("inspect", {"group": group, "tenant": tenant, "found": False})
-            raise click.exceptions.Exit(1)
+        info = _describe_or_exit(lambda: master.describe_group(group, tenant),
+                                 f"group {group!r} (tenant {tenant!r}): no members and no active retention",
+                                 {"group": group, "tenant": tenant}, as_json)
         now = master.now_ms()
     finally:
         master.close()
@@ -495,15 +497,8 @@ def _inspect_group(opts: Opts, group: str, tenant: str, as_json: bool) -> None:
 def _inspect_node(opts: Opts, node: str, tenant: str, as_json: bool) -> None:
     master = _open_existing(opts)
     try:
-        try:
-            info = master.describe_radix_node(node, tenant)
-        except MasterError as exc:
-            if exc.code != ErrorCode.OBJECT_NOT_FOUND:
-                raise
-            click.echo(f"not found: radix node {node!r} (tenant {tenant!r})", err=True)
-            if as_json:
-                emit_json("inspect", {"node": node, "tenant": tenant, "found": False})
-            raise click.exceptions.Exit(1)
+        info = _describe_or_exit(lambda: master.describe_radix_node(node, tenant),
+                                 f"radix node {node!r} (tenant {tenant!r})", {"node": node, "tenant": tenant}, as_json)
     finally:
         master.close()
     report = node_report(info)

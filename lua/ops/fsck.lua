@@ -9,6 +9,23 @@
 local FSCK_MAX_GROUP = 10000     -- candidates one mc_fsck_group call may load
 local FSCK_MAX_EXTENTS = 8192    -- extents (+ free-list members) one mc_fsck_rebuild_free call may touch
 
+-- Compare-and-add of hash fields: todo = { {key, field, expected, delta}, ... }, already
+-- validated. Every field is read before any is written; a field is added to only if it still
+-- holds `expected` (missing = 0). Reply: per entry {applied (1|0), value after the call}.
+local function compare_and_add(todo)
+  local cur = {}
+  for i, t in ipairs(todo) do cur[i] = tonumber(redis.call('HGET', t[1], t[2])) or 0 end
+  local reply = {}
+  for i, t in ipairs(todo) do
+    if cur[i] == t[3] then
+      reply[#reply + 1] = { 1, redis.call('HINCRBY', t[1], t[2], S(t[4])) }
+    else
+      reply[#reply + 1] = { 0, cur[i] }
+    end
+  end
+  return reply
+end
+
 -- mc_fsck_counters. KEYS: P. ARGV: (field, expected, delta) triples, field one of used_bytes,
 --   capacity_bytes, objects, guaranteed_bytes. Compare-and-add: for each triple, when the field's current value
 --   (missing = 0) equals `expected` (the value fsck read), HINCRBY field delta; otherwise leave
@@ -28,19 +45,9 @@ local function fsck_counters(P, args)
     if not SHARD_COUNTERS[field] then return fail(E.INVALID_PARAMS, 'unknown counter ' .. tostring(field)) end
     if not expected or not delta then return fail(E.INVALID_PARAMS, 'expected and delta must be integers') end
     if expected + delta < 0 then return fail(E.INVALID_PARAMS, field .. ' would go below 0') end
-    todo[#todo + 1] = { field, expected, delta }
+    todo[#todo + 1] = { P, field, expected, delta }
   end
-  local cur = {}
-  for i, t in ipairs(todo) do cur[i] = tonumber(redis.call('HGET', P, t[1])) or 0 end
-  local reply = {}
-  for i, t in ipairs(todo) do
-    if cur[i] == t[2] then
-      reply[#reply + 1] = { 1, redis.call('HINCRBY', P, t[1], S(t[3])) }
-    else
-      reply[#reply + 1] = { 0, cur[i] }
-    end
-  end
-  return reply
+  return compare_and_add(todo)
 end
 
 -- mc_fsck_guaranteed. KEYS: P. ARGV: (segment, tenant, expected, delta) quadruples.
@@ -58,6 +65,7 @@ local function fsck_guaranteed(P, args)
     if type(seg) ~= 'string' or not valid_tenant(tenant) or not expected or not delta then
       return fail(E.INVALID_PARAMS, 'expected segment ("" for the tenant total), tenant, expected, delta')
     end
+    if expected + delta < 0 then return fail(E.INVALID_PARAMS, 'guaranteed bytes would go below 0') end
     local key, field = P .. K.guaranteed_tenants, tenant
     if seg ~= '' then
       key, field = P .. K.segment .. seg, 'g:' .. tenant
@@ -65,16 +73,7 @@ local function fsck_guaranteed(P, args)
     end
     todo[#todo + 1] = { key, field, expected, delta }
   end
-  local reply = {}
-  for _, t in ipairs(todo) do
-    local cur = tonumber(redis.call('HGET', t[1], t[2])) or 0
-    if cur == t[3] and cur + t[4] >= 0 then
-      reply[#reply + 1] = { 1, redis.call('HINCRBY', t[1], t[2], S(t[4])) }
-    else
-      reply[#reply + 1] = { 0, cur }
-    end
-  end
-  return reply
+  return compare_and_add(todo)
 end
 
 -- mc_fsck_segment_used. KEYS: P. ARGV: segment, expected_used, delta.
