@@ -4,6 +4,11 @@ from __future__ import annotations
 import platform
 
 
+# The eviction geometry of the eviction step benchmarks (not the store's defaults, 0.99 / 0.01):
+# a step starts above 90% and evicts down to 85%, room enough for many steps to take a median of.
+WIDE_WATERMARKS = {"eviction_high_watermark_ratio": 0.90, "eviction_ratio": 0.05}
+
+
 def cpu_model() -> str:
     """The CPU's model name, for the header of a benchmark's output."""
     try:

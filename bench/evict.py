@@ -46,7 +46,7 @@ from typing import Any
 
 import redis
 
-from .common import cpu_model
+from .common import WIDE_WATERMARKS, cpu_model
 from mooncake_redis import wire
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.master import EVICT_STEP_UNITS
@@ -172,7 +172,7 @@ def _fresh(r: redis.Redis, private: bool) -> None:
 
 
 def _connect(url: str, radix: bool = False) -> Master:
-    m = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=1, enable_radix_tree=radix))
+    m = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=1, enable_radix_tree=radix, **WIDE_WATERMARKS))
     m.freeze_clock(T0)
     return m
 

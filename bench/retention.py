@@ -17,6 +17,8 @@ import redis
 
 from mooncake_redis import Master, MasterConfig, ReplicateConfig
 
+from .common import WIDE_WATERMARKS
+
 OBJECTS = 20_000          # objects per eviction store
 OBJ = 1000                # bytes each
 GROUP = 10                # members per group
@@ -24,6 +26,7 @@ RETAINED = 0.10           # share of the objects in retained groups
 HOUR = 3_600_000
 CHUNK = 500
 EVICT_REPEATS = 5         # the step figures vary most on a shared machine: median of 5
+
 
 
 def _fcall_usec(r: redis.Redis) -> tuple[int, int]:
@@ -90,7 +93,7 @@ def figures(url: str, r: redis.Redis, repeats: int, out) -> dict:
     cases = [("none", 0.0), ("retained", RETAINED)]
     for rep in range(EVICT_REPEATS):
         for case, share in (cases if rep % 2 == 0 else cases[::-1]):  # alternate which goes first
-            m = Master.connect(url, MasterConfig(namespace=f"bench.ev{case}-{rep}"))
+            m = Master.connect(url, MasterConfig(namespace=f"bench.ev{case}-{rep}", **WIDE_WATERMARKS))
             try:
                 _fill(m, share)
                 per[case].append(_evict_all(m, r))

@@ -77,8 +77,10 @@ class MasterConfig:
     default_kv_lease_ttl: int = 10_000
     default_kv_soft_pin_ttl: int = 30 * 60 * 1000
     max_kv_soft_pin_ttl: int = 24 * 3600 * 1000
-    eviction_high_watermark_ratio: float = 0.90
-    eviction_ratio: float = 0.05
+    # A small headroom: puts evict what they need (evict_on_put), so the background loop only
+    # keeps most puts from having to (README, "Why the watermarks default to 0.99 / 0.01").
+    eviction_high_watermark_ratio: float = 0.99
+    eviction_ratio: float = 0.01
     allow_evict_soft_pinned_objects: bool = True
     put_start_discard_timeout: int = 30_000
     put_start_release_timeout: int = 600_000

@@ -104,10 +104,12 @@ def shards(request):
 
 @pytest.fixture
 def new_master(backend, shards, request):
-    """Factory: new_master(**MasterConfig overrides) -> Master with a frozen clock at T0."""
+    """Factory: new_master(**MasterConfig overrides) -> Master with a frozen clock at T0. A test
+    module's MASTER_CONFIG (a dict, optional) gives its own defaults for the overrides."""
     made = []
 
     def factory(**config):
+        config = {**getattr(request.module, "MASTER_CONFIG", {}), **config}
         config.setdefault("shards", shards)
         server = {"valkey": "valkey", "redis": "redis7", "cluster": "valkey_cluster"}.get(backend)
         server = request.getfixturevalue(server) if server else None

@@ -11,6 +11,9 @@ from mooncake_redis.keys import ShardKeys, segment_slice, shard_of
 
 OWNER = "owner"    # the client that mounts segments
 WRITER = "writer"  # the client that writes objects
+# The eviction geometry the eviction tests are written in: a step starts above 90% of capacity
+# and evicts down to 85% (wider than the defaults, so a handful of objects crosses both lines).
+WATERMARKS = {"eviction_high_watermark_ratio": 0.90, "eviction_ratio": 0.05}
 
 
 @contextlib.contextmanager

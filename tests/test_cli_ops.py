@@ -17,6 +17,8 @@ from mooncake_redis.cli import output
 from mooncake_redis.cli.main import cli
 from mooncake_redis.keys import shard_key
 
+from helpers import WATERMARKS
+
 T0 = 1_700_000_000_000
 
 
@@ -28,7 +30,7 @@ def run(*args: str):
 def store(valkey):
     """One shard, one 1 MiB segment filled to 16 x 60 KiB objects (over the 90% watermark)."""
     redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=1))
+    m = Master.connect(valkey.url, MasterConfig(shards=1, **WATERMARKS))
     m.freeze_clock(T0)
     m.mount_segment("seg-a", 1 << 20, "client-1")
     for i in range(16):
@@ -153,7 +155,7 @@ def test_worker_prints_its_stop_line_once(valkey):
 def test_worker_logs_one_json_line_per_event_with_the_shard(valkey):
     """--log-format json: one object per line; a shard's work is logged with its shard."""
     redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=1))
+    m = Master.connect(valkey.url, MasterConfig(shards=1, **WATERMARKS))
     m.mount_segment("seg-a", 1 << 20, "client-1")
     for i in range(16):  # over the high watermark: the worker evicts
         m.put_start("client-1", f"k{i}", 60 << 10)

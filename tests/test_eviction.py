@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from mooncake_redis import ErrorCode, Master, MasterError, ReplicateConfig, SoftPinAction
 from mooncake_redis.keys import object_key, shard_of
 
-from helpers import shard_keys
+from helpers import WATERMARKS, shard_keys
+
+MASTER_CONFIG = WATERMARKS  # new_master's defaults in this module (conftest)
 
 pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
 

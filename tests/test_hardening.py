@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from helpers import (OWNER, WRITER, all_shard_keys, code_of, keys_on_shard, mount, put, raises_code, shard_keys,
+from helpers import (OWNER, WATERMARKS, WRITER, all_shard_keys, code_of, keys_on_shard, mount, put, raises_code, shard_keys,
                      shard_of_key, slice_of, store_snapshot, watched_silence)
 from mooncake_redis import ErrorCode, Master, MasterConfig, ReplicateConfig
 from mooncake_redis.fsck import fsck
@@ -373,7 +373,7 @@ def test_oversized_calls_are_refused_before_any_work(master):
 
 
 def test_a_large_group_is_evicted_over_several_steps(new_master):
-    m = new_master(evict_on_put=False)
+    m = new_master(evict_on_put=False, **WATERMARKS)
     slice_ = 64 * 1024
     m.mount_segment("seg", slice_ * m.shards, OWNER)
     group = "{big}g"

@@ -20,6 +20,8 @@ from mooncake_redis.metrics import METRICS, exposition, serve_metrics
 from mooncake_redis.server import free_port
 from mooncake_redis.worker import Worker
 
+from helpers import WATERMARKS
+
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1_700_000_000_000
 OBJ = 60 << 10
@@ -35,7 +37,7 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 def store(valkey):
     """Two shards, a 2 MiB segment (1 MiB a shard), objects until both shards pass the watermark."""
     redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=2))
+    m = Master.connect(valkey.url, MasterConfig(shards=2, **WATERMARKS))
     m.freeze_clock(T0)
     m.mount_segment("seg-a", 2 << 20, "client-1")
     i = 0

@@ -19,7 +19,9 @@ from mooncake_redis.keys import shard_of
 from mooncake_redis.server import EmbeddedValkey
 
 from conftest import T0
-from helpers import raises_code, shard_keys
+from helpers import WATERMARKS, raises_code, shard_keys
+
+MASTER_CONFIG = WATERMARKS  # new_master's defaults in this module (conftest)
 
 pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
 

@@ -4,6 +4,9 @@ import pytest
 from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
 from mooncake_redis.fsck import fsck
 
+from helpers import WATERMARKS
+
+MASTER_CONFIG = WATERMARKS  # new_master's defaults in this module (conftest)
 KIB = 1024
 
 

@@ -13,7 +13,9 @@ from mooncake_redis.keys import shard_of
 from mooncake_redis.worker import STEPS, Step, Worker, WorkerPass, evict, stop_on_signals
 
 from conftest import T0
-from helpers import all_shard_keys, shard_keys, watched_silence
+from helpers import WATERMARKS, all_shard_keys, shard_keys, watched_silence
+
+MASTER_CONFIG = WATERMARKS  # new_master's defaults in this module (conftest)
 
 pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
 

@@ -34,9 +34,13 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   end
   o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until), now))
   o.soft_pin_until = commit_soft_pin(o, now)
-  redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until)
+  if checksum then
+    redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until,
+      'checksum', checksum)
+  else
+    redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until)
+  end
   redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
-  if checksum then redis.call('HSET', okey, 'checksum', checksum) end
   redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
   if o.group then
     group_member_completed(P, tenant, key, o.group, o.soft_pin_until, now)
