@@ -352,3 +352,17 @@ def _check_disk_books(m, share, files):
         row = m.redis.hmget(k.disk(DISK), "used_bytes", "inflight_bytes")
         assert (int(row[0] or 0), int(row[1] or 0)) == (want_used, want_inflight)
         assert want_used + want_inflight <= share
+
+
+def test_a_bad_stored_removal_limit_orphans_instead_of_failing_a_remove(new_master):
+    # the limit is read only when a removal is queued, inside calls (remove, eviction) that must
+    # not fail half way: a missing or bad value is a share of 0
+    m = offload_master(new_master)
+    put(m, "k")
+    offload(m, ["k"])
+    for k in m.transport.keys:
+        m.redis.hset(k.config, "disk_removal_queue_limit", "nan")
+    m.advance_clock(60_000)
+    m.remove("k")
+    assert m.remove_object_heartbeat(DISK) == [] and m.offload_counters()["orphaned"] == 1
+    assert used(m) == 0
