@@ -255,12 +255,50 @@ CONFIG_READERS = {"client_ttl": ("mc_expire_clients", [16]), "default_kv_lease_t
 def test_a_bad_stored_configuration_stops_the_functions_that_read_it(master, field, value):
     m = master
     mount(m, "seg", 4096)
+    fn, args = CONFIG_READERS[field]
+    m.redis.execute_command("FCALL", fn, 1, shard_keys(m, 0).P, *args)  # a good config, parsed and memoised
     for p in all_shard_keys(m):
         m.redis.hset(p.config, field, value)
     before = store_snapshot(m)
-    fn, args = CONFIG_READERS[field]
     msg = error_of(m, fn, 1, shard_keys(m, 0).P, *args)
     assert msg.startswith("INTERNAL_ERROR -1 bad configuration") and field in msg, (fn, msg)
+    assert_unchanged(m, before)
+
+
+def test_a_changed_configuration_applies_to_the_next_call(master):
+    m = master
+    mount(m, "seg", 4096)
+    put(m, "k", 10)
+    p = shard_keys(m, m.transport.shard_of(b"k"))
+    m.advance_clock(m.config.default_kv_lease_ttl)  # the put's lease ran out
+    assert m.get_replica_list("k").lease_ttl_ms == m.config.default_kv_lease_ttl
+    m.redis.hset(p.config, "default_kv_lease_ttl", 777)
+    m.advance_clock(m.config.default_kv_lease_ttl)
+    assert m.get_replica_list("k").lease_ttl_ms == 777
+
+
+def test_a_memoised_call_head_serves_only_the_same_head(master):
+    """Calls repeat a head (options and field names) with other rows, and its parse is
+    memoised: a head that differs in any argument, or is spelled another way, is parsed anew."""
+    m = master
+    mount(m, "seg", 1 << 16)
+    p = shard_keys(m, 0).P
+    a, b, c = keys_on_shard(m, 0, 3)
+    head = [1, "client_id", WRITER, 2, "key", "size"]
+    assert isinstance(fcall(m, "mc_put_start", 0, *head, a, 10)[0], list)
+    assert [isinstance(r, list) for r in fcall(m, "mc_put_start", 0, *head, b, 10, c, 10)] == [True, True]
+    before = store_snapshot(m)
+    for bad in (["01", "client_id", WRITER, 2, "key", "size"], [1, "client_id", WRITER, "02", "key", "size"],
+                [1, "client_id", WRITER, 2, "key", "sizes"], [1, "client_ID", WRITER, 2, "key", "size"],
+                [1, "client_id", WRITER, 1, "key"], [1, "client_id", WRITER, 2, "key", "key"]):
+        assert error_of(m, "mc_put_start", 1, p, *bad, "x", 10).startswith("INVALID_PARAMS -600"), bad
+    assert error_of(m, "mc_put_start", 1, p, *head, "x").startswith("INVALID_PARAMS -600 each row must have 2")
+    for tenant in ("default", "a b", "default"):  # a bad tenant between two good calls
+        args = [1, "tenant", tenant, 1, "key", a]
+        if tenant == "default":
+            assert fcall(m, "mc_exist_key", 0, *args) == [0]  # a is still being written
+        else:
+            assert error_of(m, "mc_exist_key", 1, p, *args).startswith("INVALID_PARAMS -600 tenant_id")
     assert_unchanged(m, before)
 
 

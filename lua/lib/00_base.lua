@@ -54,7 +54,10 @@ end
 
 -- Integers are doubles in Lua 5.1; '%.0f' prints them exactly up to 2^53 (tostring would not).
 -- Zero is always "0": a negated zero would print "-0", which Redis 7 refuses as an integer.
+-- An exact integer goes through '%d' (a C long: exact, and a negated zero prints "0"), which
+-- costs a third of '%.0f'.
 local function S(n)
+  if n % 1 == 0 and n > -9007199254740992 and n < 9007199254740992 then return string.format('%d', n) end
   if n == 0 then return '0' end
   return string.format('%.0f', n)
 end
@@ -120,9 +123,23 @@ local function config_value(name, raw)
   return v
 end
 
--- Read and check config fields from P:config. Returns the table, or nil and an error reply.
+-- The last config each `names` list parsed, with the raw values it came from: a parse checks
+-- every range and builds a table, and the hash changes only when Master.connect rewrites it.
+-- Keyed by the list (register's, one per function), so it holds one entry per function.
+local CONFIG_MEMO = {}
+
+-- Read and check config fields from P:config. Returns the table (shared: callers only read
+-- it), or nil and an error reply.
 local function config(P, names)
   local values = redis.call('HMGET', P .. K.config, unpack(names))
+  local memo = CONFIG_MEMO[names]
+  if memo then
+    local same = true
+    for i = 1, #names do
+      if values[i] ~= memo.raw[i] then same = false; break end
+    end
+    if same then return memo.cfg end
+  end
   local cfg = {}
   for i, name in ipairs(names) do
     if not values[i] then return nil, fail(E.INTERNAL_ERROR,
@@ -131,6 +148,7 @@ local function config(P, names)
     if not cfg[name] then return nil, fail(E.INTERNAL_ERROR,
       'bad configuration: ' .. P .. ':config ' .. name .. ' = ' .. values[i] .. '; rewrite it with Master.connect(url, MasterConfig(...))') end
   end
+  CONFIG_MEMO[names] = { raw = values, cfg = cfg }
   return cfg
 end
 
@@ -156,9 +174,9 @@ end
 -- INVALID_PARAMS, so a newer caller learns at once what this library does not know.
 -- spec = { opts = { name = 'required' | 'optional' | 'list' }, fields = { name = 'required' |
 -- 'optional' } (nil for a function without rows), max_rows = N }.
--- Returns { opts = {name = value or {values} for 'list'}, fields = {names in order}, stride,
--- first (ARGV index of the first row), rows (count) }, or nil and the reason.
-local function parse_call(args, spec)
+-- parse_call returns { opts = {name = value or {values} for 'list'}, fields = {names in order},
+-- stride, first (ARGV index of the first row), rows (count) }, or nil and the reason.
+local function parse_head(args, spec)
   local n = int_arg(args[1], 0, 128)
   if not n or #args < 1 + 2 * n then return nil, 'expected n_opts, then that many option name, value pairs' end
   local opts = {}
@@ -181,6 +199,7 @@ local function parse_call(args, spec)
   local call = { opts = opts }
   if not spec.fields then
     if #args ~= 1 + 2 * n then return nil, 'unexpected arguments after the options' end
+    call.first = #args + 1
     return call
   end
   local at = 2 + 2 * n
@@ -196,10 +215,63 @@ local function parse_call(args, spec)
     if kind == 'required' and not seen[name] then return nil, 'missing field ' .. name end
   end
   call.fields, call.stride, call.first = fields, nf, at + nf + 1
+  return call
+end
+
+-- Where a call's head (options and field names) ends, read before parsing it: the cache key.
+-- A plain tonumber is enough here: the lookup matches the exact argument strings of a head
+-- that parsed, so a non-canonical count ("01") finds nothing and goes to the full parse.
+local function head_length(args, spec)
+  local n = tonumber(args[1])
+  if not n or n % 1 ~= 0 or n < 0 or n > 128 then return nil end
+  if not spec.fields then return #args end
+  local nf = tonumber(args[2 + 2 * n])
+  if not nf or nf % 1 ~= 0 or nf < 1 or nf > 8 then return nil end
+  return 2 + 2 * n + nf
+end
+
+-- Parsed heads, memoised per spec in a tree keyed by the head's arguments in order (lookups
+-- allocate nothing). Most calls repeat a few heads with other rows, and a parse is a pure
+-- function of the spec and the head, so a cached one is exact. Only the row count is set per
+-- call; callers never write to a parsed call. Bounded: dropped whole at HEAD_CACHE_MAX nodes.
+local HEAD_CACHE, head_cache_nodes, HEAD_CACHE_MAX = {}, 0, 4096
+local PARSED = {} -- the slot of a node's parsed call (a table: no argument string can equal it)
+
+local function cached_head(args, spec, last)
+  local node = HEAD_CACHE[spec]
+  for i = 1, last do
+    if not node then return nil end
+    node = node[args[i]]
+  end
+  return node and node[PARSED]
+end
+
+local function cache_head(args, spec, last, call)
+  if head_cache_nodes + last + 1 > HEAD_CACHE_MAX then HEAD_CACHE, head_cache_nodes = {}, 0 end
+  local node = HEAD_CACHE[spec]
+  if not node then node = {}; HEAD_CACHE[spec] = node; head_cache_nodes = head_cache_nodes + 1 end
+  for i = 1, last do
+    local child = node[args[i]]
+    if not child then child = {}; node[args[i]] = child; head_cache_nodes = head_cache_nodes + 1 end
+    node = child
+  end
+  node[PARSED] = call
+end
+
+local function parse_call(args, spec)
+  local last = head_length(args, spec)
+  local call = last and cached_head(args, spec, last)
+  if not call then
+    local err
+    call, err = parse_head(args, spec)
+    if not call then return nil, err end
+    cache_head(args, spec, call.first - 1, call)
+  end
+  if not spec.fields then return call end
   local values = #args - call.first + 1
-  if values < 0 or values % nf ~= 0 then return nil, 'each row must have ' .. nf .. ' values' end
-  call.rows = values / nf
-  if call.rows > spec.max_rows then return nil, 'at most ' .. spec.max_rows .. ' keys per call' end
+  if values < 0 or values % call.stride ~= 0 then return nil, 'each row must have ' .. call.stride .. ' values' end
+  if values / call.stride > spec.max_rows then return nil, 'at most ' .. spec.max_rows .. ' keys per call' end
+  call.rows = values / call.stride
   return call
 end
 
@@ -210,25 +282,38 @@ local function row_of(args, call, r)
   return t
 end
 
+-- Shard keys already seen well-formed, with their shard number (a pure function of the key,
+-- memoised: the pattern match allocates three strings a call). Bounded like HEAD_CACHE.
+local SHARD_OF, shard_keys_seen = {}, 0
+
+local function shard_number(P)
+  local i = SHARD_OF[P]
+  if i then return i end
+  local ns, ns2, digits = string.match(P, '^([%w_%.%-]+):{([%w_%.%-]+):(%d+)}$')
+  if not ns or ns ~= ns2 or #ns > 64 then return nil end
+  i = int_arg(digits, 0, 16383)
+  if not i then return nil end
+  if shard_keys_seen >= HEAD_CACHE_MAX then SHARD_OF, shard_keys_seen = {}, 0 end
+  SHARD_OF[P], shard_keys_seen = i, shard_keys_seen + 1
+  return i
+end
+
 -- The one entry check of every function that takes a shard: exactly one key, a well-formed
 -- shard key "<ns>:{<ns>:<i>}" of an initialised store with i below its shard count, and a
 -- valid configuration. Runs before anything is written, so a call under a made-up key plants
--- nothing. Returns P and the config fields `names` (plus shards), or nil and an error reply.
-local function open_shard(keys, names)
+-- nothing. Returns P and the config fields `wanted` ({ 'shards', fields the function reads... }),
+-- or nil and an error reply.
+local function open_shard(keys, wanted)
   local P = keys[1]
   if #keys ~= 1 or type(P) ~= 'string' then
     return nil, fail(E.INVALID_PARAMS, 'expected exactly one key: the shard key <ns>:{<ns>:<i>}')
   end
-  local ns, ns2, i = string.match(P, '^([%w_%.%-]+):{([%w_%.%-]+):(%d+)}$')
-  if not ns or ns ~= ns2 or #ns > 64 or int_arg(i, 0, 16383) == nil then
-    return nil, fail(E.INVALID_PARAMS, 'bad shard key (expected <ns>:{<ns>:<i>}): ' .. P)
-  end
-  local wanted = { 'shards' }
-  for _, name in ipairs(names) do wanted[#wanted + 1] = name end
+  local i = shard_number(P)
+  if not i then return nil, fail(E.INVALID_PARAMS, 'bad shard key (expected <ns>:{<ns>:<i>}): ' .. P) end
   local cfg, err = config(P, wanted)
   if not cfg then return nil, err end
-  if tonumber(i) >= cfg.shards then
-    return nil, fail(E.INVALID_PARAMS, 'shard ' .. i .. ' is beyond the store\'s ' .. S(cfg.shards) .. ' shards')
+  if i >= cfg.shards then
+    return nil, fail(E.INVALID_PARAMS, 'shard ' .. S(i) .. ' is beyond the store\'s ' .. S(cfg.shards) .. ' shards')
   end
   return P, cfg
 end
@@ -236,8 +321,13 @@ end
 -- Register a function of one shard: fn(P, args, cfg) runs only after open_shard passed.
 -- `names` are the config fields it reads; flags e.g. { 'no-writes' }.
 local function register(name, names, fn, flags)
+  local wanted = nil -- { 'shards', names... }, built at the first call (not while loading)
   redis.register_function { function_name = name, flags = flags, callback = function(keys, args)
-    local P, cfg = open_shard(keys, names)
+    if not wanted then
+      wanted = { 'shards' }
+      for _, field in ipairs(names) do wanted[#wanted + 1] = field end
+    end
+    local P, cfg = open_shard(keys, wanted)
     if not P then return cfg end
     return fn(P, args, cfg)
   end }

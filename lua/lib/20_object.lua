@@ -41,10 +41,12 @@ local MAX_KEYS_PER_CALL = 512
 local function object_call(args, spec)
   local call, err = parse_call(args, spec)
   if not call then return nil, fail(E.INVALID_PARAMS, err) end
-  call.tenant = call.opts.tenant or 'default'
-  if not valid_tenant(call.tenant) then
+  if call.tenant then return call end -- a memoised head, checked when it was first parsed
+  local tenant = call.opts.tenant or 'default'
+  if not valid_tenant(tenant) then
     return nil, fail(E.INVALID_PARAMS, 'tenant_id must match [A-Za-z0-9_.-]{1,64}')
   end
+  call.tenant = tenant
   return call
 end
 
@@ -84,7 +86,7 @@ end
 local function replicas_of(P, o, mount_cache)
   local list = {}
   for field, value in pairs(o) do
-    local seg = string.match(field, '^rep:(.*)$')
+    local seg = string.byte(field, 1) == 114 and string.match(field, '^rep:(.*)$') -- 'r': skip the rest cheaply
     if seg then
       local off, mount = string.match(value, '^(%d+) (%d+)$')
       list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount ~= nil and mount_of(P, seg, mount_cache) == mount }
@@ -96,11 +98,13 @@ end
 
 -- Live replicas; dead ones (segment unmounted) are dropped from the hash on the way.
 local function live_replicas(P, okey, o, mount_cache)
-  local live = {}
-  for _, r in ipairs(replicas_of(P, o, mount_cache)) do
-    if r.live then live[#live + 1] = r else redis.call('HDEL', okey, 'rep:' .. r.seg) end
+  local list, n = replicas_of(P, o, mount_cache), 0
+  for i = 1, #list do -- compacted in place
+    local r = list[i]
+    list[i] = nil
+    if r.live then n = n + 1; list[n] = r else redis.call('HDEL', okey, 'rep:' .. r.seg) end
   end
-  return live
+  return list
 end
 
 -- A grouped object shares the lease of its group.

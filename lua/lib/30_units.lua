@@ -60,19 +60,26 @@ end
 local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. unit end
 
 -- The indexes a unit can be in by the rule: an object unit never drains and never sits in a
--- retention tier, so the hot paths (put_end, remove, eviction of an object) touch three indexes,
--- not all of them. unplace clears every index (the repairs and the odd cases use it).
-local OBJECT_INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES }
+-- retention tier, and one that never had a soft pin (soft_pin_until is written at put_start and
+-- once more at the first put_end, nowhere else) only in the ordinary tier; so the hot paths
+-- (put_start, put_end, remove) touch one index or three, not all of them. unplace clears every
+-- index, and repairs and eviction clear all three object indexes.
+local OBJECT_INDEXES, UNPINNED_OBJECT_INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES }, { TIER_ORDINARY }
 local function indexes_of(unit)
   return string.sub(unit, 1, 2) == 'o:' and OBJECT_INDEXES or INDEXES
+end
+local function ever_soft_pinned(o) return (tonumber(o.soft_pin_until) or 0) > 0 end
+local function object_indexes(o)
+  return ever_soft_pinned(o) and OBJECT_INDEXES or UNPINNED_OBJECT_INDEXES
 end
 
 local function unplace(P, unit)
   for _, index in ipairs(INDEXES) do redis.call('ZREM', P .. index, unit) end
 end
 
-local function unplace_object(P, unit)
-  for _, index in ipairs(OBJECT_INDEXES) do redis.call('ZREM', P .. index, unit) end
+-- `o`, when given, narrows the indexes to those the object can be in (object_indexes).
+local function unplace_object(P, unit, o)
+  for _, index in ipairs(o and object_indexes(o) or OBJECT_INDEXES) do redis.call('ZREM', P .. index, unit) end
 end
 
 -- The rule. `f` holds a unit's facts: processing, hard_pinned, task_refs (counts or flags),
@@ -121,9 +128,10 @@ local function group_facts(P, tenant, group)
   return f
 end
 
--- Write a unit's index entries as the rule says (entries it should not have are removed).
-local function apply_rule(P, unit, entries, now)
-  for _, index in ipairs(indexes_of(unit)) do
+-- Write a unit's index entries as the rule says (entries it should not have are removed from
+-- `indexes`, by default every index the unit's kind can be in).
+local function apply_rule(P, unit, entries, now, indexes)
+  for _, index in ipairs(indexes or indexes_of(unit)) do
     local score = entries[index]
     if score == nil then
       redis.call('ZREM', P .. index, unit)
@@ -137,7 +145,7 @@ end
 
 local function place_object(P, tenant, key, o, now)
   local _, entries = unit_rule(object_facts(o), now)
-  apply_rule(P, object_unit(tenant, key), entries, now)
+  apply_rule(P, object_unit(tenant, key), entries, now, object_indexes(o))
 end
 
 local function place_group(P, tenant, group, now)
@@ -195,7 +203,7 @@ end
 local OBJECT_TIERS, SOFT_OBJECT_TIERS = { TIER_ORDINARY }, { TIER_ORDINARY, TIER_SOFT }
 local function possible_tiers(o)
   if o.group then return TIERS end
-  return (tonumber(o.soft_pin_until) or 0) > 0 and SOFT_OBJECT_TIERS or OBJECT_TIERS
+  return ever_soft_pinned(o) and SOFT_OBJECT_TIERS or OBJECT_TIERS
 end
 
 -- A read leases the object's unit: the object, or its whole group. The unit's possible tiers are
@@ -209,11 +217,12 @@ local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
     cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
   end
   if until_ms <= cur then return cur end
-  redis.call('HSET', target, 'lease_until', S(until_ms))
+  local score = S(until_ms)
+  redis.call('HSET', target, 'lease_until', score)
   for _, tier in ipairs(possible_tiers(o)) do
     local q = rescore[tier]
     if not q then q = {}; rescore[tier] = q end
-    q[#q + 1] = S(until_ms)
+    q[#q + 1] = score
     q[#q + 1] = unit
   end
   return until_ms
@@ -311,7 +320,7 @@ end
 -- Delete an object and keep its unit's indexes right.
 local function delete_object(P, tenant, key, okey, o, hold_until, now)
   drop_object(P, tenant, key, okey, o, hold_until)
-  if o.group then leave_group(P, tenant, key, o, now) else unplace_object(P, object_unit(tenant, key)) end
+  if o.group then leave_group(P, tenant, key, o, now) else unplace_object(P, object_unit(tenant, key), o) end
 end
 
 -- A guarantee ends (its deadline passed, or expire_guaranteed): the object is an ordinary one

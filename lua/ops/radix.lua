@@ -43,8 +43,9 @@ end, { 'no-writes' })
 -- Reply: OBJECT_NOT_FOUND, or {parent ('' for a root), {child...}, {key...}, created,
 --   link_pending ('' when none), why (unit_rule's answer for the node's unit: '' evictable,
 --   'has_children', 'no_members' for a shell, ...)}.
+local DESCRIBE_NODE_SPEC = { opts = { tenant = 'optional', node = 'required' } }
 register('mc_radix_describe', {}, function(P, args)
-  local call, err = object_call(args, { opts = { tenant = 'optional', node = 'required' } })
+  local call, err = object_call(args, DESCRIBE_NODE_SPEC)
   if not call then return err end
   local tenant, h = call.tenant, call.opts.node
   local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'parent', 'created', 'link_pending')
