@@ -151,6 +151,16 @@ def test_agent_stops_on_sigterm_after_its_batch(new_master, tmp_path, valkey):
     while m.offload_counters()["done"] < 20:
         assert time.monotonic() < deadline and agent.poll() is None
         time.sleep(0.01)
+    # removed objects: the running agent removes their files and acknowledges
+    assert len(_disk_files(tmp_path / "disk")) == 20
+    m.advance_clock(60_000)
+    for i in range(5):
+        m.remove(f"k{i}")
+    while len(_disk_files(tmp_path / "disk")) > 15 or m.offload_clients()[0].removals:
+        assert time.monotonic() < deadline and agent.poll() is None
+        time.sleep(0.01)
+    for i in range(5, 20):
+        assert c.get(f"k{i}")
     agent.send_signal(signal.SIGTERM)
     out, _ = agent.communicate(timeout=30)
     assert agent.returncode == 0 and f"offload agent {CLIENT} stopped after 20 task(s)" in out
