@@ -292,18 +292,16 @@ def collect_garbage(master: Any, client_id: str, disk_dir: str | os.PathLike, mi
                 st = path.stat()
             except OSError:
                 continue
-            if not path.is_file() or st.st_mtime > cutoff:
+            tmp = path.name.endswith(".tmp")
+            m = DISK_FILE_RE.fullmatch(path.name[:-4] if tmp else path.name)
+            if not path.is_file() or st.st_mtime > cutoff or not m or not NAME_RE.fullmatch(tenant_dir.name):
                 report.skipped += 1
                 continue
-            if path.name.endswith(".tmp"):
+            if tmp:  # a copy that never finished
                 if not dry_run:
                     path.unlink(missing_ok=True)
                 report.removed += 1
                 report.removed_bytes += st.st_size
-                continue
-            m = DISK_FILE_RE.fullmatch(path.name)
-            if not m or not NAME_RE.fullmatch(tenant_dir.name):
-                report.skipped += 1
                 continue
             candidates.append((DiskRemoval(bytes.fromhex(m.group(1)), tenant_dir.name, str(path)), path, st.st_size))
             if len(candidates) >= batch:

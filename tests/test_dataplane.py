@@ -231,17 +231,18 @@ def test_garbage_collection_removes_only_unreferenced_old_files(client, tmp_path
     ghost = disk / "default" / (b"ghost".hex() + ".ba9876543210")
     tmp = disk / "default" / (b"k1".hex() + ".aaaaaaaaaaaa.tmp")
     foreign = disk / "default" / "notes.txt"
+    foreign_tmp = disk / "default" / "notes.tmp"
     young = disk / "default" / (b"young".hex() + ".cccccccccccc")
-    for p in (stray, ghost, tmp, foreign, young):
+    for p in (stray, ghost, tmp, foreign, foreign_tmp, young):
         p.write_bytes(b"junk")
     old = time.time() - 3600
-    for p in [*map(Path, live), stray, ghost, tmp, foreign]:
+    for p in [*map(Path, live), stray, ghost, tmp, foreign, foreign_tmp]:
         os.utime(p, (old, old))
     dry = collect_garbage(m, CLIENT, disk, min_age_s=600, dry_run=True)
-    assert (dry.removed, dry.kept) == (3, 4) and len(_disk_files(disk)) == 9
+    assert (dry.removed, dry.kept) == (3, 4) and len(_disk_files(disk)) == 10
     report = collect_garbage(m, CLIENT, disk, min_age_s=600)
-    assert (report.removed, report.kept, report.skipped) == (3, 4, 2)
-    assert _disk_files(disk) == sorted(live + [str(foreign), str(young)])
+    assert (report.removed, report.kept, report.skipped) == (3, 4, 3)
+    assert _disk_files(disk) == sorted(live + [str(foreign), str(foreign_tmp), str(young)])
     # files of replicas lost with an unmount are orphans once the disk is mounted again
     m.unmount_local_disk_segment(CLIENT)
     m.mount_local_disk_segment(CLIENT)
