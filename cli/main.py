@@ -275,7 +275,9 @@ def _status_report(opts: Opts) -> dict:
         "radix": radix,
         "offload": {"counters": offload_counters,
                     "clients": [{"client": c.client, "enabled": c.enabled, "capacity_bytes": c.capacity_bytes,
-                                 "queued": c.queued, "overflow": c.overflow, "inflight": c.inflight}
+                                 "used_bytes": c.used_bytes, "inflight_bytes": c.inflight_bytes,
+                                 "queued": c.queued, "overflow": c.overflow, "inflight": c.inflight,
+                                 "removals": c.removals, "orphaned": c.orphaned}
                                 for c in offload_clients]},
     }
 
@@ -340,11 +342,16 @@ def _print_status(r: dict) -> None:
         out("")
         c = off["counters"]
         out(f"offload    enqueued {c['enqueued']}, done {c['done']}, timed out {c['redelivered']}, stale {c['stale']}, "
-            f"dropped high/normal/low {c['dropped_high']}/{c['dropped_normal']}/{c['dropped_low']}")
-        rows = [[x["client"], "yes" if x["enabled"] else "no", human(x["capacity_bytes"]), x["queued"]["high"],
-                 x["queued"]["normal"], x["queued"]["low"], x["overflow"], x["inflight"]] for x in off["clients"]]
-        for line in table(["disk client", "offloading", "capacity", "high", "normal", "low", "overflow",
-                           "in flight"], rows, left=2):
+            f"dropped high/normal/low {c['dropped_high']}/{c['dropped_normal']}/{c['dropped_low']}, "
+            f"waited for room {c['deferred']}, orphaned files {c['orphaned']}")
+        rows = [[x["client"], "yes" if x["enabled"] else "no", human(x["used_bytes"]),
+                 "-" if x["capacity_bytes"] is None else human(x["capacity_bytes"]),
+                 "-" if x["capacity_bytes"] is None else pct(x["used_bytes"], x["capacity_bytes"]),
+                 x["queued"]["high"], x["queued"]["normal"], x["queued"]["low"], x["overflow"],
+                 f"{x['inflight']} ({human(x['inflight_bytes'])})", x["removals"], x["orphaned"]]
+                for x in off["clients"]]
+        for line in table(["disk client", "offloading", "used", "capacity", "used%", "high", "normal", "low",
+                           "overflow", "in flight", "removals", "orphaned"], rows, left=2):
             out("  " + line)
     out("")
     out(f"segments   {len(r['segments'])} mounted")
@@ -1158,8 +1165,9 @@ def bench_capacity(opts: Opts, trace: str | None, limit_requests: int | None, ca
 
 from mooncake_redis.cli.replay import replay  # noqa: E402  (the command's own module; imports cli.main)
 cli.add_command(replay)
-from mooncake_redis.cli.offload import offload_agent  # noqa: E402
+from mooncake_redis.cli.offload import offload_agent, offload_gc  # noqa: E402
 cli.add_command(offload_agent)
+cli.add_command(offload_gc)
 
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")

@@ -49,6 +49,7 @@ INT_RANGES = {
     "offload_queue_limit": (0, MAX_INT),
     "offload_task_timeout": (1, MAX_INT),
     "offload_max_attempts": (1, 1000),
+    "disk_removal_queue_limit": (0, MAX_INT),
     "max_retained_groups": (0, MAX_INT),
     "max_group_retention": (0, MAX_INT),
     "max_retained_groups_per_tenant": (0, MAX_INT),
@@ -109,6 +110,10 @@ class MasterConfig:
     offload_on_put: bool = False
     offload_task_timeout: int = 60_000
     offload_max_attempts: int = 3
+    # per client: the files whose disk replica went and that its agent is still to remove (split
+    # over the shards as offload_queue_limit is); past it a removal is counted as orphaned and
+    # left to the agent's garbage collection (offload-gc)
+    disk_removal_queue_limit: int = 50_000
     # durability: each batch of writes waits (WAIT) until this many replicas of its server hold
     # it, or replica_ack_timeout ms pass (then the call fails OUTCOME_UNKNOWN); 0: no wait
     # (Redis replication is asynchronous: an acknowledged write may die with its primary)

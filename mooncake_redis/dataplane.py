@@ -7,24 +7,35 @@ the data's blake3 checksum (stored with the object); `get` reads a memory replic
 a disk replica is left, the disk file, and verifies the checksum (a mismatch raises
 ChecksumMismatch: never wrong bytes).
 
-`run_offload_agent` is the client's offload loop (`mooncake-redis offload-agent`): heartbeat,
-copy each task's bytes from its segment file to the disk directory, fsync, notify success (a
-failed copy: notify failure, the master redelivers). A stop request finishes the current batch.
+`run_offload_agent` is the client's offload loop (`mooncake-redis offload-agent`): remove the
+files whose disk replicas went (remove_object_heartbeat, then acknowledge), heartbeat, copy each
+task's bytes from its segment file to the disk directory, fsync, notify success (a failed copy:
+notify failure, the master redelivers; a success the master refuses: the file is removed at
+once). A stop request finishes the current batch. Every file gets a name of its own
+(`<tenant>/<hex key>.<random>`), so a key offloaded again never lands on a file whose removal
+may be in flight. `collect_garbage` (`mooncake-redis offload-gc`, and the agent at start and
+every `gc_interval_s`) removes the files of the directory that no live disk replica points at:
+those of replicas lost with an unmounted or expired disk, removals the master could not queue
+(its queue was full: counted as orphaned), copies a crash left behind.
 """
 from __future__ import annotations
 
 import logging
 import mmap
 import os
+import re
+import secrets
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from blake3 import blake3
 
-from .config import ReplicateConfig
+from .config import NAME_RE, ReplicateConfig
 from .errors import ErrorCode, MasterError
-from .models import OffloadTask, Replica
+from .models import DiskRemoval, OffloadTask, Replica
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +172,12 @@ class LocalClient:
 
 
 def disk_path(disk_dir: Path, task: OffloadTask) -> Path:
-    """Where a task's bytes go: <disk_dir>/<tenant>/<hex of the key>."""
-    return disk_dir / task.tenant_id / task.key.hex()
+    """Where a task's bytes go: <disk_dir>/<tenant>/<hex of the key>.<12 random hex digits>, a
+    new name for every copy."""
+    return disk_dir / task.tenant_id / f"{task.key.hex()}.{secrets.token_hex(6)}"
+
+
+DISK_FILE_RE = re.compile(r"([0-9a-f]+)\.[0-9a-f]{12}")  # the names disk_path gives
 
 
 def write_durably(path: Path, data: bytes) -> None:
@@ -197,16 +212,111 @@ def offload_batch(master: Any, client_id: str, disk_dir: Path, files: SegmentFil
             log.exception("offload of %r failed", task.key)
             failed.setdefault(task.tenant_id, []).append(task.key)
     for tenant, (keys, locations) in done.items():
-        master.notify_offload_success(client_id, keys, locations, tenant_id=tenant)
+        codes = master.notify_offload_success(client_id, keys, locations, tenant_id=tenant)
+        for location, code in zip(locations, codes):
+            if code != ErrorCode.OK:  # not recorded (the object went meanwhile): nobody's file
+                Path(location).unlink(missing_ok=True)
     for tenant, keys in failed.items():
         master.notify_offload_failure(client_id, keys, tenant_id=tenant)
     return len(tasks)
 
 
+def _inside(disk_dir: Path, location: str) -> Path | None:
+    """The file at `location` if it lies under `disk_dir` (nothing else is ever removed)."""
+    path = Path(location)
+    try:
+        path.resolve().relative_to(disk_dir.resolve())
+    except (ValueError, OSError):
+        return None
+    return path
+
+
+def remove_batch(master: Any, client_id: str, disk_dir: Path, max_items: int = 256) -> int:
+    """One remove_object_heartbeat: remove each file, then acknowledge them all. A location
+    outside `disk_dir` is acknowledged without touching it (logged). Returns the removals."""
+    removals = master.remove_object_heartbeat(client_id, max_items)
+    done: list[DiskRemoval] = []
+    for r in removals:
+        path = _inside(disk_dir, r.location)
+        try:
+            if path is None:
+                log.warning("removal of %r outside the disk directory %s ignored", r.location, disk_dir)
+            else:
+                path.unlink(missing_ok=True)
+            done.append(r)
+        except OSError:
+            log.exception("removal of %s failed (handed out again after the task timeout)", r.location)
+    if done:
+        master.ack_remove_object_heartbeat(client_id, done)
+    return len(removals)
+
+
+@dataclass
+class GarbageReport:
+    """What collect_garbage saw: files kept (a live disk replica points at them), removed, and
+    skipped (too young, or not named as the agent names its files)."""
+    kept: int = 0
+    removed: int = 0
+    skipped: int = 0
+    removed_bytes: int = 0
+
+
+def collect_garbage(master: Any, client_id: str, disk_dir: str | os.PathLike, min_age_s: float = 600.0,
+                    dry_run: bool = False, batch: int = 256) -> GarbageReport:
+    """Remove the files under `disk_dir` (named `<tenant>/<hex key>.<random>`) that no live disk
+    replica of `client_id` points at and that are older than `min_age_s` (a copy is written before
+    its success is reported: the age must exceed that gap; leftover `.tmp` files of that age go
+    too). Other files are left alone."""
+    disk = Path(disk_dir)
+    report = GarbageReport()
+    cutoff = time.time() - min_age_s
+    candidates: list[tuple[DiskRemoval, Path, int]] = []
+
+    def check() -> None:
+        referenced = master.disk_referenced(client_id, [c[0] for c in candidates])
+        for (_, path, size), ref in zip(candidates, referenced):
+            if ref:
+                report.kept += 1
+                continue
+            if not dry_run:
+                path.unlink(missing_ok=True)
+            report.removed += 1
+            report.removed_bytes += size
+        candidates.clear()
+
+    if not disk.is_dir():
+        return report
+    for tenant_dir in sorted(p for p in disk.iterdir() if p.is_dir()):
+        for path in sorted(tenant_dir.iterdir()):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            tmp = path.name.endswith(".tmp")
+            m = DISK_FILE_RE.fullmatch(path.name[:-4] if tmp else path.name)
+            if not path.is_file() or st.st_mtime > cutoff or not m or not NAME_RE.fullmatch(tenant_dir.name):
+                report.skipped += 1
+                continue
+            if tmp:  # a copy that never finished
+                if not dry_run:
+                    path.unlink(missing_ok=True)
+                report.removed += 1
+                report.removed_bytes += st.st_size
+                continue
+            candidates.append((DiskRemoval(bytes.fromhex(m.group(1)), tenant_dir.name, str(path)), path, st.st_size))
+            if len(candidates) >= batch:
+                check()
+    if candidates:
+        check()
+    return report
+
+
 def run_offload_agent(master: Any, client_id: str, disk_dir: str | os.PathLike, stop: threading.Event,
-                      interval_s: float = 0.2, max_tasks: int = 256, capacity_bytes: int | None = None) -> int:
-    """The client's offload loop until `stop` is set (the batch in hand is finished first).
-    Returns the tasks handled."""
+                      interval_s: float = 0.2, max_tasks: int = 256, capacity_bytes: int | None = None,
+                      gc_interval_s: float | None = 600.0, gc_min_age_s: float = 600.0) -> int:
+    """The client's offload loop until `stop` is set (the batch in hand is finished first):
+    file removals, then offload tasks; a garbage collection at start and every `gc_interval_s`
+    (None: never). Returns the tasks handled."""
     disk = Path(disk_dir)
     disk.mkdir(parents=True, exist_ok=True)
     master.mount_local_disk_segment(client_id)
@@ -216,11 +326,16 @@ def run_offload_agent(master: Any, client_id: str, disk_dir: str | os.PathLike, 
     master.report_ssd_capacity(client_id, capacity_bytes)
     files = SegmentFiles(master)
     handled = 0
+    next_gc = time.monotonic()
     try:
         while not stop.is_set():
+            if gc_interval_s is not None and time.monotonic() >= next_gc:
+                collect_garbage(master, client_id, disk, gc_min_age_s)
+                next_gc = time.monotonic() + gc_interval_s
+            removed = remove_batch(master, client_id, disk, max_tasks)
             n = offload_batch(master, client_id, disk, files, max_tasks)
             handled += n
-            if n == 0:
+            if n == 0 and removed == 0:
                 stop.wait(interval_s)
     finally:
         files.close()

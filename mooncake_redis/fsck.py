@@ -238,6 +238,7 @@ class _Pass:
     guaranteed: dict = field(default_factory=lambda: defaultdict(int))      # (segment | b"", tenant) -> bytes
     guarantee_prefix: dict = field(default_factory=lambda: defaultdict(set))  # (tenant, prefix) -> {key}
     offload_tasks: set = field(default_factory=set)  # tenant:key of objects with an offload task in flight
+    disk_bytes: dict = field(default_factory=lambda: defaultdict(int))  # client -> sizes of its live disk replicas
 
 
 class _Audit:
@@ -289,8 +290,9 @@ class _Audit:
         pipe.get(k.mount_seq)
         for index in (k.held, k.processing, k.segments, k.guaranteed):
             pipe.zcard(index)
+        pipe.zrange(k.disks, 0, -1, withscores=True)
         res = pipe.execute()
-        return tuple(res[0]) + tuple(res[1:])
+        return tuple(res[0]) + tuple(res[1:]) + fsck_offload.disk_fingerprint(self, k, res[-1])
 
     # ---- placement of one unit ---------------------------------------------------------
     def compare_unit(self, shard: int, unit: bytes, st: list, now: int, action: tuple) -> list[Finding]:
@@ -518,6 +520,7 @@ class _Audit:
                 for f, v in h.items():  # a live disk replica keeps the object readable
                     if f.startswith(b"disk:") and disk_mounts.get(f[5:]) == _int(v.split(b" ", 1)[0]):
                         live += 1
+                        ps.disk_bytes[f[5:]] += size
                 if live == 0 and not sweep_owed:
                     ps.aggregate.append(self.finding(
                         "no_live_replica", shard, _d(tenant + b":" + key), "at least one replica on a mounted segment",
@@ -560,6 +563,7 @@ class _Audit:
         action = ("counters", shard, tuple(triples)) if triples else None
         for fname, have, delta in triples:
             ps.aggregate.append(self.finding(f"shard_{fname}", shard, f"P.{fname}", have + delta, have, action))
+        ps.aggregate += fsck_offload.disk_used_findings(self, shard, fp1, ps.disk_bytes)
         return ps
 
     # ---- guarantees: per-tenant bytes (shard and segment) and the prefix sets -------------
@@ -944,6 +948,7 @@ class _Audit:
     ORDER.update({"radix_index": 1, "radix_link": 6, "radix_unlink": 6, "radix_outbox": 6, "radix_empty": 7})
     ORDER["offload_task"] = 0
     ORDER["offload_inflight"] = 4
+    ORDER["disk_used"] = 4
 
     def repair(self) -> None:
         by_action: dict[tuple, list[Finding]] = defaultdict(list)
@@ -979,7 +984,7 @@ class _Audit:
             return repair_radix(self, action)
         elif kind == "retention_counts":
             return repair_counts(self, action)
-        elif kind in ("offload_task", "offload_inflight"):
+        elif kind in ("offload_task", "offload_inflight", "disk_used"):
             return fsck_offload.repair(self, action)
         elif kind == "forget":
             self.fcall("mc_fsck_forget_segment", shard, action[2])

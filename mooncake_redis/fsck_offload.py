@@ -1,14 +1,18 @@
 """fsck of the SSD offload tier, from one atomic snapshot of a shard's offload state: the tasks
 in flight (P:offload_inflight) against the objects that hold them, each task's task reference,
-each client's in-flight count (P:disk:<client>.inflight), and each queue and overflow against
-the shard's share of offload_queue_limit.
+each client's in-flight count and bytes (P:disk:<client>.inflight, inflight_bytes), each queue,
+overflow and removal queue against the shard's share of its limit, and malformed removals.
 
 The object pass (fsck._Audit) hands over the ids of the objects it saw with a task in flight;
 the snapshot re-reads those and every indexed one inside MULTI, so the checks compare values of
-one moment. Repairs: mc_fsck_offload_task (index an unindexed task with deadline now, so the
-next sweep ends it and releases its reference) and mc_fsck_offload_inflight (compare-and-set)."""
+one moment. It also sums each client's live disk replicas, which disk_used_findings compares
+with P:disk:<client>.used_bytes as an aggregate (the shard's fingerprint covers the disks'
+mounts and used_bytes, so a pass that saw them move is retried). Repairs: mc_fsck_offload_task
+(index an unindexed task with deadline now, so the next sweep ends it and releases its
+reference), mc_fsck_offload_inflight (compare-and-set) and mc_fsck_disk_used (compare-and-add)."""
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -19,13 +23,50 @@ KINDS = {
     "offload_task_ref": ("error", False, "an object with an offload task in flight holds no task reference"),
     "offload_index_stale": ("warning", False, "a P:offload_inflight entry whose object has no task in flight "
                             "(the next mc_offload_sweep after its deadline drops it)"),
-    "offload_inflight_count": ("error", True, "a client's P:disk:<client>.inflight differs from its tasks in flight"),
-    "offload_queue_over_share": ("error", False, "a client's offload queue or overflow holds more than the shard's share"),
+    "offload_inflight_count": ("error", True, "a client's P:disk:<client>.inflight or inflight_bytes differs from "
+                               "its tasks in flight"),
+    "offload_queue_over_share": ("error", False, "a client's offload queue, overflow or removal queue holds more "
+                                 "than the shard's share"),
+    "disk_used_bytes": ("error", True, "a client's P:disk:<client>.used_bytes differs from its live disk replicas"),
+    "disk_removal_malformed": ("warning", False, "a P:diskrm:<client> entry that is not '<tenant> <#key> <key> "
+                               "<location>' (the next mc_disk_removal_heartbeat drops it)"),
 }
+REMOVAL_RE = re.compile(rb"([A-Za-z0-9_.\-]{1,64}) ([0-9]{1,7}) ", re.S)
 
 
 def _share(limit: int, shards: int, shard: int) -> int:
     return limit // shards + (1 if shard < limit % shards else 0)
+
+
+def parse_removal(entry: bytes) -> tuple[bytes, bytes, bytes] | None:
+    """tenant, key, location of a P:diskrm entry (lua/lib/27_disk.lua), or None when malformed."""
+    m = REMOVAL_RE.match(entry)
+    if not m:
+        return None
+    start, n = m.end(), int(m.group(2))
+    if entry[start + n:start + n + 1] != b" " or len(entry) <= start + n + 1:
+        return None
+    return m.group(1), entry[start:start + n], entry[start + n + 1:]
+
+
+def disk_fingerprint(audit: Any, k: Any, disks: list) -> tuple:
+    """(client, mount, used_bytes) of every local disk of the shard, for fsck's fingerprint."""
+    pipe = audit.t.pipeline(k.shard, transaction=False)
+    for c, _ in disks:
+        pipe.hmget(k.disk(c), "mount", "used_bytes")
+    return (tuple((c, mount, used) for (c, _), (mount, used) in zip(disks, pipe.execute())),)
+
+
+def disk_used_findings(audit: Any, shard: int, fingerprint: tuple, disk_bytes: dict) -> list:
+    """Each disk's used_bytes (as read at the end of the pass) against its live disk replicas."""
+    out = []
+    for client, mount, used in fingerprint[-1]:
+        have, want = int(used or 0), disk_bytes.get(client, 0)
+        if mount is not None and have != want:
+            action = ("disk_used", shard, client, int(mount), have, want - have)
+            out.append(audit.finding("disk_used_bytes", shard, f"P:disk:{client.decode(errors='replace')}.used_bytes",
+                                     want, have, action))
+    return out
 
 
 def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list:
@@ -33,33 +74,42 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
     pipe = audit.t.pipeline(shard)
     pipe.zrange(k.offload_inflight, 0, -1)
     pipe.zrange(k.disks, 0, -1)
-    pipe.hget(k.config, "offload_queue_limit")
-    index, clients, limit = pipe.execute()
+    pipe.hmget(k.config, "offload_queue_limit", "disk_removal_queue_limit")
+    index, clients, (limit, removal_limit) = pipe.execute()
     share = _share(int(limit or 0), audit.t.count, shard)
+    removal_share = _share(int(removal_limit or 0), audit.t.count, shard)
     out = []
     pipe = audit.t.pipeline(shard)
     for c in clients:
-        pipe.hmget(k.disk(c), "mount", "inflight")
+        pipe.hmget(k.disk(c), "mount", "inflight", "inflight_bytes")
         pipe.zcard(k.offload_queue(c))
         pipe.zcard(k.offload_overflow(c))
+        pipe.zrange(k.disk_removals(c), 0, removal_share)  # a share's worth: enough to see it overflow
     ids = sorted(set(index) | set(seen_in_flight))
     pipe.zrange(k.offload_inflight, 0, -1)
     for oid in ids[:SNAPSHOT_OBJECTS]:
         tenant, _, key = oid.partition(b":")
-        pipe.hmget(k.object(tenant, key), "offload_client", "offload_mount", "task_refs")
+        pipe.hmget(k.object(tenant, key), "offload_client", "offload_mount", "task_refs", "size")
     res = pipe.execute()
     disks, at = {}, 0
     for c in clients:
-        (mount, inflight), queued, overflow = res[at], res[at + 1], res[at + 2]
-        at += 3
-        disks[c] = (mount, int(inflight or 0))
-        for what, n in (("queue", queued), ("overflow", overflow)):
-            if n > share:
-                out.append(audit.finding("offload_queue_over_share", shard, f"{c.decode(errors='replace')} {what}",
-                                         f"at most {share}", n))
+        (mount, inflight, inflight_bytes), queued, overflow, removals = res[at:at + 4]
+        at += 4
+        disks[c] = (mount, int(inflight or 0), int(inflight_bytes or 0))
+        name = c.decode(errors="replace")
+        for what, n, limit_share in (("queue", queued, share), ("overflow", overflow, share),
+                                     ("removal queue", len(removals), removal_share)):
+            if n > limit_share:
+                out.append(audit.finding("offload_queue_over_share", shard, f"{name} {what}",
+                                         f"at most {limit_share}", n))
+        for entry in removals:
+            if parse_removal(entry) is None:
+                out.append(audit.finding("disk_removal_malformed", shard, f"{name} {entry!r}", "a removal entry",
+                                         "malformed"))
     indexed = set(res[at])
     counted: Counter = Counter()
-    for oid, (client, mount, refs) in zip(ids[:SNAPSHOT_OBJECTS], res[at + 1:]):
+    counted_bytes: Counter = Counter()
+    for oid, (client, mount, refs, size) in zip(ids[:SNAPSHOT_OBJECTS], res[at + 1:]):
         subject = oid.decode(errors="replace")
         if client is None:
             if oid in indexed:
@@ -67,6 +117,7 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
             continue
         if client in disks and mount == disks[client][0]:
             counted[client] += 1
+            counted_bytes[client] += int(size or 0)
         if oid not in indexed:
             tenant, _, key = oid.partition(b":")
             out.append(audit.finding("offload_task_unindexed", shard, subject, "an entry", "no entry",
@@ -74,10 +125,13 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
         if int(refs or 0) < 1:
             out.append(audit.finding("offload_task_ref", shard, subject, "task_refs >= 1", refs or 0))
     if len(ids) <= SNAPSHOT_OBJECTS:  # the counts are exact only over every task in flight
-        for c, (mount, inflight) in disks.items():
-            if inflight != counted[c]:
+        for c, (mount, inflight, inflight_bytes) in disks.items():
+            if (inflight, inflight_bytes) != (counted[c], counted_bytes[c]):
                 out.append(audit.finding("offload_inflight_count", shard, f"P:disk:{c.decode(errors='replace')}",
-                                         counted[c], inflight, ("offload_inflight", shard, c, inflight, counted[c])))
+                                         f"inflight {counted[c]}, inflight_bytes {counted_bytes[c]}",
+                                         f"inflight {inflight}, inflight_bytes {inflight_bytes}",
+                                         ("offload_inflight", shard, c, inflight, counted[c], inflight_bytes,
+                                          counted_bytes[c])))
     return out
 
 
@@ -85,5 +139,9 @@ def repair(audit: Any, action: tuple) -> tuple[bool, str]:
     if action[0] == "offload_task":
         audit.fcall("mc_fsck_offload_task", action[1], action[2], action[3])
         return True, ""
-    applied = audit.fcall("mc_fsck_offload_inflight", action[1], action[2], action[3], action[4])
+    if action[0] == "disk_used":
+        applied, value = audit.fcall("mc_fsck_disk_used", *action[1:])
+        return (True, "") if applied == 1 else (False, f"not repaired: used_bytes moved to {value} (or the disk "
+                                                       "was remounted) since fsck read it; rerun fsck")
+    applied = audit.fcall("mc_fsck_offload_inflight", *action[1:])
     return (True, "") if applied == 1 else (False, "not repaired: the count moved since fsck read it; rerun fsck")

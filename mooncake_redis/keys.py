@@ -42,9 +42,10 @@ K.update({"radix_node": ":rnode:", "radix_keys": ":rkeys:", "radix_kids": ":rkid
 # group retention: its tiers, its deadline index, its per-tenant counts
 K.update({"tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft_retained",
           "deadline_retention": ":deadline:retention", "retained_tenants": ":retained_tenants"})
-# SSD offload: local disk segments, per-client queues (and HIGH overflow), tasks in flight
+# SSD offload: local disk segments, per-client queues (and HIGH overflow), tasks in flight, files
+# to remove
 K.update({"disk": ":disk:", "disks": ":disks", "offload_queue": ":offq:", "offload_overflow": ":offover:",
-          "offload_inflight": ":offload_inflight"})
+          "offload_inflight": ":offload_inflight", "disk_removals": ":diskrm:"})
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
 
 _KB = {name: suffix.encode() for name, suffix in K.items()}
@@ -107,6 +108,10 @@ class ShardKeys:
     def offload_overflow(self, client: str | bytes) -> bytes:
         """A client's HIGH entries that found its queue full of HIGH entries (zset)."""
         return self.P + _KB["offload_overflow"] + _b(client)
+
+    def disk_removals(self, client: str | bytes) -> bytes:
+        """The files a client is to remove from its disk (zset, lua/lib/27_disk.lua)."""
+        return self.P + _KB["disk_removals"] + _b(client)
 
     def prefix(self, name: str) -> bytes:
         """P + the suffix `name` of K: the start of a family of keys, e.g. for a SCAN MATCH."""

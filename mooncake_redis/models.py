@@ -96,3 +96,12 @@ class OffloadTask:
     segment: str   # the memory replica to copy from
     offset: int
     attempt: int = 1  # 1 for the first hand-out, more after timeouts or failures
+
+
+@dataclass(frozen=True)
+class DiskRemoval:
+    """A file a client is to remove from its local disk: the disk replica of `key` at `location`
+    went (remove_object_heartbeat; acknowledge with ack_remove_object_heartbeat)."""
+    key: bytes
+    tenant_id: str
+    location: str

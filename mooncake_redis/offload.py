@@ -5,9 +5,15 @@ pulls the tasks of its memory replicas (heartbeat), copies the bytes and reports
 Each shard keeps each client's queue (lua/lib/45_offload.lua): HIGH (guaranteed), NORMAL (soft
 pin or retained group), LOW (the rest), FIFO inside a priority, bounded by the shard's share of
 `MasterConfig.offload_queue_limit`. A heartbeat asks the shards priority by priority, so a HIGH
-task on any shard goes out before a NORMAL one on another, and hands out at most `max_tasks`."""
+task on any shard goes out before a NORMAL one on another, and hands out at most `max_tasks`.
+
+Disk space: each shard keeps its share of the client's reported capacity and the bytes of the
+client's live disk replicas there; a task is handed out only while it fits. When a live disk
+replica goes, its file's removal is queued for the client (as Mooncake's RemoveObjectHeartbeat):
+`remove_object_heartbeat` hands the removals out, `ack_remove_object_heartbeat` ends them."""
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,11 +21,12 @@ from . import wire
 from .api import ApiBase
 from .checks import _as_key, _check_bool, _check_int, _check_name, _check_tenant
 from .errors import ErrorCode, MasterError
-from .models import OffloadTask
+from .models import DiskRemoval, OffloadTask
 
 PRIORITIES = ("high", "normal", "low")  # rank 0, 1, 2
 MAX_TASKS = 1024  # the functions' cap per call
-COUNTERS = ("enqueued", "done", "redelivered", "stale", "dropped_high", "dropped_normal", "dropped_low")
+COUNTERS = ("enqueued", "done", "redelivered", "stale", "dropped_high", "dropped_normal", "dropped_low",
+            "deferred", "orphaned")
 
 
 @dataclass(frozen=True)
@@ -27,10 +34,14 @@ class OffloadClientStats:
     """One client's offload state, summed over the shards."""
     client: str
     enabled: bool
-    capacity_bytes: int
+    capacity_bytes: int | None  # the sum of the shards' shares of its last report (None: never reported)
     queued: dict[str, int]  # priority -> entries queued (HIGH includes its overflow)
     overflow: int           # HIGH entries waiting in the overflow
     inflight: int           # tasks handed out and not yet acknowledged
+    used_bytes: int = 0     # the sizes of its live disk replicas
+    inflight_bytes: int = 0  # the sizes of its tasks in flight
+    removals: int = 0       # files queued for removal (or handed out and not yet acknowledged)
+    orphaned: int = 0       # removals that found the removal queue full (left to offload-gc)
 
 
 class OffloadApi(ApiBase):
@@ -54,7 +65,10 @@ class OffloadApi(ApiBase):
         return sum(self.sweep_shard(shard) for shard in range(self.shards))
 
     def report_ssd_capacity(self, client_id: str, capacity_bytes: int) -> None:
-        """Record the client's disk capacity (status shows it); each shard keeps the figure."""
+        """Record the client's disk capacity: each shard keeps its share (capacity / shards, the
+        first capacity mod shards shards one byte more) and hands out tasks only while the
+        client's disk replicas and tasks in flight there fit in it. Until a first report a disk
+        has no bound."""
         _check_name(client_id, "client_id")
         _check_int(capacity_bytes, "capacity_bytes", 0)
         self.transport.each("mc_report_ssd_capacity", *wire.options(client_id=client_id, capacity_bytes=capacity_bytes))
@@ -70,22 +84,32 @@ class OffloadApi(ApiBase):
             return self._tasks(t.call("mc_offload_heartbeat", 0, *wire.options(client_id=client_id, max_tasks=max_tasks)))
         tasks: list[OffloadTask] = []
         for rank in range(len(PRIORITIES)):
-            active = list(range(t.count))
-            while active and len(tasks) < max_tasks:
-                left = max_tasks - len(tasks)
-                asks = [(shard, left // len(active) + (1 if i < left % len(active) else 0))
-                        for i, shard in enumerate(active)]
-                waiting = [shard for shard, n in asks if n == 0]  # not asked this round: first in the next
-                asks = [(shard, n) for shard, n in asks if n > 0]
-                replies = t.run([t.command("mc_offload_heartbeat", shard,
-                                           *wire.options(client_id=client_id, max_tasks=n, max_rank=rank))
-                                 for shard, n in asks])
-                active = waiting
-                for (shard, n), reply in zip(asks, replies):
-                    tasks += self._tasks(reply)
-                    if len(reply) == n:  # the shard may have more of this priority
-                        active.append(shard)
+            tasks += self._tasks(self._gather("mc_offload_heartbeat", "max_tasks", max_tasks - len(tasks),
+                                              client_id=client_id, max_rank=rank))
         return tasks
+
+    def _gather(self, fn: str, size_option: str, limit: int, **opts: Any) -> list:
+        """Up to `limit` items of `fn` over the shards, in rounds: the items left are split over
+        the shards still asked (the shards that get none this round come first in the next); a
+        shard that replies fewer than it was asked is done. The shards are taken from a random
+        start, so that calls asking fewer items than there are shards serve every shard."""
+        t = self.transport
+        start = random.randrange(t.count)
+        active = [(start + i) % t.count for i in range(t.count)]
+        out: list = []
+        while active and len(out) < limit:
+            left = limit - len(out)
+            asks = [(shard, left // len(active) + (1 if i < left % len(active) else 0))
+                    for i, shard in enumerate(active)]
+            waiting = [shard for shard, n in asks if n == 0]
+            asks = [(shard, n) for shard, n in asks if n > 0]
+            replies = t.run([t.command(fn, shard, *wire.options(**opts, **{size_option: n})) for shard, n in asks])
+            active = waiting
+            for (shard, n), reply in zip(asks, replies):
+                out += reply
+                if len(reply) == n:  # the shard may have more
+                    active.append(shard)
+        return out
 
     @staticmethod
     def _tasks(reply: Any) -> list[OffloadTask]:
@@ -136,6 +160,43 @@ class OffloadApi(ApiBase):
                     break
         return out
 
+    # ---- removal of disk files -------------------------------------------------------
+    def remove_object_heartbeat(self, client_id: str, max_items: int = 256) -> list[DiskRemoval]:
+        """Files the client is to remove from its disk (their disk replicas went), oldest first,
+        at most `max_items`. Each is handed out again after offload_task_timeout until
+        acknowledged; none is handed out while a live disk replica points at its location."""
+        _check_name(client_id, "client_id")
+        _check_int(max_items, "max_items", 1, MAX_TASKS)
+        reply = self._gather("mc_disk_removal_heartbeat", "max_items", max_items, client_id=client_id)
+        return [DiskRemoval(key=bytes(r[0]), tenant_id=r[1].decode(), location=r[2].decode(errors="surrogateescape"))
+                for r in reply]
+
+    def ack_remove_object_heartbeat(self, client_id: str, removals: Sequence[DiskRemoval]) -> list[ErrorCode]:
+        """The removals are done: forget them. Per removal OK, or OBJECT_NOT_FOUND when the
+        master no longer had it (acknowledged before, or dropped with an unmounted disk)."""
+        return self._rows("mc_disk_removal_ack", client_id, removals)
+
+    def disk_referenced(self, client_id: str, files: Sequence[DiskRemoval]) -> list[bool]:
+        """Whether a live disk replica of the client points at each (key, tenant, location):
+        the check of the agent's garbage collection (a file answered False is nobody's)."""
+        return [bool(r) for r in self._rows("mc_disk_referenced", client_id, files, codes=False)]
+
+    def _rows(self, fn: str, client_id: str, items: Sequence[DiskRemoval], codes: bool = True) -> list[Any]:
+        _check_name(client_id, "client_id")
+        by_tenant: dict[str, list[int]] = {}
+        for i, item in enumerate(items):
+            _check_tenant(item.tenant_id)
+            _check_name(item.location, "location", 4096)
+            by_tenant.setdefault(item.tenant_id, []).append(i)
+        out: list[Any] = [None] * len(items)
+        for tenant, idx in by_tenant.items():
+            keys = [_as_key(items[i].key) for i in idx]
+            head = wire.head(("key", "location"), client_id=client_id, tenant=tenant)
+            rows = [(k, items[i].location.encode(errors="surrogateescape")) for k, i in zip(keys, idx)]
+            for i, r in zip(idx, self.transport.batch(fn, head, rows, keys)):
+                out[i] = ErrorCode(r) if codes else r
+        return out
+
     # ---- inspection ------------------------------------------------------------------
     def offload_counters(self) -> dict[str, int]:
         """The offload counters summed over the shards (COUNTERS)."""
@@ -152,20 +213,26 @@ class OffloadApi(ApiBase):
             commands = []
             for k in t.keys:
                 queue, overflow = k.offload_queue(name), k.offload_overflow(name)
-                commands += [("HMGET", k.disk(name), "enabled", "capacity_bytes", "inflight"), ("ZCARD", overflow)]
+                commands += [("HMGET", k.disk(name), "enabled", "capacity_bytes", "inflight", "used_bytes",
+                              "inflight_bytes", "orphaned"), ("ZCARD", overflow), ("ZCARD", k.disk_removals(name))]
                 commands += [("ZCOUNT", queue, rank * 2**44, f"({(rank + 1) * 2**44}") for rank in range(3)]
             r = t.run(commands)
             queued = dict.fromkeys(PRIORITIES, 0)
-            overflow = inflight = capacity = 0
+            n = dict.fromkeys(("overflow", "inflight", "used", "inflight_bytes", "removals", "orphaned"), 0)
+            capacity: int | None = None
             enabled = False
             for s in range(t.count):
-                row, over, *depths = r[5 * s:5 * s + 5]
+                row, over, removals, *depths = r[6 * s:6 * s + 6]
                 enabled |= row[0] == b"1"
-                capacity = max(capacity, int(row[1] or 0))
-                inflight += int(row[2] or 0)
-                overflow += over
+                if row[1] is not None:
+                    capacity = (capacity or 0) + int(row[1])
+                for f, v in zip(("inflight", "used", "inflight_bytes", "orphaned"), row[2:]):
+                    n[f] += int(v or 0)
+                n["overflow"] += over
+                n["removals"] += removals
                 for p, d in zip(PRIORITIES, depths):
                     queued[p] += d
-            queued["high"] += overflow
-            out.append(OffloadClientStats(name.decode(errors="replace"), enabled, capacity, queued, overflow, inflight))
+            queued["high"] += n["overflow"]
+            out.append(OffloadClientStats(name.decode(errors="replace"), enabled, capacity, queued, n["overflow"],
+                                          n["inflight"], n["used"], n["inflight_bytes"], n["removals"], n["orphaned"]))
         return out

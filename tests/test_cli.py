@@ -78,6 +78,23 @@ def test_status_json(store, valkey):
     assert sum(s["used_bytes"] for s in doc["segments"]) == 2 * 4096 + 100
 
 
+def test_status_shows_the_disk_tier(store, valkey):
+    store.mount_local_disk_segment("client-1")
+    store.report_ssd_capacity("client-1", 1 << 30)
+    store.put_start("client-1", "d", 3000)
+    store.put_end("client-1", "d")
+    store.notify_offload_success("client-1", ["d"], ["/disk/d"])
+    doc = json.loads(run("--redis", valkey.url, "status", "--json").stdout)
+    (c,) = doc["offload"]["clients"]
+    assert (c["client"], c["used_bytes"], c["capacity_bytes"], c["inflight_bytes"], c["removals"]) == \
+        ("client-1", 3000, 1 << 30, 0, 0)
+    assert {"deferred", "orphaned"} <= set(doc["offload"]["counters"])
+    out = run("--redis", valkey.url, "status").stdout
+    line = next(x for x in out.splitlines() if x.strip().startswith("client-1") and "yes" in x)
+    assert line.split()[:6] == ["client-1", "yes", "2.9", "KiB", "1.0", "GiB"]
+    assert "orphaned files 0" in out
+
+
 def test_status_envvar_and_unfrozen_clock(store, valkey):
     store.unfreeze_clock()
     r = run("status", env={"MOONCAKE_REDIS_URL": valkey.url})

@@ -215,6 +215,7 @@ FUNCTIONS += ["mc_radix_register", "mc_radix_nodes", "mc_radix_describe", "mc_ra
               "mc_radix_ack", "mc_radix_probe", "mc_radix_reconcile", "mc_radix_stats", "mc_fsck_radix_index"]
 FUNCTIONS += ["mc_mount_local_disk", "mc_unmount_local_disk", "mc_report_ssd_capacity", "mc_offload_heartbeat",
               "mc_offload_done", "mc_offload_sweep", "mc_fsck_offload_task", "mc_fsck_offload_inflight"]
+FUNCTIONS += ["mc_disk_removal_heartbeat", "mc_disk_removal_ack", "mc_disk_referenced", "mc_fsck_disk_used"]
 
 
 def test_every_function_is_listed_here():

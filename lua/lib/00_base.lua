@@ -19,9 +19,10 @@ local K = {
   -- of the shard, and the outbox of cross-shard steps
   radix_node = ':rnode:', radix_keys = ':rkeys:', radix_kids = ':rkids:',
   radix_nodes = ':rnodes', radix_outbox = ':routbox',
-  -- SSD offload (lua/lib/27_disk.lua, 45_offload.lua): local disk segments, queues, tasks in flight
+  -- SSD offload (lua/lib/27_disk.lua, 45_offload.lua): local disk segments, queues, tasks in flight,
+  -- files to remove
   disk = ':disk:', disks = ':disks', offload_queue = ':offq:', offload_overflow = ':offover:',
-  offload_inflight = ':offload_inflight',
+  offload_inflight = ':offload_inflight', disk_removals = ':diskrm:',
 }
 
 local E = {
@@ -112,6 +113,7 @@ CONFIG_RANGES.offload_on_put = { 0, 1 }
 CONFIG_RANGES.offload_queue_limit = { 0, MAX_INT }
 CONFIG_RANGES.offload_task_timeout = { 1, MAX_TTL }
 CONFIG_RANGES.offload_max_attempts = { 1, 1000 }
+CONFIG_RANGES.disk_removal_queue_limit = { 0, MAX_INT }
 
 local function config_value(name, raw)
   local range = CONFIG_RANGES[name]
@@ -148,6 +150,13 @@ local function config(P, names)
   end
   CONFIG_MEMO[names] = { raw = values, cfg = cfg }
   return cfg
+end
+
+-- This shard's exact share of a store-wide limit: limit / shards rounded down, plus one for the
+-- first (limit mod shards) shards, so that the shares add up to the limit.
+local function shard_share(P, limit, shards)
+  local i = tonumber(string.match(P, ':(%d+)}$'))
+  return math.floor(limit / shards) + ((i < limit % shards) and 1 or 0)
 end
 
 local function valid_tenant(t)

@@ -1,7 +1,11 @@
 -- Local disk segments and disk replicas (the SSD offload tier; the queue is 45_offload.lua).
 -- A client's local disk segment on shard P is the hash P:disk:<client> with fields
---   mount (an id from P:mount_seq), enabled (1: it takes offload tasks), capacity_bytes (its
---   last report_ssd_capacity), mounted_at, inflight (its tasks in flight on this shard)
+--   mount (an id from P:mount_seq), enabled (1: it takes offload tasks), mounted_at,
+--   capacity_bytes (this shard's share of the client's last report_ssd_capacity, split as
+--     shard_share splits a store-wide limit; absent until the first report: no bound),
+--   used_bytes (the sizes of its live disk replicas on this shard), inflight and
+--   inflight_bytes (its tasks in flight on this shard: count and sizes), orphaned (files whose
+--   removal found its removal queue full)
 -- and the entry client -> mount in P:disks. A disk replica is the object field
 --   disk:<client> = "<mount> <location>"
 -- (location: where the client keeps the bytes, e.g. a file path); it is live while
@@ -9,6 +13,14 @@
 -- An object whose memory replicas are gone but that has a live disk replica ("disk only")
 -- stays readable from disk; it is not an eviction unit (unit_rule: 'disk_only'), since
 -- evicting it would free no memory.
+-- When a live disk replica goes (its object is deleted, or a new success replaces its location)
+-- its file's removal is queued for the client:
+--   P:diskrm:<client>  zset "<tenant> <#key> <key> <location>" -> due ms (queued: when queued;
+--                      handed out: until when the agent has to acknowledge it, then due again)
+-- bounded by this shard's share of disk_removal_queue_limit; a removal that finds it full is
+-- counted (P:disk:<client>.orphaned, P.offload_orphaned) and left to the agent's garbage
+-- collection. Dead replicas (disk unmounted) queue nothing: their files are the client's to
+-- collect. A removal is never handed out while a live disk replica points at its location.
 
 local function disk_mount(P, client, cache)
   if cache and cache[client] ~= nil then return cache[client] or nil end
@@ -58,6 +70,53 @@ local function is_disk_only(o)
   return not has_field_prefix(o, 'rep:') and has_field_prefix(o, 'disk:')
 end
 
+-- A removal entry: tenant (no spaces), the key's length, the key, the location.
+local function removal_entry(tenant, key, location)
+  return tenant .. ' ' .. #key .. ' ' .. key .. ' ' .. location
+end
+
+-- tenant, key, location of a removal entry, or nil when malformed.
+local function parse_removal(entry)
+  local tenant, n, at = string.match(entry, '^([^ ]+) (%d+) ()')
+  if not tenant or #n > 7 then return nil end
+  local stop = at + tonumber(n)
+  if string.sub(entry, stop, stop) ~= ' ' or stop >= #entry then return nil end
+  return tenant, string.sub(entry, at, stop - 1), string.sub(entry, stop + 1)
+end
+
+-- This shard's share of disk_removal_queue_limit, read when a removal is queued (the paths that
+-- drop replicas do not all read the configuration); a missing or bad value is a share of 0.
+local function removal_share(P)
+  local c = redis.call('HMGET', P .. K.config, 'disk_removal_queue_limit', 'shards')
+  local limit = c[1] and config_value('disk_removal_queue_limit', c[1])
+  if not limit then return 0 end
+  return shard_share(P, limit, tonumber(c[2]))
+end
+
+-- Queue the removal of a client's file (its disk is mounted); full: counted as orphaned.
+local function queue_disk_removal(P, client, tenant, key, location)
+  local queue, entry = P .. K.disk_removals .. client, removal_entry(tenant, key, location)
+  if redis.call('ZSCORE', queue, entry) then return end
+  if redis.call('ZCARD', queue) >= removal_share(P) then
+    redis.call('HINCRBY', P .. K.disk .. client, 'orphaned', 1)
+    redis.call('HINCRBY', P, 'offload_orphaned', 1)
+    return
+  end
+  redis.call('ZADD', queue, S(now_ms(P)), entry)
+end
+
+-- An object's live disk replicas go (the object is deleted): their bytes leave their disks'
+-- used_bytes and their files are queued for removal.
+local function drop_disk_replicas(P, tenant, key, o)
+  local size = tonumber(o.size) or 0
+  for _, r in ipairs(disk_replicas_of(P, o)) do
+    if r.live then
+      redis.call('HINCRBY', P .. K.disk .. r.client, 'used_bytes', S(-size))
+      queue_disk_removal(P, r.client, tenant, key, r.location)
+    end
+  end
+end
+
 -- Free an object's memory replicas and keep the object (its disk replicas hold the bytes).
 -- A guarantee whose deadline passed but was not swept yet is taken off the books with them.
 -- Returns the bytes freed.
@@ -78,15 +137,22 @@ local function shed_memory(P, tenant, key, okey, o)
 end
 
 -- Unmount a client's local disk segment from this shard: its disk replicas die at once (mount
--- id) and P:sweep_pending asks a worker to sweep them out of the object hashes; its queues go
--- (each at most the shard's share of the queue limit); its tasks in flight end at their deadline
--- (sweep_offload_tasks), which releases their task references. Returns false when none.
+-- id; its used_bytes go with its hash) and P:sweep_pending asks a worker to sweep them out of
+-- the object hashes; its queues and its removal queue go (each at most the shard's share of
+-- its limit; removals not handed out are counted in offload_orphaned); its tasks in flight end
+-- at their deadline (sweep_offload_tasks), which releases their task references. Returns false
+-- when none.
 local function drop_local_disk(P, client)
   local dkey = P .. K.disk .. client
   if redis.call('EXISTS', dkey) == 0 then return false end
   redis.call('DEL', dkey)
   redis.call('ZREM', P .. K.disks, client)
   redis.call('DEL', P .. K.offload_queue .. client, P .. K.offload_overflow .. client)
+  local removals = redis.call('ZCARD', P .. K.disk_removals .. client)
+  if removals > 0 then -- files nobody will be told to remove: counted, left to garbage collection
+    redis.call('HINCRBY', P, 'offload_orphaned', removals)
+    redis.call('DEL', P .. K.disk_removals .. client)
+  end
   redis.call('INCR', P .. K.sweep_pending)
   return true
 end
@@ -96,6 +162,8 @@ end
 local function forget_offload_task(P, tenant, key, o)
   redis.call('ZREM', P .. K.offload_inflight, obj_id(tenant, key))
   if disk_mount(P, o.offload_client) == o.offload_mount then
-    redis.call('HINCRBY', P .. K.disk .. o.offload_client, 'inflight', -1)
+    local dkey = P .. K.disk .. o.offload_client
+    redis.call('HINCRBY', dkey, 'inflight', -1)
+    redis.call('HINCRBY', dkey, 'inflight_bytes', S(-(tonumber(o.size) or 0)))
   end
 end

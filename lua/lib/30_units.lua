@@ -291,7 +291,8 @@ local function leave_group(P, tenant, key, o, now)
   end
 end
 
--- Free an object's replicas (or hold them until `hold_until`) and drop its hash and counters.
+-- Free an object's replicas (or hold them until `hold_until`; its disk replicas leave their disks
+-- and their files are queued for removal) and drop its hash and counters.
 -- Returns the bytes its live replicas occupied.
 local function drop_object(P, tenant, key, okey, o, hold_until)
   local bytes = 0
@@ -299,6 +300,7 @@ local function drop_object(P, tenant, key, okey, o, hold_until)
   local replicas = replicas_of(P, o)
   if o.guaranteed_until then forget_guarantee(P, tenant, key, o, replicas) end
   if o.offload_client then forget_offload_task(P, tenant, key, o) end
+  drop_disk_replicas(P, tenant, key, o)
   for _, r in ipairs(replicas) do
     if r.live and r.off then
       if hold_until then

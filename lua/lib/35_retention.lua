@@ -13,13 +13,6 @@
 
 local RETENTION_INDEX, RETAINED_TENANTS = K.deadline_retention, K.retained_tenants
 
--- This shard's exact share of a store-wide limit: limit / shards rounded down, plus one for the
--- first (limit mod shards) shards, so that the shares add up to the limit.
-local function shard_share(P, limit, shards)
-  local i = tonumber(string.match(P, ':(%d+)}$'))
-  return math.floor(limit / shards) + ((i < limit % shards) and 1 or 0)
-end
-
 local function group_has_members(P, tenant, group)
   return (tonumber(redis.call('HGET', grp_key(P, tenant, group), 'members')) or 0) > 0
 end

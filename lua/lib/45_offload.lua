@@ -14,7 +14,10 @@
 -- Counters (fields of the shard hash P): offload_enqueued, offload_done, offload_redelivered
 -- (tasks that timed out), offload_stale (entries whose object went away or already is on disk),
 -- offload_dropped_<high|normal|low> (full queue, displaced by a HIGH entry, retries spent, disk
--- unmounted; HIGH only when its overflow was full too or its client's disk went away).
+-- unmounted, NORMAL or LOW larger than the disk's whole share; HIGH only when its overflow was
+-- full too or its client's disk went away), offload_deferred (heartbeats that stopped at an
+-- entry whose bytes do not fit the disk's room: it stays queued), offload_orphaned (files whose
+-- removal could not be queued or was dropped with an unmounted disk: 27_disk.lua).
 
 local RANK_SPAN = 17592186044416 -- 2^44: seq stays below it, and rank * 2^44 + seq below 2^53
 local RANK_NAMES = { [0] = 'high', [1] = 'normal', [2] = 'low' }
@@ -106,12 +109,15 @@ local function enqueue_offload(P, tenant, key, o, now, cfg)
 end
 
 -- End an object's task in flight (acknowledged, failed or timed out): drop its index entry, the
--- client's in-flight count (when its disk is still the same mount) and the task reference.
+-- client's in-flight count and bytes (when its disk is still the same mount) and the task reference.
 -- Returns the client, the queue score and the hand-outs so far.
 local function release_offload_task(P, tenant, key, okey, o, now)
   local client, score, attempts = o.offload_client, tonumber(o.offload_score) or 0, tonumber(o.offload_attempts) or 1
   redis.call('ZREM', P .. K.offload_inflight, obj_id(tenant, key))
-  if disk_mount(P, client) == o.offload_mount then redis.call('HINCRBY', P .. K.disk .. client, 'inflight', -1) end
+  if disk_mount(P, client) == o.offload_mount then
+    redis.call('HINCRBY', P .. K.disk .. client, 'inflight', -1)
+    redis.call('HINCRBY', P .. K.disk .. client, 'inflight_bytes', S(-(tonumber(o.size) or 0)))
+  end
   redis.call('HDEL', okey, 'offload_client', 'offload_mount', 'offload_score')
   o.offload_client, o.offload_mount, o.offload_score = nil, nil, nil
   if (tonumber(o.task_refs) or 0) > 0 and o.status == 'complete' and not being_evicted(P, tenant, o) then

@@ -76,6 +76,24 @@ local function fsck_guaranteed(P, args)
   return compare_and_add(todo)
 end
 
+-- mc_fsck_disk_used. KEYS: P. ARGV: client, mount, expected, delta. Compare-and-add on a local
+--   disk's P:disk:<client>.used_bytes (the sizes of its live disk replicas), as mc_fsck_counters
+--   does, and only while the disk still has that mount (a remount starts from 0).
+-- Reply: {applied (1|0), value after the call}; INVALID_PARAMS (nothing written) when used_bytes
+-- would go below 0.
+local function fsck_disk_used(P, args)
+  local client, mount = args[1], int_arg(args[2], 1, MAX_INT)
+  local expected, delta = int_arg(args[3], -MAX_INT, MAX_INT), int_arg(args[4], -MAX_INT, MAX_INT)
+  if #args ~= 4 or not valid_name(client, 256) or not mount or not expected or not delta then
+    return fail(E.INVALID_PARAMS, 'expected client, mount, expected, delta')
+  end
+  if expected + delta < 0 then return fail(E.INVALID_PARAMS, 'used_bytes would go below 0') end
+  local dkey = P .. K.disk .. client
+  local cur = redis.call('HMGET', dkey, 'mount', 'used_bytes')
+  if cur[1] ~= S(mount) then return { 0, tonumber(cur[2]) or 0 } end
+  return compare_and_add({ { dkey, 'used_bytes', expected, delta } })[1]
+end
+
 -- mc_fsck_segment_used. KEYS: P. ARGV: segment, expected_used, delta.
 --   Compare-and-add on P:seg:<segment>.used (as mc_fsck_counters), then set the segment's P:segs
 --   score to size - used (the score is derived from the hash, so it is rewritten from it; this
@@ -379,6 +397,7 @@ end
 register('mc_fsck_counters', {}, fsck_counters)
 register('mc_fsck_guaranteed', {}, fsck_guaranteed)
 register('mc_fsck_segment_used', {}, fsck_segment_used)
+register('mc_fsck_disk_used', {}, fsck_disk_used)
 register('mc_fsck_forget_segment', {}, fsck_forget_segment)
 register('mc_fsck_place', {}, fsck_place)
 register('mc_fsck_unit', {}, fsck_unit)
