@@ -6,8 +6,9 @@ the same run.
   file to the disk directory, fsync, notify: mooncake_redis.dataplane.offload_batch);
 * LocalClient.put (put_start, write into the mapped segment file, put_end with a blake3
   checksum: two master round trips) and LocalClient.put_many (the same for 32 objects in two
-  round trips) of 64 KiB and 1 MiB objects against a raw copy of the same bytes into the same
-  mapped file.
+  round trips) of 64 KiB and 1 MiB objects against three floors: a raw copy of the same bytes
+  into the same mapped file, the copy plus the checksum (the data plane's byte work), and the
+  master's share (batch_put_start + batch_put_end with no bytes).
 
 Namespace "bench.offload" on the given server (its keys are deleted before and after); segment
 files under /dev/shm when it exists, disk files in a temporary directory."""
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 from mooncake_redis import Master, MasterConfig
-from mooncake_redis.dataplane import LocalClient, SegmentFiles, offload_batch
+from mooncake_redis.dataplane import LocalClient, SegmentFiles, checksum_of, offload_batch
 
 from .common import delete_namespace
 
@@ -80,35 +81,69 @@ def _tasks_per_s(url: str, seg_dir: str, disk_dir: Path, objects: int, copy: boo
         m.close()
 
 
+def _rate(count: int, body) -> float:
+    """Objects/s of `body()`, which handles `count` objects."""
+    t0 = time.perf_counter()
+    body()
+    return count / (time.perf_counter() - t0)
+
+
 def _put_vs_copy(url: str, seg_dir: str, size: int, count: int, out) -> dict:
+    """put and put_many against three same-run floors: the raw copy; the data plane's byte work
+    (the copy and the blake3 checksum a put stores); the master's share of put_many
+    (batch_put_start + batch_put_end of the same batches with no bytes written)."""
     m = _fresh(url)
     path = Path(seg_dir) / f"mooncake-bench-{os.getpid()}.put"
     c = LocalClient(m, CLIENT, "bench-put", path, count * size + MIB)
     try:
         data = os.urandom(size)
         mm = c.files.map("bench-put")
-        best_copy = best_put = best_many = 0.0
-        for rep in range(3):  # alternate: raw copies, puts, batched puts, into the same mapped file
-            t0 = time.perf_counter()
+        rates = {"copy": 0.0, "bytes": 0.0, "master": 0.0, "put": 0.0, "put_many": 0.0}
+
+        def copy(rep):
             for i in range(count):
                 mm[i * size:(i + 1) * size] = data
-            best_copy = max(best_copy, count / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
+
+        def copy_and_checksum(rep):
+            for i in range(count):
+                mm[i * size:(i + 1) * size] = data
+                checksum_of(data)
+
+        def batches(prefix):
+            return [[f"{prefix}-{i}" for i in range(start, min(count, start + BATCH))] for start in range(0, count, BATCH)]
+
+        def master_only(rep):
+            for keys in batches(f"m{rep}"):
+                m.batch_put_start(CLIENT, keys, [size] * len(keys))
+                m.batch_put_end(CLIENT, keys)
+
+        def puts(rep):
             for i in range(count):
                 c.put(f"p{rep}-{i}", data)
-            best_put = max(best_put, count / (time.perf_counter() - t0))
-            _remove(m, [f"p{rep}-{i}" for i in range(count)])
-            t0 = time.perf_counter()
-            for start in range(0, count, BATCH):
-                c.put_many([(f"b{rep}-{i}", data) for i in range(start, min(count, start + BATCH))])
-            best_many = max(best_many, count / (time.perf_counter() - t0))
-            _remove(m, [f"b{rep}-{i}" for i in range(count)])
+
+        def put_many(rep):
+            for keys in batches(f"b{rep}"):
+                c.put_many([(k, data) for k in keys])
+
+        for rep in range(3):  # alternate the five, into the same mapped file
+            for name, body, prefix in (("copy", copy, None), ("bytes", copy_and_checksum, None),
+                                       ("master", master_only, "m"), ("put", puts, "p"), ("put_many", put_many, "b")):
+                rates[name] = max(rates[name], _rate(count, lambda: body(rep)))
+                if prefix:
+                    _remove(m, [f"{prefix}{rep}-{i}" for i in range(count)])
         label = "64 KiB" if size == KIB64 else "1 MiB"
-        out(f"put {label}: {best_put:,.0f} puts/s ({best_put * size / MIB:,.0f} MiB/s, {best_put / best_copy:.2f}x "
-            f"of the copy); put_many x{BATCH}: {best_many:,.0f}/s ({best_many * size / MIB:,.0f} MiB/s, "
-            f"{best_many / best_copy:.2f}x); raw copy {best_copy:,.0f}/s ({best_copy * size / MIB:,.0f} MiB/s)")
-        return {"puts_per_s": best_put, "put_many_per_s": best_many, "copies_per_s": best_copy,
-                "ratio": best_put / best_copy, "put_many_ratio": best_many / best_copy}
+        bound = "the bytes" if rates["bytes"] < rates["master"] else "the master"
+        out(f"put {label}: {rates['put']:,.0f} puts/s ({rates['put'] * size / MIB:,.0f} MiB/s, "
+            f"{rates['put'] / rates['copy']:.2f}x of the copy); put_many x{BATCH}: {rates['put_many']:,.0f}/s "
+            f"({rates['put_many'] * size / MIB:,.0f} MiB/s, {rates['put_many'] / rates['copy']:.2f}x of the copy, "
+            f"{rates['put_many'] / min(rates['bytes'], rates['master']):.2f}x of the lower floor)")
+        out(f"  floors: raw copy {rates['copy']:,.0f}/s ({rates['copy'] * size / MIB:,.0f} MiB/s); copy + blake3 "
+            f"{rates['bytes']:,.0f}/s; master alone (put_start + put_end in batches of {BATCH}) "
+            f"{rates['master']:,.0f}/s: put_many is bound by {bound}")
+        return {"puts_per_s": rates["put"], "put_many_per_s": rates["put_many"], "copies_per_s": rates["copy"],
+                "copy_checksum_per_s": rates["bytes"], "master_only_per_s": rates["master"],
+                "ratio": rates["put"] / rates["copy"], "put_many_ratio": rates["put_many"] / rates["copy"],
+                "bound_by": "bytes" if bound == "the bytes" else "master"}
     finally:
         c.files.close()
         path.unlink(missing_ok=True)
