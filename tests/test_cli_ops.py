@@ -135,6 +135,18 @@ def test_bench_json(monkeypatch, valkey):
     assert "text line" in r.stderr
 
 
+def test_bench_offload_runs_and_names_what_bounds_put_many(valkey):
+    r = run("--redis", valkey.url, "bench", "offload", "--objects", "100", "--json")
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)["results"]
+    for size in ("put_64k", "put_1m"):
+        fig = res[size]
+        assert fig["bound_by"] in ("bytes", "master")
+        assert all(fig[k] > 0 for k in ("puts_per_s", "put_many_per_s", "copies_per_s", "copy_checksum_per_s",
+                                        "master_only_per_s"))
+    assert "put_many is bound by" in r.stderr
+
+
 def test_worker_prints_its_stop_line_once(valkey):
     redis.Redis.from_url(valkey.url).flushall()
     Master.connect(valkey.url, MasterConfig(shards=1)).close()
