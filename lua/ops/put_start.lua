@@ -23,12 +23,13 @@
 -- Retry: a put_start of a key whose put is in progress, by the same writer with the same size,
 -- answers the replicas already allocated (so a caller whose first call timed out can retry).
 
--- Pick up to `want` distinct segments with room for `size`, preferred ones first.
-local function allocate(P, size, want, preferred, by_free)
+-- Pick up to `want` distinct segments with room for `size`, preferred ones first. `mounts`
+-- memoises the segments' mount ids for the call (mount_of).
+local function allocate(P, size, want, preferred, by_free, mounts)
   local got, used = {}, {}
   local function try(seg)
     if #got >= want or used[seg] then return end
-    local mount = mount_of(P, seg)
+    local mount = mount_of(P, seg, mounts)
     if not mount then return end
     local off = alloc_extent(P, seg, size)
     if off then
@@ -64,7 +65,7 @@ end
 
 -- Returns the replicas got, and whether eviction could have helped (the put fits some slice).
 local function allocate_evicting(P, size, a, now, cfg, by_free)
-  local got = allocate(P, size, a.replica_num, a.preferred, by_free)
+  local got = allocate(P, size, a.replica_num, a.preferred, by_free, a.mounts)
   if #got > 0 then return got, true end
   -- evict only for a put that eviction can help: never for one larger than every slice
   local fits = could_fit(P, size, by_free)
@@ -82,7 +83,7 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
     if n > 0 then
       by_free = most_free(P, a) -- the freed bytes may sit in a segment the first search passed over
       a.by_free = by_free
-      got = allocate(P, size, a.replica_num, a.preferred, by_free)
+      got = allocate(P, size, a.replica_num, a.preferred, by_free, a.mounts)
       if #got > 0 then return got, true end
     end
   end
@@ -243,7 +244,7 @@ local function put_start(P, args, cfg)
   local now = now_ms(P)
   release_held(P, now, 16)
   if a.guarantee_ttl > 0 then sweep_guarantees(P, now, GUARANTEE_SWEEP) end -- the limit counts only live guarantees
-  a.evict_budget = EVICT_PER_CALL
+  a.evict_budget, a.mounts = EVICT_PER_CALL, {}
   a.by_free = most_free(P, a)
   local reply = {}
   for r = 1, a.call.rows do
