@@ -4,13 +4,14 @@ redis-py's command path (pool, packing, per-command hooks) costs tens of microse
 on loopback; this one a few.
 
 What stays redis-py's, so that both paths behave alike: opening a connection (its Connection
-class with the client's own connection kwargs: address, AUTH, SELECT, protocol handshake,
+class with the client's own connection kwargs: address, AUTH, SELECT, the protocol handshake,
 timeouts, keepalive) and closing it; the exception class of an error reply (its parse_error,
 the one its own hiredis parser uses); the encoding of arguments (hiredis.pack_command, as its
-HiredisRespSerializer). Replies are what redis-py returns for a
-function call (bytes, int, None, nested lists), error replies are exceptions in their place,
-and a lost reply raises redis.ConnectionError or redis.TimeoutError after dropping the
-connection: functions.run turns all of it into MasterError as for redis-py's path.
+HiredisRespSerializer). The replies come in the protocol redis-py negotiated and hiredis parses
+them as redis-py's parser does: a function call's reply is bytes, int, None or nested lists,
+error replies are exceptions in their place, and a lost reply raises redis.ConnectionError or
+redis.TimeoutError after dropping the connection. functions.run turns all of it into
+MasterError as it does for redis-py's path.
 
 Only plain clients take this path (`lean_for`): memory:// (fakeredis), rediss:// (TLS), cluster
 clients, clients that decode replies, and commands other than function calls (redis-py
@@ -45,7 +46,8 @@ def _forked() -> None:
     _generation += 1
 
 
-os.register_at_fork(after_in_child=_forked)
+if hasattr(os, "register_at_fork"):  # no fork, no inherited connections (Windows)
+    os.register_at_fork(after_in_child=_forked)
 
 
 def pack(commands: Sequence[Sequence[Any]]) -> bytes:
@@ -79,7 +81,7 @@ class _Connection:
     """One thread's connection: redis-py's Connection opened it (handshake included); its socket
     is read and written here."""
 
-    __slots__ = ("redis_conn", "sock", "reader", "buf", "poll", "generation", "epoch")
+    __slots__ = ("redis_conn", "sock", "reader", "buf", "poll", "generation", "epoch", "__weakref__")
 
     def __init__(self, redis_conn: redis.Connection, epoch: int):
         self.redis_conn = redis_conn
@@ -120,7 +122,9 @@ class LeanClient:
     def __init__(self, client: redis.Redis):
         self.pool = client.connection_pool
         self.local = threading.local()
-        self.open: set[_Connection] = set()  # every thread's, for close(); set ops are atomic
+        # Every live thread's connection, for close(). Weak: a thread that ends takes its
+        # connection with it (redis-py's Connection closes its socket when collected).
+        self.open: "weakref.WeakSet[_Connection]" = weakref.WeakSet()
         self.epoch = 0  # bumped by close(): other threads' connections are then dropped on use
 
     def send(self, commands: Sequence[Sequence[Any]]) -> list[Any]:

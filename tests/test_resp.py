@@ -3,9 +3,11 @@ own. It must keep functions.run's semantics exactly: the same replies (values an
 the same MasterErrors, the reload on "Function not found", OUTCOME_UNKNOWN on a lost reply."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
+import weakref
 
 import pytest
 import redis
@@ -274,11 +276,14 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(server, client, l
 
 def test_threads_each_get_their_own_replies(client, lean_calls):
     errors: list = []
+    conns: set = set()
     start = threading.Barrier(8)
 
     def hammer(t: int) -> None:
         try:
             start.wait()
+            run(client, [("FCALL", "mct_echo", 0, "first")])
+            conns.add(resp._clients[client].local.conn)  # kept: a thread's ends with it
             for i in range(300):
                 tag = f"t{t}-{i}"
                 if i % 3 == 0:
@@ -296,7 +301,22 @@ def test_threads_each_get_their_own_replies(client, lean_calls):
     for th in threads:
         th.join()
     assert not errors, errors[:3]
-    assert len(resp._clients[client].open) == 8  # one connection per thread
+    assert len(conns) == 8  # one connection per thread
+
+
+def test_a_thread_that_ends_takes_its_connection_with_it(client):
+    lean_conn = []
+
+    def one_call():
+        run(client, [("FCALL", "mct_echo", 0, "x")])
+        lean_conn.append(weakref.ref(resp._clients[client].local.conn.redis_conn))
+
+    th = threading.Thread(target=one_call)
+    th.start()
+    th.join()
+    gc.collect()
+    assert lean_conn and lean_conn[0]() is None  # collected: redis-py's Connection closed its socket
+    assert not list(resp._clients[client].open)
 
 
 def test_a_forked_child_opens_its_own_connection(client, lean_calls):
@@ -321,12 +341,21 @@ def test_a_forked_child_opens_its_own_connection(client, lean_calls):
 
 def test_close_closes_every_threads_connection_and_calls_reopen(client):
     run(client, [("FCALL", "mct_echo", 0, "x")])
-    th = threading.Thread(target=run, args=(client, [("FCALL", "mct_echo", 0, "y")]))
-    th.start()
-    th.join()
     lean = resp._clients[client]
+    called, gate = threading.Event(), threading.Event()
+
+    def call_and_wait():
+        run(client, [("FCALL", "mct_echo", 0, "y")])
+        called.set()
+        gate.wait()  # the thread (and its connection) lives on until close()
+
+    th = threading.Thread(target=call_and_wait)
+    th.start()
+    assert called.wait(30)
     conns = list(lean.open)
     assert len(conns) == 2
     resp.close(client)
-    assert not lean.open and all(c.redis_conn._sock is None for c in conns)
+    assert not list(lean.open) and all(c.redis_conn._sock is None for c in conns)
     assert run(client, [("FCALL", "mct_echo", 0, "z")]) == [[b"z"]] and len(lean.open) == 1
+    gate.set()
+    th.join()
