@@ -140,7 +140,7 @@ class LeanClient:
         except BaseException as exc:  # the stream is out of step: never reuse it
             self._drop(conn)
             if isinstance(exc, socket.timeout):
-                raise redis.TimeoutError("Timeout reading from socket") from exc
+                raise redis.TimeoutError(f"Timeout waiting for the server: {exc}") from exc
             if isinstance(exc, (OSError, redis.InvalidResponse)):
                 raise redis.ConnectionError(f"Error while talking to the server: {exc}") from exc
             raise

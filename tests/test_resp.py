@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import threading
 import weakref
 
@@ -209,6 +210,22 @@ def test_auth_with_a_password_and_a_refused_login(lean_calls):
             admin.config_set("requirepass", "lean-pw")
             assert m.exist_key("k")
             admin.close()
+        finally:
+            m.close()
+
+
+def test_a_unix_socket_server(tmp_path, lean_calls):
+    path = tmp_path / "valkey.sock"
+    with EmbeddedValkey(appendonly=False, extra_args=("--unixsocket", str(path), "--unixsocketperm", "700")):
+        m = Master.connect(f"unix://{path}", MasterConfig(shards=2))
+        try:
+            m.freeze_clock(T0)
+            mount(m, "seg", 1 << 16)
+            put(m, "k", 10)
+            assert m.exist_key("k") and m.batch_exist_key(["k", "other"]) == [True, False]
+            assert lean_calls
+            conn = resp._clients[m.redis].local.conn
+            assert isinstance(conn.redis_conn, redis.UnixDomainSocketConnection) and conn.sock.family == socket.AF_UNIX
         finally:
             m.close()
 
