@@ -3,7 +3,8 @@
 Measures the Master API (put_start+put_end, get_replica_list, exist_key, batch_exist_key,
 remove) next to baselines measured in the same run, which it cannot beat: a no-op FCALL round
 trip on a plain socket (pre-encoded RESP, no client library), the same no-op through redis-py,
-and a pipelined HGET of the same keys; and the memory one stored object costs. Every figure
+the same no-op through functions.run (the lean transport, mooncake_redis/resp.py, that every
+Master call takes on a plain server) and a pipelined HGET of the same keys; and the memory one stored object costs. Every figure
 comes with the server's time per call and per key (INFO commandstats deltas around its loop).
 See docs/bench.md.
 
@@ -29,7 +30,7 @@ import redis
 from .common import cpu_model, delete_keys
 from .guarantee import figures as guarantee_figures
 from .retention import figures as retention_figures
-from mooncake_redis import Master, MasterConfig
+from mooncake_redis import Master, MasterConfig, resp
 from mooncake_redis.functions import server_library
 from mooncake_redis.keys import object_key, shard_of
 
@@ -304,6 +305,15 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
             ex("FCALL_RO", "mc_version", 0)
         return n
 
+    lean_cmd = [("FCALL_RO", "mc_version", 0)]
+    lean = resp.lean_for(rc, lean_cmd) is not None  # memory://, rediss://, a cluster: redis-py
+
+    def lean_noop(rep: int) -> int:
+        call = master.transport.run
+        for _ in range(n):
+            call(lean_cmd)
+        return n
+
     put_keys = [[f"put-{rep}-{i:08d}" for i in range(n)] for rep in range(REPEATS)]
 
     def puts(rep: int) -> int:
@@ -361,7 +371,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
         return n
 
     cases = [("raw_noop", FCALLS, raw_noop)] if raw else []
-    cases += [("noop", FCALLS, noop), ("put", FCALLS, puts), ("get_replica_list", FCALLS, gets),
+    cases += [("noop", FCALLS, noop), ("lean_noop", FCALLS, lean_noop), ("put", FCALLS, puts), ("get_replica_list", FCALLS, gets),
               ("exist_key", FCALLS, exists), ("hget", ("hget",), hget_pipelined),
               ("batch_exist_key", FCALLS, batch_exists), ("remove", FCALLS, removes)]
     try:
@@ -389,6 +399,12 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
         out(f"{'raw-socket no-op':<22}{'n/a':>10}         (a TLS connection: no plain socket)")
     out(f"{'no-op FCALL':<22}{_fmt(noop_rate):>10} ops/s   FCALL_RO mc_version 0 through the Master's redis-py "
         f"client" + server(m["noop"], per_key=False))
+    lean_rate = m["lean_noop"]["rate"]
+    res["lean_noop_fcall_ops_per_s"], res["lean_noop_fcall_server_us"] = lean_rate, m["lean_noop"]["server_us"]
+    res["lean_noop_transport"] = "lean" if lean else "redis-py"
+    out(f"{'lean no-op':<22}{_fmt(lean_rate):>10} ops/s   FCALL_RO mc_version 0 through functions.run, the path of "
+        f"every Master call ({'the lean transport' if lean else 'redis-py: no lean transport for this client'})"
+        + server(m["lean_noop"], per_key=False))
     base = m["hget"]
     res["hget_pipelined_keys_per_s"], res["hget_pipelined_calls_per_s"] = base["rate"], base["rate"] / BATCH
     res["hget_server_us"] = base["server_us"]
@@ -396,42 +412,45 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
         f"HGET <object key> size of the batch_exist_key keys, one pipeline per {BATCH}"
         + (f"   server {base['server_us']:.1f} us/HGET" if base["server_us"] is not None else ""))
 
-    def vs(rate: float, pair: bool = False) -> tuple[float, float | None, str]:
-        """Ratios of an op rate to the redis-py and raw no-ops (a put pair makes two round trips)."""
+    def vs(rate: float, pair: bool = False) -> tuple[float, float | None, float, str]:
+        """Ratios of an op rate to the redis-py, raw and lean no-ops (a put pair makes two round
+        trips)."""
         div = 2 if pair else 1
         r_noop, r_raw = rate / (noop_rate / div), rate / (raw_rate / div) if raw else None
-        two = "2 " if pair else ""
-        text = (f"vs {two}raw no-op{'s' if pair else ''} {r_raw:.2f}   " if raw else "") + \
-            f"vs {two}redis-py no-op{'s' if pair else ''} {r_noop:.2f}"
-        return r_noop, r_raw, text
+        r_lean = rate / (lean_rate / div)
+        two, s = ("2 ", "s") if pair else ("", "")
+        text = (f"vs {two}raw no-op{s} {r_raw:.2f}   " if raw else "") + \
+            f"vs {two}redis-py no-op{s} {r_noop:.2f}   vs {two}lean no-op{s} {r_lean:.2f}"
+        return r_noop, r_raw, r_lean, text
 
     out("operations (ratio = rate / baseline rate):")
     for key, label, pair in (("put", "put_start+put_end", True), ("get_replica_list", "get_replica_list", False),
                              ("exist_key", "exist_key", False)):
         op = m[key]
-        r_noop, r_raw, text = vs(op["rate"], pair)
+        r_noop, r_raw, r_lean, text = vs(op["rate"], pair)
         res[f"{key}_ops_per_s"], res[f"{key}_server_us_per_fcall"] = op["rate"], op["server_us"]
         res[f"{key}_server_us_per_key"], res[f"{key}_same_cpu"] = op["server_us_per_unit"], op["same_cpu"]
-        res[f"{key}_ratio"], res[f"{key}_ratio_raw"] = r_noop, r_raw
+        res[f"{key}_ratio"], res[f"{key}_ratio_raw"], res[f"{key}_ratio_lean"] = r_noop, r_raw, r_lean
         out(f"{label:<22}{_fmt(op['rate']):>10} ops/s   {text}" + server(op))
 
     op = m["batch_exist_key"]
     rate = op["rate"]
-    c_noop, c_raw, text = vs(rate / BATCH)
+    c_noop, c_raw, c_lean, text = vs(rate / BATCH)
     res["batch_exist_key_keys_per_s"], res["batch_exist_key_calls_per_s"] = rate, rate / BATCH
     res["batch_exist_key_server_us_per_fcall"] = op["server_us"]
     res["batch_exist_key_server_us_per_key"] = op["server_us_per_unit"]
     res["batch_exist_key_same_cpu"] = op["same_cpu"]
     res["batch_exist_key_ratio"] = rate / base["rate"]
     res["batch_exist_key_calls_ratio"], res["batch_exist_key_calls_ratio_raw"] = c_noop, c_raw
+    res["batch_exist_key_calls_ratio_lean"] = c_lean
     out(f"{'batch_exist_key x' + str(BATCH):<22}{_fmt(rate):>10} keys/s ({_fmt(rate / BATCH)} calls/s)   "
         f"vs pipelined HGET {rate / base['rate']:.2f}   calls {text}" + server(op))
 
     op = m["remove"]
-    r_noop, r_raw, text = vs(op["rate"])
+    r_noop, r_raw, r_lean, text = vs(op["rate"])
     res["remove_ops_per_s"], res["remove_server_us_per_fcall"] = op["rate"], op["server_us"]
     res["remove_server_us_per_key"], res["remove_same_cpu"] = op["server_us_per_unit"], op["same_cpu"]
-    res["remove_ratio"], res["remove_ratio_raw"] = r_noop, r_raw
+    res["remove_ratio"], res["remove_ratio_raw"], res["remove_ratio_lean"] = r_noop, r_raw, r_lean
     out(f"{'remove':<22}{_fmt(op['rate']):>10} ops/s   {text}" + server(op))
 
     out("group retention (bench/retention.py):")

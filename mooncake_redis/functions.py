@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import redis
 
-from . import cluster
+from . import cluster, resp
 from .errors import ErrorCode, MasterError, parse_error_reply
 from .keys import shard_key
 
@@ -136,7 +136,8 @@ def run(client: redis.Redis, commands: Sequence[Sequence[Any]], raise_on_error: 
     persistence) are run once more after loading the library. Error replies become MasterError
     (a function's own "<NAME> <code> <detail>" keeps its code): the first is raised, or with
     raise_on_error=False each is returned in its place. No reply at all (timeout, lost
-    connection) raises OUTCOME_UNKNOWN: the commands may or may not have run. With `wait`
+    connection) raises OUTCOME_UNKNOWN: the commands may or may not have run. Function calls to a
+plain server go by the lean transport (mooncake_redis.resp), everything else by redis-py. With `wait`
     (replicas, timeout ms), writes are followed by WAIT on their server, and fewer replicas
     than asked raise OUTCOME_UNKNOWN. A cluster client (mooncake_redis.cluster) sends each
     command to the node of its key's slot."""
@@ -170,6 +171,9 @@ def _send(client: redis.Redis, commands: Sequence[Sequence[Any]], wait: tuple[in
         return cluster.send(client, commands, wait, load)
     if wait:
         return cluster.send_plain(client, commands, wait)
+    lean = resp.lean_for(client, commands)
+    if lean is not None:
+        return lean.send(commands)
     if len(commands) == 1:
         try:
             return [client.execute_command(*commands[0])]

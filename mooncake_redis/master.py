@@ -139,4 +139,4 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
         self.transport.run([("HSET", k.config, *fields) for k in self.transport.keys])
 
     def close(self) -> None:
-        self.redis.close()
+        self.transport.close()

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 
 import redis
 
-from . import cluster
+from . import cluster, resp
 from .config import NAME_RE
 from .functions import run
 from .keys import ShardKeys, shard_of
@@ -127,4 +127,5 @@ class Shards:
         return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
     def close(self) -> None:
+        resp.close(self.redis)
         self.redis.close()
