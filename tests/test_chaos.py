@@ -14,7 +14,7 @@ from mooncake_redis import Master, MasterConfig, ReplicateConfig
 from mooncake_redis.fsck import fsck
 from mooncake_redis.worker import Worker
 
-from helpers import all_shard_keys
+from helpers import WATERMARKS, all_shard_keys
 
 HERE = Path(__file__).parent
 T0 = 1_700_000_000_000
@@ -33,7 +33,7 @@ def spawn_writer(url: str, seed: int, ops: int) -> subprocess.Popen:
 
 def test_workers_and_writers_with_a_killed_worker(valkey):
     redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=4))
+    m = Master.connect(valkey.url, MasterConfig(shards=4, **WATERMARKS))
     m.freeze_clock(T0)  # leases, pins and timeouts hold still; claims expire only when advanced
     m.mount_segment("seg", 4 * 256 * KIB, "node")
     # protected objects, in a key space the writers never touch

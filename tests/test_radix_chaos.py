@@ -12,7 +12,7 @@ from mooncake_redis import Master, MasterConfig
 from mooncake_redis.fsck import fsck
 from mooncake_redis.worker import Worker
 
-from helpers import all_shard_keys
+from helpers import WATERMARKS, all_shard_keys
 from test_chaos import KIB, T0, spawn_worker
 
 import subprocess
@@ -24,7 +24,7 @@ HERE = Path(__file__).parent
 
 def test_radix_workers_and_writers_with_a_killed_worker(valkey):
     redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=4, enable_radix_tree=True))
+    m = Master.connect(valkey.url, MasterConfig(shards=4, enable_radix_tree=True, **WATERMARKS))
     m.freeze_clock(T0)
     m.mount_segment("seg", 4 * 256 * KIB, "node")
     workers = [spawn_worker(valkey.url) for _ in range(3)]

@@ -44,8 +44,10 @@ local function free_extent(P, seg, off, size)
   local prev = redis.call('ZREVRANGEBYSCORE', by_off, '(' .. S(off), '-inf', 'LIMIT', 0, 1)[1]
   local plen = prev and tonumber(redis.call('ZSCORE', by_size, prev))
   if plen and tonumber(prev) + plen > off then return false end
-  if #redis.call('ZRANGEBYSCORE', by_off, S(off), '(' .. S(stop), 'LIMIT', 0, 1) > 0 then return false end
-  local nxt = redis.call('ZRANGEBYSCORE', by_off, S(stop), S(stop), 'LIMIT', 0, 1)[1]
+  -- the first free extent starting in [off, stop]: inside the extent is a double free, at stop
+  -- it is the next neighbour (a member is its offset, as is its score)
+  local nxt = redis.call('ZRANGEBYSCORE', by_off, S(off), S(stop), 'LIMIT', 0, 1)[1]
+  if nxt and (tonumber(nxt) or -1) < stop then return false end -- (a member not a number: drift, refuse)
   local nlen = nxt and tonumber(redis.call('ZSCORE', by_size, nxt))
   account(P, seg, 0 - size)
   if plen and tonumber(prev) + plen == off then

@@ -14,11 +14,11 @@ local function tier_allowed(tier, cfg)
   return flag == nil or cfg[flag] == 1
 end
 
--- The next unit to evict: a group whose eviction is under way first, then the least recently
--- leased unleased unit among the allowed tiers of the first level (TIER_LEVEL) that has one.
--- Returns the unit and the index it was found in.
-local function next_candidate(P, now, cfg)
-  local d = redis.call('ZRANGE', P .. DRAINING, 0, 0)[1]
+-- The next unit to evict: a group whose eviction is under way first (unless the caller knows
+-- that none is: `no_draining`), then the least recently leased unleased unit among the allowed
+-- tiers of the first level (TIER_LEVEL) that has one. Returns the unit and its index.
+local function next_candidate(P, now, cfg, no_draining)
+  local d = not no_draining and redis.call('ZRANGE', P .. DRAINING, 0, 0)[1]
   if d then return d, DRAINING end
   local best, best_score, best_tier
   for _, tier in ipairs(TIERS) do
@@ -58,7 +58,7 @@ local function evict_object(P, tenant, key, now, cfg)
     apply_rule(P, unit, entries, now)
     return 0, 0
   end
-  unplace_object(P, unit)
+  unplace_object(P, unit, o)
   if #live_disk_replicas(P, okey, o) > 0 then -- the disk replica keeps the object readable
     return 1, shed_memory(P, tenant, key, okey, o)
   end

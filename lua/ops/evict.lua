@@ -23,11 +23,12 @@ local function evict(P, args, cfg)
   local units, objects, bytes, state, budget = 0, 0, 0, 'more', max_units
   while budget > 0 do
     local at_target = used <= target and (units > 0 or not put_failed)
-    local unit, tier = next_candidate(P, now, cfg)
+    local unit, tier = next_candidate(P, now, cfg, not draining)
     if not unit or (at_target and tier ~= DRAINING) then
       state = at_target and 'target' or 'blocked'
       break
     end
+    draining = draining or string.byte(unit, 1) ~= 111 -- a group ('g:', 'r:', not 'o:') may start to drain
     local n, b, spent = evict_unit(P, unit, now, budget, cfg)
     budget = budget - spent
     if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
