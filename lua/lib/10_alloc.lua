@@ -50,17 +50,19 @@ local function free_extent(P, seg, off, size)
   if nxt and (tonumber(nxt) or -1) < stop then return false end -- (a member not a number: drift, refuse)
   local nlen = nxt and tonumber(redis.call('ZSCORE', by_size, nxt))
   account(P, seg, 0 - size)
-  if plen and tonumber(prev) + plen == off then
-    redis.call('ZREM', by_off, prev)
-    redis.call('ZREM', by_size, prev)
-    off = tonumber(prev)
-  end
   if nlen then
     stop = stop + nlen
     redis.call('ZREM', by_off, nxt)
     redis.call('ZREM', by_size, nxt)
   end
-  add_free(by_off, by_size, off, stop - off)
+  if plen and tonumber(prev) + plen == off then
+    -- merged into the free extent before it, which keeps its offset (its member and by_off
+    -- score): only its length grows. Frees in address order (LRU eviction of a fill) mostly
+    -- end here, with one write instead of four.
+    redis.call('ZADD', by_size, stop - tonumber(prev), prev)
+  else
+    add_free(by_off, by_size, off, stop - off)
+  end
   return true
 end
 
