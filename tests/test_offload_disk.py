@@ -16,25 +16,9 @@ from mooncake_redis.models import DiskRemoval
 from mooncake_redis.worker import Worker
 
 from helpers import keys_on_shard, raises_code, shard_keys, watched_silence
-
-DISK = "agent"
-WRITER = "writer"
-HIGH = ReplicateConfig(guaranteed_ttl_ms=3_600_000)
+from test_offload import DISK, HIGH, WRITER, offload_master, put
 
 pytestmark = pytest.mark.cluster
-
-
-def offload_master(new_master, per_shard=1 << 20, **config):
-    config.setdefault("offload_on_put", True)
-    m = new_master(**config)
-    m.mount_segment("mem", per_shard * m.shards, DISK)
-    m.mount_local_disk_segment(DISK)
-    return m
-
-
-def put(m, key, size=1000, config=None):
-    m.put_start(WRITER, key, size, config)
-    m.put_end(WRITER, key)
 
 
 def offload(m, keys, where=lambda k: f"/d/{k}"):
