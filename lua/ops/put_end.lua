@@ -34,12 +34,9 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   end
   o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until), now))
   o.soft_pin_until = commit_soft_pin(o, now)
-  if checksum then
-    redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until,
-      'checksum', checksum)
-  else
-    redis.call('HSET', okey, 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until)
-  end
+  local fields = { 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until }
+  if checksum then fields[7], fields[8] = 'checksum', checksum end
+  redis.call('HSET', okey, unpack(fields))
   redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
   redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
   if o.group then
