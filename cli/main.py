@@ -1,7 +1,7 @@
 """The `mooncake-redis` operator CLI.
 
     mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | worker | evict
-                   | fsck | metrics | bench ops|evict|capacity|offload
+                   | fsck | metrics | bench ops|mooncake|evict|capacity|offload
 
 status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
 
@@ -1045,6 +1045,27 @@ def bench_ops(opts: Opts, n: int, shards: int, expire_sizes: str, as_json: bool)
                 server.stop()
     if as_json:
         emit_json("bench ops", {"results": results})
+
+
+@bench.command("mooncake")
+@click.option("--n", "n", type=click.IntRange(1), default=3000, show_default=True,
+              help="Calls per operation and round.")
+@_bench_json
+@click.pass_obj
+def bench_mooncake(opts: Opts, n: int, as_json: bool) -> None:
+    """Our master against Mooncake's C++ master (mooncake_master), interleaved in the same run:
+    one Python client each on loopback, medians of 3 rounds (bench/mooncake.py). Both run on
+    private servers started here. Needs pip install 'mooncake-redis[mooncake]'."""
+    from mooncake_redis.bench.mooncake import MooncakeUnavailable, main as mooncake_main
+
+    if opts.url:
+        click.echo("note: bench mooncake runs on its own private servers, not on --redis", err=True)
+    try:
+        results = mooncake_main(n=n, out=_bench_out(as_json))
+    except (MooncakeUnavailable, RuntimeError) as exc:  # not installed; a server that did not start
+        raise CliError(str(exc)) from None
+    if as_json:
+        emit_json("bench mooncake", {"results": results})
 
 
 @bench.command("cluster")
