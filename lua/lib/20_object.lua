@@ -8,6 +8,13 @@
 -- Groups: P:grp:<tenant>:<group> hash, P:grpm:<tenant>:<group> set of member keys (30_units.lua).
 
 local function obj_key(P, tenant, key) return P .. K.object .. tenant .. ':' .. key end
+
+-- Fields of an object that are never a replica: the loops that look for replica fields
+-- ('rep:', 'disk:') skip them with one table lookup. A field missing here costs only a string
+-- check more.
+local SCALAR_FIELDS = { size = true, status = true, writer = true, put_started = true, lease_until = true,
+  soft_pin_until = true, hard_pin = true, group = true, node = true, prefix = true, checksum = true,
+  guaranteed_until = true, task_refs = true, soft_pin_action = true, soft_pin_ttl = true }
 local function obj_id(tenant, key) return tenant .. ':' .. key end
 -- A radix node is the second composite unit (lua/lib/32_radix.lua). Its keys are kept by the
 -- group machinery under the internal group name RADIX_MARK .. <prefix hash>, whose record and
@@ -72,39 +79,56 @@ local function keys_spec(option, kind)
   return { opts = opts, fields = { key = 'required' }, max_rows = MAX_KEYS_PER_CALL }
 end
 
--- HGETALL as a table, nil when the object does not exist.
+-- HGETALL as a table, nil when the object does not exist. Every object has at least 8 fields
+-- (7 fixed and a replica or disk field); a constructor sizes the table for them at once, where
+-- filling an empty table re-hashes it four times on the way.
 local function load_object(okey)
   local flat = redis.call('HGETALL', okey)
-  if #flat == 0 then return nil end
-  local o = {}
-  for i = 1, #flat, 2 do o[flat[i]] = flat[i + 1] end
+  local n = #flat
+  if n == 0 then return nil end
+  local o, from = {}, 1
+  if n >= 16 then
+    o = { [flat[1]] = flat[2], [flat[3]] = flat[4], [flat[5]] = flat[6], [flat[7]] = flat[8],
+      [flat[9]] = flat[10], [flat[11]] = flat[12], [flat[13]] = flat[14], [flat[15]] = flat[16] }
+    from = 17
+  end
+  for i = from, n, 2 do o[flat[i]] = flat[i + 1] end
   if o.node then o.group = RADIX_MARK .. o.node end
   return o
 end
 
 -- Replicas as a list of {seg=, off=, mount=, live=}, in segment-name order (stable replies).
+-- The second result is false when no field starts with 'd', i.e. the object has no disk replica
+-- (27_disk.lua): readers then skip the pass over the fields that looks for them.
 local function replicas_of(P, o, mount_cache)
-  local list = {}
+  local list, maybe_disk = {}, false
   for field, value in pairs(o) do
-    local seg = string.byte(field, 1) == 114 and string.match(field, '^rep:(.*)$') -- 'r': skip the rest cheaply
-    if seg then
-      local off, mount = string.match(value, '^(%d+) (%d+)$')
-      list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount ~= nil and mount_of(P, seg, mount_cache) == mount }
+    local b = not SCALAR_FIELDS[field] and string.byte(field, 1) -- 'r' and 'd': skip the other fields cheaply
+    if b == 114 then
+      local seg = string.match(field, '^rep:(.*)$')
+      if seg then
+        local off, mount = string.match(value, '^(%d+) (%d+)$')
+        list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount ~= nil and mount_of(P, seg, mount_cache) == mount }
+      end
+    elseif b == 100 then
+      maybe_disk = true
     end
   end
   if #list > 1 then table.sort(list, function(a, b) return a.seg < b.seg end) end
-  return list
+  return list, maybe_disk
 end
 
--- Live replicas; dead ones (segment unmounted) are dropped from the hash on the way.
+-- Live replicas; dead ones (segment unmounted) are dropped from the hash on the way. The second
+-- result is replicas_of's.
 local function live_replicas(P, okey, o, mount_cache)
-  local list, n = replicas_of(P, o, mount_cache), 0
+  local list, maybe_disk = replicas_of(P, o, mount_cache)
+  local n = 0
   for i = 1, #list do -- compacted in place
     local r = list[i]
     list[i] = nil
     if r.live then n = n + 1; list[n] = r else redis.call('HDEL', okey, 'rep:' .. r.seg) end
   end
-  return list
+  return list, maybe_disk
 end
 
 -- A grouped object shares the lease of its group.

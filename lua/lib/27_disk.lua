@@ -33,7 +33,7 @@ end
 local function disk_replicas_of(P, o, cache)
   local list = {}
   for field, value in pairs(o) do
-    local client = string.byte(field, 1) == 100 and string.match(field, '^disk:(.*)$') -- 'd': skip the rest cheaply
+    local client = not SCALAR_FIELDS[field] and string.byte(field, 1) == 100 and string.match(field, '^disk:(.*)$') -- 'd': skip the rest cheaply
     if client then
       local mount, location = string.match(value, '^(%d+) (.*)$')
       list[#list + 1] = { client = client, mount = mount, location = location,
@@ -60,7 +60,7 @@ end
 
 local function has_field_prefix(o, prefix)
   for field in pairs(o) do
-    if string.find(field, prefix, 1, true) == 1 then return true end -- plain find: no new string
+    if not SCALAR_FIELDS[field] and string.find(field, prefix, 1, true) == 1 then return true end -- plain find: no new string
   end
   return false
 end

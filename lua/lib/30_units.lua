@@ -68,7 +68,10 @@ local OBJECT_INDEXES, UNPINNED_OBJECT_INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT
 local function indexes_of(unit)
   return string.sub(unit, 1, 2) == 'o:' and OBJECT_INDEXES or INDEXES
 end
-local function ever_soft_pinned(o) return (tonumber(o.soft_pin_until) or 0) > 0 end
+local function ever_soft_pinned(o)
+  local v = o.soft_pin_until
+  return v ~= nil and v ~= '0' and (tonumber(v) or 0) > 0 -- '0' (never pinned) is the common case
+end
 local function object_indexes(o)
   return ever_soft_pinned(o) and OBJECT_INDEXES or UNPINNED_OBJECT_INDEXES
 end
@@ -208,7 +211,7 @@ end
 
 -- A read leases the object's unit: the object, or its whole group. The unit's possible tiers are
 -- re-scored with XX (only a unit that is a candidate moves; protected units stay out). The
--- re-scores are queued in `rescore` (one per call: tier -> {score, unit, ...}) for
+-- re-scores are queued in `rescore` (one per call: tier -> {score, unit, ...}; until_ms -> its score string) for
 -- flush_rescore, which sends one variadic ZADD per tier for the whole batch.
 local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
   local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
@@ -217,9 +220,12 @@ local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
     cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
   end
   if until_ms <= cur then return cur end
-  local score = S(until_ms)
+  local score = rescore[until_ms] or S(until_ms) -- a batch's keys share one deadline: format it once
+  rescore[until_ms] = score
   redis.call('HSET', target, 'lease_until', score)
-  for _, tier in ipairs(possible_tiers(o)) do
+  local tiers = possible_tiers(o)
+  for i = 1, #tiers do
+    local tier = tiers[i]
     local q = rescore[tier]
     if not q then q = {}; rescore[tier] = q end
     q[#q + 1] = score
@@ -229,8 +235,9 @@ local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
 end
 
 local function flush_rescore(P, rescore)
-  for _, tier in ipairs(TIERS) do
-    if rescore[tier] then redis.call('ZADD', P .. tier, 'XX', unpack(rescore[tier])) end
+  for i = 1, #TIERS do
+    local q = rescore[TIERS[i]]
+    if q then redis.call('ZADD', P .. TIERS[i], 'XX', unpack(q)) end
   end
 end
 

@@ -9,14 +9,16 @@
 -- An object whose memory replicas are gone stays readable while it has a live disk replica
 -- (with_disk=0 then answers it with no replica).   exist_key reply, per key: 1 or 0.
 
+local NO_DISKS = {} -- read only
+
 -- Returns the live replicas, or nil and an error code; leases the object on success.
 local function read_one(P, tenant, key, now, lease_ttl, guarantee_ttl, mount_cache, rescore, disk_cache)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o or being_evicted(P, tenant, o) then return nil, E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return nil, E.REPLICA_IS_NOT_READY end
-  local live = live_replicas(P, okey, o, mount_cache)
-  local disks = live_disk_replicas(P, okey, o, disk_cache)
+  local live, maybe_disk = live_replicas(P, okey, o, mount_cache)
+  local disks = maybe_disk and live_disk_replicas(P, okey, o, disk_cache) or NO_DISKS
   if #live == 0 and #disks == 0 then -- every replica was on unmounted segments: the object is gone
     delete_object(P, tenant, key, okey, o, nil, now)
     return nil, E.OBJECT_NOT_FOUND
