@@ -277,6 +277,21 @@ def test_a_changed_configuration_applies_to_the_next_call(master):
     assert m.get_replica_list("k").lease_ttl_ms == 777
 
 
+def test_put_start_reparses_its_options_when_the_configuration_changes(master):
+    """put_start keeps its parsed options for a head and a configuration: the same head under
+    another configuration is checked against the new one."""
+    m = master
+    mount(m, "seg", 1 << 16)
+    p = shard_keys(m, 0)
+    a, b, c = keys_on_shard(m, 0, 3)
+    head = [2, "client_id", WRITER, "guaranteed_ttl_ms", 5000, 2, "key", "size"]
+    assert isinstance(fcall(m, "mc_put_start", 0, *head, a, 10)[0], list)
+    m.redis.hset(p.config, "max_guaranteed_ttl", 4999)
+    assert error_of(m, "mc_put_start", 1, p.P, *head, b, 10).startswith("INVALID_PARAMS -600 guaranteed_ttl_ms")
+    m.redis.hset(p.config, "max_guaranteed_ttl", 5000)
+    assert isinstance(fcall(m, "mc_put_start", 0, *head, c, 10)[0], list)
+
+
 def test_a_memoised_call_head_serves_only_the_same_head(master):
     """Calls repeat a head (options and field names) with other rows, and its parse is
     memoised: a head that differs in any argument, or is spelled another way, is parsed anew."""

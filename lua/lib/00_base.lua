@@ -233,7 +233,8 @@ end
 -- Parsed heads, memoised per spec in a tree keyed by the head's arguments in order (lookups
 -- allocate nothing). Most calls repeat a few heads with other rows, and a parse is a pure
 -- function of the spec and the head, so a cached one is exact. Only the row count is set per
--- call; callers never write to a parsed call. Bounded: dropped whole at HEAD_CACHE_MAX nodes.
+-- call; otherwise callers only keep on it what is itself a pure function of the head (and of
+-- the memoised config: put_start's put_args). Bounded: dropped whole at HEAD_CACHE_MAX nodes.
 local HEAD_CACHE, head_cache_nodes, HEAD_CACHE_MAX = {}, 0, 4096
 local PARSED = {} -- the slot of a node's parsed call (a table: no argument string can equal it)
 

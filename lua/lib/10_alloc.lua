@@ -4,9 +4,19 @@
 -- Byte accounting is kept in three places that fsck can recompute:
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
 
+-- The two keys of a segment's free lists, memoised per shard and segment: every allocation and
+-- free needs them, and building them is three new strings. Bounded like HEAD_CACHE.
+local FREE_KEYS, free_keys_seen = {}, 0
 local function free_keys(P, seg)
+  local of_shard = FREE_KEYS[P]
+  local pair = of_shard and of_shard[seg]
+  if pair then return pair[1], pair[2] end
+  if free_keys_seen >= HEAD_CACHE_MAX then FREE_KEYS, free_keys_seen = {}, 0 end
+  if not FREE_KEYS[P] then FREE_KEYS[P] = {} end
   local base = P .. K.free .. seg
-  return base .. K.free_by_off, base .. K.free_by_size
+  pair = { base .. K.free_by_off, base .. K.free_by_size }
+  FREE_KEYS[P][seg], free_keys_seen = pair, free_keys_seen + 1
+  return pair[1], pair[2]
 end
 
 local function account(P, seg, delta)

@@ -58,16 +58,25 @@ local function live_disk_replicas(P, okey, o, cache)
   return live
 end
 
-local function has_field_prefix(o, prefix)
+-- Whether an object has a memory replica field, and whether it has a disk replica field, in
+-- one pass over its fields.
+local function replica_kinds(o)
+  local memory, disk = false, false
   for field in pairs(o) do
-    if not SCALAR_FIELDS[field] and string.find(field, prefix, 1, true) == 1 then return true end -- plain find: no new string
+    if not SCALAR_FIELDS[field] then
+      local b = string.byte(field, 1) -- plain find below: no new string
+      if b == 114 and string.find(field, 'rep:', 1, true) == 1 then memory = true
+      elseif b == 100 and string.find(field, 'disk:', 1, true) == 1 then disk = true end
+    end
   end
-  return false
+  return memory, disk
 end
 
--- No memory replica, at least one disk replica field (the unit_rule fact 'disk_only').
+-- No memory replica, at least one disk replica field (the unit_rule fact 'disk_only'); the
+-- second result: whether it has a disk replica field at all.
 local function is_disk_only(o)
-  return not has_field_prefix(o, 'rep:') and has_field_prefix(o, 'disk:')
+  local memory, disk = replica_kinds(o)
+  return disk and not memory, disk
 end
 
 -- A removal entry: tenant (no spaces), the key's length, the key, the location.

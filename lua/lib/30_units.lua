@@ -86,8 +86,8 @@ local function unplace_object(P, unit, o)
 end
 
 -- The rule. `f` holds a unit's facts: processing, hard_pinned, task_refs (counts or flags),
--- disk_only (an object kept only by its disk replicas, 27_disk.lua: nothing to free),
--- empty (a group without members), draining, lease_until, and one deadline per kind
+-- disk_only (an object kept only by its disk replicas, 27_disk.lua: nothing to free), has_disk
+-- (an object with a disk replica field), empty (a group without members), draining, lease_until, and one deadline per kind
 -- (soft_pin, guarantee). Returns why the unit is protected ('' when it is not) and the index entries it
 -- should have: { [index] = score } (score false: any, for the draining index).
 local function unit_rule(f, now)
@@ -110,10 +110,11 @@ local function unit_rule(f, now)
 end
 
 local function object_facts(o)
+  local disk_only, has_disk = is_disk_only(o)
   return { processing = o.status ~= 'complete' and 1 or 0, hard_pinned = o.hard_pin == '1' and 1 or 0,
     task_refs = tonumber(o.task_refs) or 0, lease_until = tonumber(o.lease_until) or 0,
     soft_pin = tonumber(o.soft_pin_until) or 0, guarantee = tonumber(o.guaranteed_until) or 0,
-    disk_only = is_disk_only(o) }
+    disk_only = disk_only, has_disk = has_disk }
 end
 
 local function group_facts(P, tenant, group)
@@ -304,10 +305,10 @@ end
 local function drop_object(P, tenant, key, okey, o, hold_until)
   local bytes = 0
   local size = tonumber(o.size) or 0
-  local replicas = replicas_of(P, o)
+  local replicas, maybe_disk = replicas_of(P, o)
   if o.guaranteed_until then forget_guarantee(P, tenant, key, o, replicas) end
   if o.offload_client then forget_offload_task(P, tenant, key, o) end
-  drop_disk_replicas(P, tenant, key, o)
+  if maybe_disk then drop_disk_replicas(P, tenant, key, o) end
   for _, r in ipairs(replicas) do
     if r.live and r.off then
       if hold_until then

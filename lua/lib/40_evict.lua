@@ -59,7 +59,7 @@ local function evict_object(P, tenant, key, now, cfg)
     return 0, 0
   end
   unplace_object(P, unit, o)
-  if #live_disk_replicas(P, okey, o) > 0 then -- the disk replica keeps the object readable
+  if f.has_disk and #live_disk_replicas(P, okey, o) > 0 then -- the disk replica keeps the object readable
     return 1, shed_memory(P, tenant, key, okey, o)
   end
   return 1, drop_object(P, tenant, key, okey, o, nil)

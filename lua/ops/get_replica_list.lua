@@ -25,18 +25,18 @@ local function read_one(P, tenant, key, now, lease_ttl, guarantee_ttl, mount_cac
   end
   if #live == 0 and o.group then settle_disk_only(P, tenant, key, okey, now) end
   local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl, rescore)
-  local guaranteed = tonumber(o.guaranteed_until) or 0
+  local guaranteed = o.guaranteed_until and tonumber(o.guaranteed_until) or 0 -- most objects have none
   if guaranteed > now and now + guarantee_ttl > guaranteed then
     renew_guarantee(P, tenant, key, okey, o, now + guarantee_ttl)
   end
-  return live, leased_until - now, tonumber(o.size), disks, o.checksum
+  return live, leased_until - now, o.size, disks, o.checksum -- size as stored: the reply shapes convert it
 end
 
 -- with_disk=1: {lease_ttl_ms, size, checksum ("" if none), n_memory, (segment, offset) x n_memory,
 -- (client, location) x n_disk}: memory replicas first, then disk replicas.
 local function disk_reply(live, ttl_or_code, size, disks, checksum)
   if not live then return ttl_or_code end
-  local r = { ttl_or_code, size, checksum or '', #live }
+  local r = { ttl_or_code, tonumber(size), checksum or '', #live }
   for _, rep in ipairs(live) do
     r[#r + 1] = rep.seg
     r[#r + 1] = rep.off
@@ -74,7 +74,7 @@ end
 
 local function replica_reply(live, ttl_or_code, size)
   if not live then return ttl_or_code end
-  local r = { ttl_or_code, size }
+  local r = { ttl_or_code, tonumber(size) }
   for _, rep in ipairs(live) do
     r[#r + 1] = rep.seg
     r[#r + 1] = rep.off

@@ -162,8 +162,8 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     return E.GUARANTEED_CAPACITY_EXCEEDED
   end
   local guaranteed_until = guaranteed == 'yes' and now + a.guarantee_ttl or nil
-  local fields = { 'size', S(size), 'status', 'processing', 'writer', a.client,
-    'put_started', S(now), 'lease_until', '0', 'soft_pin_until', '0', 'hard_pin', a.hard_pin,
+  local fields = { 'size', row.size, 'status', 'processing', 'writer', a.client, -- row.size: canonical (int_arg)
+    'put_started', a.now_s, 'lease_until', '0', 'soft_pin_until', '0', 'hard_pin', a.hard_pin,
     'soft_pin_action', a.pin_action }
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
   if a.group then fields[#fields + 1] = 'group'; fields[#fields + 1] = a.group end
@@ -195,9 +195,7 @@ local PUT_SPEC = {
   max_rows = MAX_PUTS_PER_CALL,
 }
 
-local function parse_put_args(args, cfg)
-  local call, err = parse_call(args, PUT_SPEC)
-  if not call then return nil, err end
+local function parse_put_args(call, cfg)
   local o = call.opts
   local a = { call = call, client = o.client_id, tenant = o.tenant or 'default', radix = cfg.enable_radix_tree == 1,
     pin_action = o.soft_pin_action or 'preserve', hard_pin = o.hard_pin or '0' }
@@ -238,10 +236,29 @@ local function parse_put_args(args, cfg)
   return a
 end
 
+-- The parsed options are a pure function of the call's head and the configuration, and both are
+-- memoised (parse_call, config: the same tables while neither changes), so the parse is kept on
+-- the call for its configuration. Each call reads it through a fresh table of its own state
+-- (evict_budget, mounts, by_free, swept, now_s), which leaves the shared one untouched.
+local function put_args(args, cfg)
+  local call, err = parse_call(args, PUT_SPEC)
+  if not call then return nil, err end
+  local memo = call.put_args
+  if not memo or memo.cfg ~= cfg then
+    local parsed
+    parsed, err = parse_put_args(call, cfg)
+    if not parsed then return nil, err end
+    memo = { cfg = cfg, meta = { __index = parsed } }
+    call.put_args = memo
+  end
+  return setmetatable({}, memo.meta)
+end
+
 local function put_start(P, args, cfg)
-  local a, err = parse_put_args(args, cfg)
+  local a, err = put_args(args, cfg)
   if not a then return fail(E.INVALID_PARAMS, err) end
   local now = now_ms(P)
+  a.now_s = S(now)
   release_held(P, now, 16)
   if a.guarantee_ttl > 0 then sweep_guarantees(P, now, GUARANTEE_SWEEP) end -- the limit counts only live guarantees
   a.evict_budget, a.mounts = EVICT_PER_CALL, {}
