@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+DEFAULT_TENANT = "default"  # the tenant of a call without the tenant option (object_call, put_start)
+
 
 def options(**opts: Any) -> list[Any]:
     """[n_opts, name, value, ...]; a list value repeats the option (e.g. preferred segments)."""
     flat: list[Any] = []
     for name, value in opts.items():
+        if name == "tenant" and value == DEFAULT_TENANT:
+            continue  # the functions' default: two strings less for the server to make, every call
         for v in (value if isinstance(value, (list, tuple)) else [value]):
             if v is not None:
                 flat += [name, v]
