@@ -56,6 +56,19 @@ def test_batch_groups_by_shard_chunks_and_keeps_input_order(master):
         assert 1 <= len(rows) <= 4 and all(shard_of(k, m.shards) == shard for k in rows)
 
 
+def test_the_default_tenant_is_left_out_and_means_the_same(master):
+    m = master
+    mount(m, "seg", 1 << 16)
+    put(m, b"k", 10)
+    assert wire.options(tenant="default", client_id="c") == [1, "client_id", "c"]
+    assert wire.options(tenant="t1") == [1, "tenant", "t1"]
+    t, _ = recording(m)
+    P = t.keys[shard_of(b"k", m.shards)].P
+    for head in ([0, 1, "key"], [1, "tenant", "default", 1, "key"]):
+        assert m.redis.fcall("mc_exist_key", 1, P, *head, "k") == [1]
+    assert m.redis.fcall("mc_exist_key", 1, P, 1, "tenant", "t1", 1, "key", "k") == [0]
+
+
 def test_call_each_and_command_address_one_shard(master):
     t, sent = recording(master)
     assert t.command("mc_now", 0) == ("FCALL", "mc_now", 1, t.keys[0].P)
