@@ -29,7 +29,7 @@ Where the instructions go is read from the dump's call graph: inside redis.call 
 Lua C function behind redis.call) and, inside that, in the command procedures (arcs into
 `<name>Command`).
 
-    python -m mooncake_redis.bench.instructions [--n N]
+    python -m mooncake_redis.bench.instructions [--n N] [--store N]
 
 Needs valgrind (Debian/Ubuntu: apt-get install valgrind). Everything it starts and writes (the
 server, valgrind's dumps and pipes) lives in one temporary directory, removed at the end.
