@@ -56,12 +56,13 @@ import redis
 from .common import cpu_model
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
-from mooncake_redis.keys import shard_key
+from mooncake_redis.keys import K, ShardKeys, shard_key
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
 
 INSTALL = "apt-get install valgrind"
 NAMESPACE = "bench"
 P = shard_key(NAMESPACE, 0)          # the one shard's key
+KEYS = ShardKeys(NAMESPACE, 0)
 CLIENT = "bench-client"
 SEGMENT = "bench-seg"
 SEGMENT_SIZE = 1 << 44               # 16 TiB: never the limit here
@@ -82,11 +83,16 @@ PUT_START_FIELDS = "'shards', 'put_start_discard_timeout', 'put_start_release_ti
                "'allow_evict_soft_pinned_objects', 'guaranteed_capacity_ratio', 'guaranteed_tenant_ratio', " \
                "'max_guaranteed_ttl', 'allow_evict_retained_groups', 'enable_radix_tree'"
 
+LUA_K = ", ".join(f"{name} = '{K[name]}'" for name in (
+    "config", "clock", "object", "segment", "segments", "free", "free_by_off", "free_by_size", "held",
+    "processing", "tier_ordinary"))
+
 # The baselines. Every floor takes KEYS[1] = the shard key and builds the keys the way ours does
-# (P .. suffix), passes numbers to redis.call as numbers (Redis formats them), and reads what it
+# (P .. K.<name>), passes numbers to redis.call as numbers (Redis formats them), and reads what it
 # needs from a reply by position: the object hash holds `size` first and its replica `rep:<seg>`
 # last (as put_start and put_end write it).
 LIBRARY = f"""#!lua name=mcbench
+local K = {{ {LUA_K} }}  -- the key suffixes, from mooncake_redis.keys.K
 local function now_of(t) return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) end
 
 -- a full garbage collection: before every measured window, and as its last call
@@ -112,20 +118,20 @@ redis.register_function('mcb_zadd2', function(k, a)
 -- exist_key / get_replica_list of ARGV[2..] (ARGV[1]: their segment): config, clock, then per key
 -- HGETALL, HSET lease_until (HGET of the segment's mount once a call), one ZADD XX for all
 local function read(P, args, fields, shape)
-  local cfg = redis.call('HMGET', P .. ':config', unpack(fields))
-  redis.call('GET', P .. ':clock')
+  local cfg = redis.call('HMGET', P .. K.config, unpack(fields))
+  redis.call('GET', P .. K.clock)
   local ttl = tonumber(cfg[2])
   local lease = now_of(redis.call('TIME')) + ttl
   local seg, zadd, reply = args[1], {{ 'XX' }}, {{}}
   for i = 2, #args do
-    local okey = P .. ':obj:default:' .. args[i]
+    local okey = P .. K.object .. 'default:' .. args[i]
     local o = redis.call('HGETALL', okey)
-    if i == 2 then redis.call('HGET', P .. ':seg:' .. seg, 'mount') end
+    if i == 2 then redis.call('HGET', P .. K.segment .. seg, 'mount') end
     redis.call('HSET', okey, 'lease_until', lease)
     zadd[2 * i - 2], zadd[2 * i - 1] = lease, 'o:default:' .. args[i]
     reply[i - 1] = shape(o, ttl, seg)
   end
-  redis.call('ZADD', P .. ':evict:ordinary', unpack(zadd))
+  redis.call('ZADD', P .. K.tier_ordinary, unpack(zadd))
   return reply
 end
 local EXIST_FIELDS = {{ 'shards', 'default_kv_lease_ttl' }}
@@ -141,28 +147,28 @@ redis.register_function('mcb_floor_get', function(k, a) return read(k[1], a, GET
 -- the object, the mount, best fit from the free lists, accounting, the object hash, processing
 redis.register_function('mcb_floor_put_start', function(k, a)
   local P, client, key, size = k[1], a[1], a[2], tonumber(a[3])
-  redis.call('HMGET', P .. ':config', {PUT_START_FIELDS})
-  redis.call('GET', P .. ':clock')
+  redis.call('HMGET', P .. K.config, {PUT_START_FIELDS})
+  redis.call('GET', P .. K.clock)
   local now = now_of(redis.call('TIME'))
-  redis.call('ZRANGEBYSCORE', P .. ':held', '-inf', now, 'LIMIT', 0, 16)
-  local seg = redis.call('ZREVRANGE', P .. ':segs', 0, 16)[1]
-  local okey = P .. ':obj:default:' .. key
+  redis.call('ZRANGEBYSCORE', P .. K.held, '-inf', now, 'LIMIT', 0, 16)
+  local seg = redis.call('ZREVRANGE', P .. K.segments, 0, 16)[1]
+  local okey = P .. K.object .. 'default:' .. key
   redis.call('HGETALL', okey)
-  local mount = redis.call('HGET', P .. ':seg:' .. seg, 'mount')
-  local by_off, by_size = P .. ':free:' .. seg .. ':by_off', P .. ':free:' .. seg .. ':by_size'
+  local mount = redis.call('HGET', P .. K.segment .. seg, 'mount')
+  local by_off, by_size = P .. K.free .. seg .. K.free_by_off, P .. K.free .. seg .. K.free_by_size
   local hit = redis.call('ZRANGEBYSCORE', by_size, size, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   local off, len = tonumber(hit[1]), tonumber(hit[2])
   redis.call('ZREM', by_off, hit[1])
   redis.call('ZREM', by_size, hit[1])
   redis.call('ZADD', by_off, off + size, off + size)
   redis.call('ZADD', by_size, len - size, off + size)
-  redis.call('HINCRBY', P .. ':seg:' .. seg, 'used', size)
-  redis.call('ZINCRBY', P .. ':segs', -size, seg)
+  redis.call('HINCRBY', P .. K.segment .. seg, 'used', size)
+  redis.call('ZINCRBY', P .. K.segments, -size, seg)
   redis.call('HINCRBY', P, 'used_bytes', size)
   redis.call('HSET', okey, 'size', size, 'status', 'processing', 'writer', client, 'put_started', now,
     'lease_until', 0, 'soft_pin_until', 0, 'hard_pin', 0, 'soft_pin_action', 'preserve',
     'rep:' .. seg, off .. ' ' .. mount)
-  redis.call('ZADD', P .. ':processing', now, 'default:' .. key)
+  redis.call('ZADD', P .. K.processing, now, 'default:' .. key)
   redis.call('HINCRBY', P, 'objects', 1)
   return {{ {{ seg, off }} }}
 end)
@@ -170,15 +176,15 @@ end)
 -- put_end of ARGV[2]: the object complete, out of processing, into the ordinary tier
 redis.register_function('mcb_floor_put_end', function(k, a)
   local P, key = k[1], a[2]
-  redis.call('HMGET', P .. ':config', 'shards', 'offload_on_put', 'offload_queue_limit')
-  redis.call('GET', P .. ':clock')
+  redis.call('HMGET', P .. K.config, 'shards', 'offload_on_put', 'offload_queue_limit')
+  redis.call('GET', P .. K.clock)
   local now = now_of(redis.call('TIME'))
-  local okey = P .. ':obj:default:' .. key
+  local okey = P .. K.object .. 'default:' .. key
   redis.call('HGETALL', okey)
   redis.call('HSET', okey, 'status', 'complete', 'lease_until', now, 'soft_pin_until', 0)
   redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
-  redis.call('ZREM', P .. ':processing', 'default:' .. key)
-  redis.call('ZADD', P .. ':evict:ordinary', now, 'o:default:' .. key)
+  redis.call('ZREM', P .. K.processing, 'default:' .. key)
+  redis.call('ZADD', P .. K.tier_ordinary, now, 'o:default:' .. key)
   return {{ 0 }}
 end)
 
@@ -186,19 +192,19 @@ end)
 -- neighbour lookups, accounting, the merged extent, the object and its tier entry
 redis.register_function('mcb_floor_remove', function(k, a)
   local P, seg, key = k[1], a[1], a[2]
-  redis.call('HMGET', P .. ':config', 'shards')
-  redis.call('GET', P .. ':clock')
+  redis.call('HMGET', P .. K.config, 'shards')
+  redis.call('GET', P .. K.clock)
   redis.call('TIME')
-  local okey = P .. ':obj:default:' .. key
+  local okey = P .. K.object .. 'default:' .. key
   local o = redis.call('HGETALL', okey)
   local size, off = tonumber(o[2]), tonumber(string.match(o[#o], '^%d+'))
-  redis.call('HGET', P .. ':seg:' .. seg, 'mount')
-  local by_off, by_size = P .. ':free:' .. seg .. ':by_off', P .. ':free:' .. seg .. ':by_size'
+  redis.call('HGET', P .. K.segment .. seg, 'mount')
+  local by_off, by_size = P .. K.free .. seg .. K.free_by_off, P .. K.free .. seg .. K.free_by_size
   redis.call('ZREVRANGEBYSCORE', by_off, '(' .. off, '-inf', 'LIMIT', 0, 1)
   local nxt = redis.call('ZRANGEBYSCORE', by_off, off, off + size, 'LIMIT', 0, 1)[1]
   local nlen = tonumber(redis.call('ZSCORE', by_size, nxt))
-  redis.call('HINCRBY', P .. ':seg:' .. seg, 'used', -size)
-  redis.call('ZINCRBY', P .. ':segs', size, seg)
+  redis.call('HINCRBY', P .. K.segment .. seg, 'used', -size)
+  redis.call('ZINCRBY', P .. K.segments, size, seg)
   redis.call('HINCRBY', P, 'used_bytes', -size)
   redis.call('ZREM', by_off, nxt)
   redis.call('ZREM', by_size, nxt)
@@ -206,7 +212,7 @@ redis.register_function('mcb_floor_remove', function(k, a)
   redis.call('ZADD', by_size, size + nlen, off)
   redis.call('DEL', okey)
   redis.call('HINCRBY', P, 'objects', -1)
-  redis.call('ZREM', P .. ':evict:ordinary', 'o:default:' .. key)
+  redis.call('ZREM', P .. K.tier_ordinary, 'o:default:' .. key)
   return {{ 0 }}
 end)
 """
@@ -481,7 +487,7 @@ def _run(server: CallgrindValkey, master: Master, r: redis.Redis, n: int, store:
             f"layout changed, the floor reads the wrong fields")
 
     # ---- baselines ----
-    okeys = [f"{P}:obj:default:{k}" for k in keys]
+    okeys = [KEYS.object("default", k.encode()) for k in keys]
     noop_args = (1, P, "a", "b", "c", "d")
 
     def noop() -> None:
@@ -551,7 +557,7 @@ def _run(server: CallgrindValkey, master: Master, r: redis.Redis, n: int, store:
         out(f"  {labels[name]:<{width}}{'':<6}{parts[0]}   {'':<7}{parts[1]}")
 
     # ---- one redis.call, first and further ----
-    res["redis_call"] = _redis_calls(server, r, n, okeys, base_noop, out)
+    res["redis_call"] = _redis_calls(server, r, n, keys, base_noop, out)
     return res
 
 
@@ -617,13 +623,14 @@ def _operations(server: CallgrindValkey, master: Master, r: redis.Redis, n: int,
     return {name: got[name] for name in order}
 
 
-def _redis_calls(server: CallgrindValkey, r: redis.Redis, n: int, okeys: list[str], noop: float, out) -> dict:
+def _redis_calls(server: CallgrindValkey, r: redis.Redis, n: int, keys: list[str], noop: float, out) -> dict:
     """first = one call - the no-op; further = two calls - one call; the command = its procedure's
     inclusive instructions in the two-call window, per call; the bridge = further - command."""
     now = int(r.time()[0]) * 1000
-    store = len(okeys)
-    seg_key, tier = f"{P}:seg:{SEGMENT}", f"{P}:evict:ordinary"
-    members = [f"o:default:{k.rsplit(':', 1)[1]}" for k in okeys]
+    store = len(keys)
+    seg_key, tier = KEYS.segment(SEGMENT), KEYS.tier_ordinary
+    okeys = [KEYS.object("default", k.encode()) for k in keys]
+    members = [f"o:default:{k}" for k in keys]
 
     def args(cmd: str, j: int) -> tuple:
         lease = now + 20_000 + 2 * j  # scores above every lease so far: each ZADD moves a member to the end
