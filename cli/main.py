@@ -1,7 +1,7 @@
 """The `mooncake-redis` operator CLI.
 
     mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | worker | evict
-                   | fsck | metrics | bench ops|mooncake|evict|capacity|offload
+                   | fsck | metrics | bench ops|mooncake|instructions|evict|capacity|offload
 
 status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
 
@@ -1066,6 +1066,28 @@ def bench_mooncake(opts: Opts, n: int, as_json: bool) -> None:
         raise CliError(str(exc)) from None
     if as_json:
         emit_json("bench mooncake", {"results": results})
+
+
+@bench.command("instructions")
+@click.option("--n", "n", type=click.IntRange(1), default=400, show_default=True,
+              help="Calls per figure (batches: n/8 calls of 100 keys); a multiple of 50 is steadiest.")
+@_bench_json
+@click.pass_obj
+def bench_instructions(opts: Opts, n: int, as_json: bool) -> None:
+    """Instructions the server executes per call of each operation, counted by valgrind's
+    callgrind (exact, unlike wall-clock figures), beside a no-op FCALL, a plain HGETALL and
+    each operation's floor: a function making the same Redis calls and nothing else
+    (bench/instructions.py). Runs on a private Valkey under valgrind (apt-get install valgrind)."""
+    from mooncake_redis.bench.instructions import CallgrindUnavailable, main as instructions_main
+
+    if opts.url:
+        click.echo("note: bench instructions runs on its own private server, not on --redis", err=True)
+    try:
+        results = instructions_main(n=n, out=_bench_out(as_json))
+    except (CallgrindUnavailable, RuntimeError) as exc:  # no valgrind; a server that did not start
+        raise CliError(str(exc)) from None
+    if as_json:
+        emit_json("bench instructions", {"results": results})
 
 
 @bench.command("cluster")
