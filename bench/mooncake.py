@@ -47,7 +47,7 @@ from .common import cpu_model
 from .ops import BATCH, FCALLS, REPEATS, Placement, _fmt, _measure
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
-from mooncake_redis.server import EmbeddedValkey, free_port
+from mooncake_redis.server import EmbeddedValkey, free_port, stop_process
 
 INSTALL = "pip install 'mooncake-redis[mooncake]'"
 NAMESPACE = "bench"
@@ -167,13 +167,7 @@ class MooncakeMaster:
             raise
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 Run = Callable[[int], int]

@@ -1009,6 +1009,19 @@ def _bench_out(as_json: bool):
     return (lambda line: click.echo(line, err=True)) if as_json else click.echo
 
 
+def _private_bench(opts: Opts, name: str, run, as_json: bool, unavailable: tuple = ()) -> None:
+    """Run a bench that starts its own private servers: --redis is noted and not used; a server
+    that does not start (RuntimeError) or a missing tool (`unavailable`) is an error of the CLI."""
+    if opts.url:
+        click.echo(f"note: bench {name} runs on its own private servers, not on --redis", err=True)
+    try:
+        results = run(_bench_out(as_json))
+    except (RuntimeError, *unavailable) as exc:
+        raise CliError(str(exc)) from None
+    if as_json:
+        emit_json(f"bench {name}", {"results": results})
+
+
 @bench.command("ops")
 @click.option("--n", "n", type=click.IntRange(1), default=20000, show_default=True, help="Operations per kind.")
 @click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count.")
@@ -1058,14 +1071,7 @@ def bench_mooncake(opts: Opts, n: int, as_json: bool) -> None:
     private servers started here. Needs pip install 'mooncake-redis[mooncake]'."""
     from mooncake_redis.bench.mooncake import MooncakeUnavailable, main as mooncake_main
 
-    if opts.url:
-        click.echo("note: bench mooncake runs on its own private servers, not on --redis", err=True)
-    try:
-        results = mooncake_main(n=n, out=_bench_out(as_json))
-    except (MooncakeUnavailable, RuntimeError) as exc:  # not installed; a server that did not start
-        raise CliError(str(exc)) from None
-    if as_json:
-        emit_json("bench mooncake", {"results": results})
+    _private_bench(opts, "mooncake", lambda out: mooncake_main(n=n, out=out), as_json, (MooncakeUnavailable,))
 
 
 @bench.command("instructions")
@@ -1080,14 +1086,7 @@ def bench_instructions(opts: Opts, n: int, as_json: bool) -> None:
     (bench/instructions.py). Runs on a private Valkey under valgrind (apt-get install valgrind)."""
     from mooncake_redis.bench.instructions import CallgrindUnavailable, main as instructions_main
 
-    if opts.url:
-        click.echo("note: bench instructions runs on its own private server, not on --redis", err=True)
-    try:
-        results = instructions_main(n=n, out=_bench_out(as_json))
-    except (CallgrindUnavailable, RuntimeError) as exc:  # no valgrind; a server that did not start
-        raise CliError(str(exc)) from None
-    if as_json:
-        emit_json("bench instructions", {"results": results})
+    _private_bench(opts, "instructions", lambda out: instructions_main(n=n, out=out), as_json, (CallgrindUnavailable,))
 
 
 @bench.command("cluster")
@@ -1106,14 +1105,7 @@ def bench_cluster(opts: Opts, processes: int, seconds: float, keys: int, batch: 
         raise click.BadParameter("must be at most --keys", param_hint="--batch")
     from mooncake_redis.bench.cluster import main as cluster_main
 
-    if opts.url:
-        click.echo("note: bench cluster runs on its own private servers, not on --redis", err=True)
-    try:
-        results = cluster_main(processes, seconds, keys, batch, out=_bench_out(as_json))
-    except RuntimeError as exc:
-        raise CliError(str(exc)) from None
-    if as_json:
-        emit_json("bench cluster", {"results": results})
+    _private_bench(opts, "cluster", lambda out: cluster_main(processes, seconds, keys, batch, out=out), as_json)
 
 
 def _sizes(_ctx, _param, value: str) -> list[int]:

@@ -30,6 +30,18 @@ def valkey_binary() -> str:
     return found
 
 
+def stop_process(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """Stop a child server: SIGTERM, SIGKILL if it is still running after timeout_s; waits."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,13 +137,7 @@ class EmbeddedValkey:
     def stop(self) -> None:
         """Stop valkey-server; a data directory made up by this object (no `data_dir` given)
         goes with it."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         if self.owns_data_dir and (self.proc is None or self.proc.poll() is not None):
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
