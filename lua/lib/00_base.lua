@@ -67,10 +67,22 @@ local MAX_INT = 9007199254740991 -- 2^53 - 1
 -- Parse a decimal integer argument within [lo, hi]; nil unless it is in canonical form (no sign
 -- on zero, no leading zeros, no '+'): "-0" or "007" would otherwise pass a range check and then
 -- be stored or matched in a different spelling than the one the functions write.
+local SMALL_INTS -- '0'..'255' -> 0..255, filled at the first call (not while the library loads)
+local function small_int(s)
+  if not SMALL_INTS then
+    SMALL_INTS = {}
+    for i = 0, 255 do SMALL_INTS[tostring(i)] = i end
+  end
+  return SMALL_INTS[s]
+end
+
 local function int_arg(s, lo, hi)
-  if type(s) ~= 'string' or #s > 17 then return nil end
-  if s ~= '0' and not string.match(s, '^%-?[1-9]%d*$') then return nil end
-  local n = tonumber(s)
+  local n = small_int(s) -- the canonical spelling of a small number: a lookup, no pattern or conversion
+  if not n then
+    if type(s) ~= 'string' or #s > 17 then return nil end
+    if s ~= '0' and not string.match(s, '^%-?[1-9]%d*$') then return nil end
+    n = tonumber(s)
+  end
   if n < lo or n > hi then return nil end
   return n
 end
@@ -219,14 +231,14 @@ local function parse_head(args, spec)
 end
 
 -- Where a call's head (options and field names) ends, read before parsing it: the cache key.
--- A plain tonumber is enough here: the lookup matches the exact argument strings of a head
--- that parsed, so a non-canonical count ("01") finds nothing and goes to the full parse.
+-- Only canonical counts are looked up (small_int); anything else ("01", "1.0") goes to the full
+-- parse, which refuses it.
 local function head_length(args, spec)
-  local n = tonumber(args[1])
-  if not n or n % 1 ~= 0 or n < 0 or n > 128 then return nil end
+  local n = small_int(args[1])
+  if not n or n > 128 then return nil end
   if not spec.fields then return #args end
-  local nf = tonumber(args[2 + 2 * n])
-  if not nf or nf % 1 ~= 0 or nf < 1 or nf > 8 then return nil end
+  local nf = small_int(args[2 + 2 * n])
+  if not nf or nf < 1 or nf > 8 then return nil end
   return 2 + 2 * n + nf
 end
 
