@@ -44,14 +44,13 @@ from typing import Any, Callable
 import redis
 
 from .common import cpu_model
-from .ops import BATCH, FCALLS, REPEATS, Placement, _fmt, _measure
+from .ops import BATCH, CLIENT, FCALLS, REPEATS, Placement, _fmt, _measure, put_pairs
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
 from mooncake_redis.server import EmbeddedValkey, free_port, stop_process
 
 INSTALL = "pip install 'mooncake-redis[mooncake]'"
 NAMESPACE = "bench"
-CLIENT = "bench-client"
 SEGMENT = "bench-seg"
 SEGMENT_SIZE = 1 << 44           # ours: 16 TiB, never the limit
 OBJECT_SIZE = 1 << 10            # 1 KiB per object, 1 replica, both sides
@@ -245,11 +244,7 @@ def _our_cases(master: Master, n: int, read_keys: list[str], windows: list[list[
         return len(windows) * BATCH
 
     def puts(rep: int) -> int:
-        ps, pe = master.put_start, master.put_end
-        for k in put_keys[rep]:
-            ps(CLIENT, k, OBJECT_SIZE)
-            pe(CLIENT, k)
-        return n
+        return put_pairs(master, put_keys[rep], OBJECT_SIZE)
 
     def gets(rep: int) -> int:
         g = master.get_replica_list  # raises unless the object is there

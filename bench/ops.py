@@ -49,6 +49,15 @@ NOOP = b"*3\r\n$8\r\nFCALL_RO\r\n$10\r\nmc_version\r\n$1\r\n0\r\n"  # FCALL_RO m
 Run = Callable[[int], int]      # run(repeat index) -> ops (or keys) done
 
 
+def put_pairs(master: Master, keys: list[str], size: int = OBJECT_SIZE) -> int:
+    """put_start + put_end of each key, one replica of `size` bytes; returns the puts done."""
+    ps, pe = master.put_start, master.put_end
+    for key in keys:
+        ps(CLIENT, key, size)
+        pe(CLIENT, key)
+    return len(keys)
+
+
 def _fmt(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -317,11 +326,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
     put_keys = [[f"put-{rep}-{i:08d}" for i in range(n)] for rep in range(REPEATS)]
 
     def puts(rep: int) -> int:
-        ps, pe = master.put_start, master.put_end
-        for key in put_keys[rep]:
-            ps(CLIENT, key, OBJECT_SIZE)
-            pe(CLIENT, key)
-        return n
+        return put_pairs(master, put_keys[rep])
 
     read_keys = [mem_keys[(i * 7919) % MEM_OBJECTS] for i in range(n)]  # spread over the store
     got = master.get_replica_list(read_keys[0])

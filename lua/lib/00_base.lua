@@ -64,10 +64,10 @@ end
 
 local MAX_INT = 9007199254740991 -- 2^53 - 1
 
--- Parse a decimal integer argument within [lo, hi]; nil unless it is in canonical form (no sign
--- on zero, no leading zeros, no '+'): "-0" or "007" would otherwise pass a range check and then
--- be stored or matched in a different spelling than the one the functions write.
-local SMALL_INTS -- '0'..'255' -> 0..255, filled at the first call (not while the library loads)
+-- The number a canonical spelling of 0..255 stands for, else nil: a table lookup where head
+-- counts and small options would cost a pattern and a conversion. Filled at the first call (not
+-- while the library loads).
+local SMALL_INTS
 local function small_int(s)
   if not SMALL_INTS then
     SMALL_INTS = {}
@@ -76,8 +76,11 @@ local function small_int(s)
   return SMALL_INTS[s]
 end
 
+-- Parse a decimal integer argument within [lo, hi]; nil unless it is in canonical form (no sign
+-- on zero, no leading zeros, no '+'): "-0" or "007" would otherwise pass a range check and then
+-- be stored or matched in a different spelling than the one the functions write.
 local function int_arg(s, lo, hi)
-  local n = small_int(s) -- the canonical spelling of a small number: a lookup, no pattern or conversion
+  local n = small_int(s)
   if not n then
     if type(s) ~= 'string' or #s > 17 then return nil end
     if s ~= '0' and not string.match(s, '^%-?[1-9]%d*$') then return nil end

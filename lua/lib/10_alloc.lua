@@ -8,14 +8,14 @@
 -- free needs them, and building them is three new strings. Bounded like HEAD_CACHE.
 local FREE_KEYS, free_keys_seen = {}, 0
 local function free_keys(P, seg)
-  local of_shard = FREE_KEYS[P]
-  local pair = of_shard and of_shard[seg]
-  if pair then return pair[1], pair[2] end
-  if free_keys_seen >= HEAD_CACHE_MAX then FREE_KEYS, free_keys_seen = {}, 0 end
-  if not FREE_KEYS[P] then FREE_KEYS[P] = {} end
-  local base = P .. K.free .. seg
-  pair = { base .. K.free_by_off, base .. K.free_by_size }
-  FREE_KEYS[P][seg], free_keys_seen = pair, free_keys_seen + 1
+  local pair = FREE_KEYS[P] and FREE_KEYS[P][seg]
+  if not pair then
+    if free_keys_seen >= HEAD_CACHE_MAX then FREE_KEYS, free_keys_seen = {}, 0 end
+    FREE_KEYS[P] = FREE_KEYS[P] or {}
+    local base = P .. K.free .. seg
+    pair = { base .. K.free_by_off, base .. K.free_by_size }
+    FREE_KEYS[P][seg], free_keys_seen = pair, free_keys_seen + 1
+  end
   return pair[1], pair[2]
 end
 
