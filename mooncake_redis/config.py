@@ -34,27 +34,30 @@ class ReplicateConfig:
 
 
 MAX_INT = 2**53 - 1  # integers travel as Lua doubles: exact up to here
+MAX_TTL = 10**15     # durations (ms): now + MAX_TTL stays far below MAX_INT (Lua's MAX_TTL)
 MAX_KEY_LENGTH = 1 << 20
 
 # Integer fields: (lowest, highest) accepted value. Durations are ms; 0 is allowed only where it
-# means something (a lease of 0 = reads grant none; a retention or limit of 0 = none).
+# means something (a lease of 0 = reads grant none; a retention or limit of 0 = none). The fields
+# the functions read have the same ranges in lua/lib/00_base.lua (CONFIG_RANGES; a test checks
+# that they agree): a configuration accepted here is one every function runs on.
 INT_RANGES = {
     "shards": (1, 16384),
-    "default_kv_lease_ttl": (0, MAX_INT),
-    "default_kv_soft_pin_ttl": (1, MAX_INT),
-    "max_kv_soft_pin_ttl": (1, MAX_INT),
-    "put_start_discard_timeout": (1, MAX_INT),
-    "put_start_release_timeout": (1, MAX_INT),
-    "client_ttl": (1, MAX_INT),
+    "default_kv_lease_ttl": (0, MAX_TTL),
+    "default_kv_soft_pin_ttl": (1, MAX_TTL),
+    "max_kv_soft_pin_ttl": (1, MAX_TTL),
+    "put_start_discard_timeout": (1, MAX_TTL),
+    "put_start_release_timeout": (1, MAX_TTL),
+    "client_ttl": (1, MAX_TTL),
     "offload_queue_limit": (0, MAX_INT),
-    "offload_task_timeout": (1, MAX_INT),
+    "offload_task_timeout": (1, MAX_TTL),
     "offload_max_attempts": (1, 1000),
     "disk_removal_queue_limit": (0, MAX_INT),
     "max_retained_groups": (0, MAX_INT),
-    "max_group_retention": (0, MAX_INT),
+    "max_group_retention": (0, MAX_TTL),
     "max_retained_groups_per_tenant": (0, MAX_INT),
     "max_key_length": (1, MAX_KEY_LENGTH),
-    "max_guaranteed_ttl": (0, MAX_INT),
+    "max_guaranteed_ttl": (0, MAX_TTL),
     "min_replicas_ack": (0, 64),
     "replica_ack_timeout": (1, MAX_INT),
 }

@@ -2,6 +2,7 @@
 library reload on every call path, connect-time server checks, binary ids in displays."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -14,17 +15,19 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from conftest import T0
+from conftest import T0, make_master
 from helpers import OWNER, WRITER, all_shard_keys, mount, put, raises_code, shard_keys, store_snapshot
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig, preflight
 from mooncake_redis.cli.main import cli
 from mooncake_redis.fsck import fsck
-from mooncake_redis.functions import library_source
+from mooncake_redis.config import INT_RANGES
+from mooncake_redis.functions import library_source, lua_dir
 from mooncake_redis.keys import ShardKeys
 from mooncake_redis.server import EmbeddedValkey, free_port
 from mooncake_redis.worker import Worker
 
 MAX_INT = 2**53 - 1
+MAX_TTL = 10**15
 
 
 # ---- 1. configuration --------------------------------------------------------------------
@@ -57,10 +60,56 @@ def test_bad_configuration_is_refused(fields):
 
 def test_configuration_edges_are_accepted():
     c = MasterConfig(default_kv_lease_ttl=0, eviction_high_watermark_ratio=1, eviction_ratio=0,
-                     max_group_retention=0, offload_queue_limit=0, client_ttl=MAX_INT, shards=16384,
+                     max_group_retention=0, offload_queue_limit=0, client_ttl=MAX_TTL, shards=16384,
                      put_start_discard_timeout=1, put_start_release_timeout=2)
     assert c.eviction_high_watermark_ratio == 1.0 and isinstance(c.eviction_high_watermark_ratio, float)
     assert c.eviction_ratio == 0.0 and isinstance(c.eviction_ratio, float)
+
+
+def _lua_config_ranges() -> dict[str, tuple]:
+    """CONFIG_RANGES of lua/lib/00_base.lua: name -> (lo, hi) or (lo, hi, 'ratio')."""
+    source = (lua_dir() / "lib" / "00_base.lua").read_text()
+    consts = {"MAX_TTL": 10**15, "MAX_INT": 2**53 - 1}
+    ranges = {}
+    for name, body in re.findall(r"^\s*(?:CONFIG_RANGES\.)?(\w+) = \{ ([^}]*) \}", source, re.M):
+        parts = [p.strip() for p in body.split(",")]
+        if len(parts) in (2, 3) and name != "K":
+            lo, hi = (consts.get(p, None) if p in consts else int(p) for p in parts[:2])
+            ranges[name] = (lo, hi, *[p.strip("'") for p in parts[2:]])
+    return ranges
+
+
+def test_the_functions_accept_exactly_the_configuration_python_accepts():
+    """One range per field: a MasterConfig that Python accepts is one every function runs on, and
+    a value the functions refuse (a hand edit) is one Python refuses when it reads it back."""
+    lua = _lua_config_ranges()
+    stored = MasterConfig().to_redis()
+    assert "shards" in lua and "default_kv_lease_ttl" in lua  # the parse found the table
+    for name, rng in lua.items():
+        assert name in stored, f"the functions read {name}, which MasterConfig does not write"
+        kind = next(f.type for f in dataclasses.fields(MasterConfig) if f.name == name)
+        if kind == "bool":
+            assert rng == (0, 1), name
+        elif kind == "float":
+            assert rng == (0, 1, "ratio"), name
+        else:
+            assert rng == INT_RANGES[name], name
+
+
+def test_a_store_without_read_leases_serves_reads(backend, request):
+    """default_kv_lease_ttl 0: reads answer, grant no lease, and the object stays removable."""
+    server = {"valkey": "valkey", "redis": "redis7"}.get(backend)
+    m = make_master(backend, request.getfixturevalue(server) if server else None, default_kv_lease_ttl=0)
+    try:
+        m.freeze_clock(T0)
+        mount(m, "seg", 1 << 16)
+        put(m, "k", 100)
+        assert m.exist_key("k") is True
+        assert m.get_replica_list("k").lease_ttl_ms == 0
+        assert m.batch_exist_key(["k"]) == [True]
+        m.remove("k")  # not OBJECT_HAS_LEASE
+    finally:
+        m.close()
 
 
 def test_stored_floats_read_back_exactly():

@@ -101,12 +101,13 @@ end
 -- P:config fields the functions read, with their ranges: {lo, hi}, or {lo, hi, 'ratio'} for a
 -- finite real number. Python writes them (MasterConfig); a value out of range here means the
 -- hash was edited by hand or by another program, and every function refuses to run on it.
+-- mooncake_redis/config.py accepts the same ranges (a test checks that they agree).
 local MAX_TTL = 1000000000000000 -- 10^15 ms: now + MAX_TTL stays far below 2^53
 local CONFIG_RANGES = {
   shards = { 1, 16384 },
-  default_kv_lease_ttl = { 1, MAX_TTL },
-  default_kv_soft_pin_ttl = { 0, MAX_TTL },
-  max_kv_soft_pin_ttl = { 0, MAX_TTL },
+  default_kv_lease_ttl = { 0, MAX_TTL }, -- 0: reads grant no lease
+  default_kv_soft_pin_ttl = { 1, MAX_TTL },
+  max_kv_soft_pin_ttl = { 1, MAX_TTL },
   eviction_high_watermark_ratio = { 0, 1, 'ratio' },
   eviction_ratio = { 0, 1, 'ratio' },
   allow_evict_soft_pinned_objects = { 0, 1 },
@@ -122,7 +123,7 @@ local CONFIG_RANGES = {
 CONFIG_RANGES.allow_evict_retained_groups = { 0, 1 }
 CONFIG_RANGES.max_retained_groups = { 0, MAX_INT }
 CONFIG_RANGES.max_retained_groups_per_tenant = { 0, MAX_INT }
-CONFIG_RANGES.max_group_retention = { 0, MAX_INT }
+CONFIG_RANGES.max_group_retention = { 0, MAX_TTL }
 CONFIG_RANGES.enable_radix_tree = { 0, 1 }
 CONFIG_RANGES.offload_on_put = { 0, 1 }
 CONFIG_RANGES.offload_queue_limit = { 0, MAX_INT }
