@@ -134,8 +134,8 @@ local function read(P, args, fields, shape)
   redis.call('ZADD', P .. K.tier_ordinary, unpack(zadd))
   return reply
 end
-local EXIST_FIELDS = {{ 'shards', 'default_kv_lease_ttl' }}
-local GET_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'max_guaranteed_ttl' }}
+local EXIST_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'kv_lease_slack' }}
+local GET_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'kv_lease_slack', 'max_guaranteed_ttl' }}
 local function exist_shape() return 1 end
 local function get_shape(o, ttl, seg)  -- with_disk=1: ttl, size, checksum, memory replicas, seg, offset
   return {{ ttl, tonumber(o[2]), '', 1, seg, tonumber(string.match(o[#o], '^%d+')) }}
@@ -312,7 +312,7 @@ class CallgrindValkey:
     """valkey-server (the one mooncake_redis.server finds) under callgrind, in `tmp`: the wrapper
     script, the server's directory, callgrind's dumps and valgrind's vgdb pipes all live there."""
 
-    def __init__(self, tmp: str, valgrind: str, control: str):
+    def __init__(self, tmp: str, valgrind: str, control: str, aof: bool = False):
         self.tmp, self.control = tmp, control
         self.out_dir = os.path.join(tmp, "callgrind")
         os.makedirs(self.out_dir)
@@ -324,7 +324,7 @@ class CallgrindValkey:
                 f"--vgdb-prefix={self.vgdb_prefix}", valkey_binary())) + ' "$@"\n')
         os.chmod(wrapper, 0o700)
         # hz 1: the server's timer work (not a per-call cost) reaches fewer windows
-        self.server = EmbeddedValkey(data_dir=os.path.join(tmp, "valkey"), appendonly=False, binary=wrapper,
+        self.server = EmbeddedValkey(data_dir=os.path.join(tmp, "valkey"), appendonly=aof, binary=wrapper,
                                      extra_args=("--hz", "1"))
         self.pid: int | None = None
         self.empty = 0  # an empty window's instructions, subtracted from every window
@@ -407,24 +407,26 @@ def _commandstats(r: redis.Redis) -> dict[str, int]:
 
 # ---- the run -----------------------------------------------------------------------------
 
-def main(n: int = 400, out=print, store: int | None = None) -> dict:
+def main(n: int = 400, out=print, store: int | None = None, aof: bool = False) -> dict:
     """Run the benchmark on a private valkey-server under callgrind; print its tables through
     `out`; return every figure. `store`: stored objects the reads go over (default STORE).
-    Raises CallgrindUnavailable (before starting anything) when valgrind is missing."""
+    `aof`: the server appends to an AOF (appendfsync everysec, as `serve` runs it), so every
+    write a call makes is also fed to the AOF. Raises CallgrindUnavailable (before starting
+    anything) when valgrind is missing."""
     store = STORE if store is None else store
     if n < 1 or store < 2 * BATCH:
         raise ValueError(f"n must be >= 1 and store >= {2 * BATCH}")
     valgrind, control = find_valgrind()
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-bench-callgrind-"))
-        server = CallgrindValkey(tmp, valgrind, control)
+        server = CallgrindValkey(tmp, valgrind, control, aof=aof)
         stack.callback(server.stop)
         server.start()
         r = redis.Redis.from_url(server.url)
         stack.callback(r.close)
         master = Master.connect(server.url, MasterConfig(namespace=NAMESPACE, shards=1))
         stack.callback(master.close)
-        return _run(server, master, r, n, store, valgrind_version(valgrind), out)
+        return _run(server, master, r, n, store, valgrind_version(valgrind), aof, out)
 
 
 def _fmt(x: float | None) -> str:
@@ -438,16 +440,17 @@ def _per(w: Window, units: int) -> dict[str, float | None]:
             "redis_calls": sum(w.commands.values()) / units, "commands": w.commands}
 
 
-def _run(server: CallgrindValkey, master: Master, r: redis.Redis, n: int, store: int, valgrind: str,
+def _run(server: CallgrindValkey, master: Master, r: redis.Redis, n: int, store: int, valgrind: str, aof: bool,
          out) -> dict:
     batch_calls = max(1, n // 8)  # 50 at n=400
     res: dict[str, Any] = {"n": n, "batch_calls": batch_calls, "batch_keys": BATCH, "store_objects": store,
-                           "pending_puts": PENDING}
+                           "pending_puts": PENDING, "aof": aof}
     info = r.info("server")
     res["server"] = f"{info.get('server_name', 'redis')} {info.get('valkey_version') or info.get('redis_version')}"
     res["valgrind"] = valgrind
     res["library_version"] = (server_library(master.redis) or ("not loaded",))[0]
-    out(f"server   {res['server']} under {valgrind} --tool=callgrind (private, appendonly no); "
+    out(f"server   {res['server']} under {valgrind} --tool=callgrind (private, appendonly "
+        f"{'yes, appendfsync everysec' if aof else 'no'}); "
         f"library {res['library_version']}")
     out(f"machine  {os.cpu_count()} cores, {cpu_model()}; Python {platform.python_version()}")
     out(f"run      n={n:,} calls per figure, batches {batch_calls:,} calls of {BATCH} keys; reads over "
@@ -556,6 +559,9 @@ def _run(server: CallgrindValkey, master: Master, r: redis.Redis, n: int, store:
                          f"{_fmt(commands):>10}")
         out(f"  {labels[name]:<{width}}{'':<6}{parts[0]}   {'':<7}{parts[1]}")
 
+    # ---- reads within the lease slack ----
+    res["within_slack"] = _within_slack(server, master, r, n, batch_calls, key_at, window_of, res["operations"], out)
+
     # ---- one redis.call, first and further ----
     res["redis_call"] = _redis_calls(server, r, n, keys, base_noop, out)
     return res
@@ -623,6 +629,40 @@ def _operations(server: CallgrindValkey, master: Master, r: redis.Redis, n: int,
     return {name: got[name] for name in order}
 
 
+SLACK_MS = 3_600_000  # kv_lease_slack while re-reads are measured: every lease outlasts the run
+
+
+def _within_slack(server: CallgrindValkey, master: Master, r: redis.Redis, n: int, batch_calls: int, key_at,
+                  window_of, operations: dict, out) -> dict:
+    """The reads again, each key read a second time within kv_lease_slack (README "Reads that
+    write nothing"): a pass that renews every lease to now + ttl + SLACK_MS, then the measured
+    pass over the same keys, which writes nothing. Beside the renewing reads measured above."""
+    reads = {"exist_key": (lambda: [master.exist_key(key_at(j)) for j in range(n)], n),
+             "get_replica_list": (lambda: [master.get_replica_list(key_at(j)) for j in range(n)], n),
+             "batch_exist_key": (lambda: [master.batch_exist_key(window_of(j)) for j in range(batch_calls)],
+                                 batch_calls * BATCH),
+             "batch_get_replica_list": (lambda: [master.batch_get_replica_list(window_of(j))
+                                                 for j in range(batch_calls)], batch_calls * BATCH)}
+    figures: dict[str, dict] = {}
+    labels = {name: name + (f" x{BATCH}, per key" if units != n else "") for name, (_, units) in reads.items()}
+    width = max(len(x) for x in labels.values()) + 4
+    r.hset(KEYS.config, "kv_lease_slack", SLACK_MS)
+    try:
+        out(f"reads within the lease slack (kv_lease_slack {SLACK_MS:,} ms; each key read a second time: no write)")
+        out(f"  {'':<{width}}{'renewing':>10}{'within':>10}{'within/renewing':>17}{'redis.calls':>13}")
+        for name, (run, units) in reads.items():
+            run()  # renews every lease past the measured pass
+            w = server.window(r, run)
+            within, renewing = w.instructions / units, operations[name]["ours_instructions"]
+            calls = sum(w.commands.values()) / units
+            figures[name] = {"instructions": within, "renewing_instructions": renewing, "ratio": within / renewing,
+                             "redis_calls": calls, "writes": sum(w.commands.get(c, 0) for c in ("hset", "zadd"))}
+            out(f"  {labels[name]:<{width}}{_fmt(renewing):>10}{_fmt(within):>10}{within / renewing:>17.2f}{calls:>13.2f}")
+    finally:
+        r.hset(KEYS.config, "kv_lease_slack", 0)
+    return figures
+
+
 def _redis_calls(server: CallgrindValkey, r: redis.Redis, n: int, keys: list[str], noop: float, out) -> dict:
     """first = one call - the no-op; further = two calls - one call; the command = its procedure's
     inclusive instructions in the two-call window, per call; the bridge = further - command."""
@@ -667,11 +707,12 @@ def _cli() -> None:
                                 description="Instructions per call, counted by callgrind (docs/bench.md).")
     p.add_argument("--n", type=int, default=400, help="calls per figure (default 400)")
     p.add_argument("--store", type=int, default=STORE, help=f"stored objects the reads go over (default {STORE})")
+    p.add_argument("--aof", action="store_true", help="the server appends to an AOF (appendfsync everysec)")
     a = p.parse_args()
     if a.n < 1 or a.store < 2 * BATCH:
         p.error(f"--n must be >= 1 and --store >= {2 * BATCH}")
     try:
-        main(n=a.n, store=a.store)
+        main(n=a.n, store=a.store, aof=a.aof)
     except CallgrindUnavailable as exc:
         sys.exit(f"error: {exc}")
 

@@ -5,8 +5,8 @@ two are apart.
 
 What it models, per shard (a block's shard is keys.shard_of of its key; a shard allocates from
 its slice of the one segment, keys.segment_slice, so it holds slice // block bytes blocks):
-- a read (exist_key) of a stored block leases it until now + default_kv_lease_ttl (never
-  shortening a lease);
+- a read (exist_key) of a stored block leases it until at least now + default_kv_lease_ttl:
+  a lease short of that is renewed to it + kv_lease_slack, a longer one is left as it is;
 - a write fills a free slot; with none, evict-on-put evicts the eviction candidate with the
   lowest score (its lease deadline; a block written and never read scores its write time), ties
   by unit name `o:<tenant>:<key>` in byte order, only if that score is <= now (unleased); with no
@@ -43,9 +43,11 @@ class ShardModel:
         self.score[block] = score
         heapq.heappush(self.heap, (score, self.unit(block), block))
 
-    def lease(self, block: int, until: int) -> None:
+    def lease(self, block: int, now: int) -> None:
+        """A read at `now` (extend_lease): a lease short of now + ttl is renewed to that + slack."""
+        until = now + self.config.default_kv_lease_ttl
         if until > self.score[block]:
-            self.set_score(block, until)
+            self.set_score(block, until + self.config.kv_lease_slack)
 
     def pop_candidate(self, now: int) -> int | None:
         """Evict the lowest-scored unleased block; None when there is none. (Blocks of the batch
@@ -93,7 +95,7 @@ def model_lru(requests: list[Request], capacity_blocks: int, block_bytes: int = 
         found = [b in stored for b in req.blocks]
         for b, hit in zip(req.blocks, found):
             if hit:
-                shard(b).lease(b, now + config.default_kv_lease_ttl)
+                shard(b).lease(b, now)
         st.record(req, leading_run(found), block_tokens)
         evicted: list[int] = []
         writing = [b for b, hit in zip(req.blocks, found) if not hit]
@@ -202,7 +204,7 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
         found = [b in stored for b in req.blocks]
         for b, hit in zip(req.blocks, found):
             if hit:
-                m.lease(b, now + config.default_kv_lease_ttl)
+                m.lease(b, now)
         st.record(req, leading_run(found), block_tokens)
         evicted: list[int] = []
         for j, (b, hit) in enumerate(zip(req.blocks, found)):

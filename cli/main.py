@@ -1077,16 +1077,18 @@ def bench_mooncake(opts: Opts, n: int, as_json: bool) -> None:
 @bench.command("instructions")
 @click.option("--n", "n", type=click.IntRange(1), default=400, show_default=True,
               help="Calls per figure (batches: n/8 calls of 100 keys); a multiple of 50 is steadiest.")
+@click.option("--aof", is_flag=True, help="The server appends to an AOF (appendfsync everysec, as serve runs it).")
 @_bench_json
 @click.pass_obj
-def bench_instructions(opts: Opts, n: int, as_json: bool) -> None:
+def bench_instructions(opts: Opts, n: int, aof: bool, as_json: bool) -> None:
     """Instructions the server executes per call of each operation, counted by valgrind's
     callgrind (exact, unlike wall-clock figures), beside a no-op FCALL, a plain HGETALL and
     each operation's floor: a function making the same Redis calls and nothing else
     (bench/instructions.py). Runs on a private Valkey under valgrind (apt-get install valgrind)."""
     from mooncake_redis.bench.instructions import CallgrindUnavailable, main as instructions_main
 
-    _private_bench(opts, "instructions", lambda out: instructions_main(n=n, out=out), as_json, (CallgrindUnavailable,))
+    _private_bench(opts, "instructions", lambda out: instructions_main(n=n, out=out, aof=aof), as_json,
+                   (CallgrindUnavailable,))
 
 
 @bench.command("cluster")

@@ -44,6 +44,7 @@ MAX_KEY_LENGTH = 1 << 20
 INT_RANGES = {
     "shards": (1, 16384),
     "default_kv_lease_ttl": (0, MAX_TTL),
+    "kv_lease_slack": (0, MAX_TTL),
     "default_kv_soft_pin_ttl": (1, MAX_TTL),
     "max_kv_soft_pin_ttl": (1, MAX_TTL),
     "put_start_discard_timeout": (1, MAX_TTL),
@@ -79,6 +80,9 @@ class MasterConfig:
     namespace: str = "mc"
     shards: int = 1
     default_kv_lease_ttl: int = 10_000
+    # a read renews a lease only when it ends before now + default_kv_lease_ttl, and then to that
+    # + kv_lease_slack: a key read again within the slack is a read that writes nothing
+    kv_lease_slack: int = 0
     default_kv_soft_pin_ttl: int = 30 * 60 * 1000
     max_kv_soft_pin_ttl: int = 24 * 3600 * 1000
     # A small headroom: puts evict what they need (evict_on_put), so the background loop only

@@ -48,12 +48,13 @@ def _number(text: str) -> int:
 def test_bench_instructions_prints_every_operation_its_floor_and_the_json(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_instructions, "STORE", 300)  # a small store: valgrind is slow
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the bench's temporary directory goes here
-    r = run("bench", "instructions", "--n", "5", "--json")
+    r = run("bench", "instructions", "--n", "5", "--aof", "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["command"] == "bench instructions" and doc["format"] == 1
     res = doc["results"]
-    assert res["n"] == 5 and res["batch_keys"] == 100 and res["store_objects"] == 300
+    assert res["n"] == 5 and res["batch_keys"] == 100 and res["store_objects"] == 300 and res["aof"] is True
+    assert "appendonly yes" in r.stderr.splitlines()[0]
     assert res["floor_reply_matches"] is True  # the floor of get_replica_list answers as ours does
     base = res["baselines"]
     assert base["noop_fcall_instructions"] > 0 and base["hgetall_plain_instructions"] > 0
@@ -77,6 +78,12 @@ def test_bench_instructions_prints_every_operation_its_floor_and_the_json(monkey
     # every operation does more than a no-op FCALL, and more than its floor's Redis calls alone
     for op in ops.values():
         assert op["ours_instructions"] > base["noop_fcall_instructions"]
+    # a re-read within the lease slack writes nothing, and so makes fewer redis.calls for less
+    assert list(res["within_slack"]) == ["exist_key", "get_replica_list", "batch_exist_key", "batch_get_replica_list"]
+    for name, fig in res["within_slack"].items():
+        assert fig["writes"] == 0, name
+        assert fig["redis_calls"] < ops[name]["redis_calls"], name
+        assert 0 < fig["instructions"] < fig["renewing_instructions"] == ops[name]["ours_instructions"], name
     assert set(res["redis_call"]) == {"TIME", "HGET", "HSET", "HGETALL", "ZADD"}
     for cmd, fig in res["redis_call"].items():
         assert fig["first_instructions"] > 0 and fig["command_instructions"] > 0, cmd
@@ -90,11 +97,16 @@ def test_bench_instructions_prints_every_operation_its_floor_and_the_json(monkey
     for name in OPS:
         label = name + (" x100, per key" if name.startswith("batch_") else "")
         rows = [ln for ln in lines if re.match(rf"^  {re.escape(label)} ", ln)]
-        assert len(rows) == 2, (name, rows)  # the table, and where the instructions go
+        # the table, where the instructions go, and for the reads the re-read within the slack
+        assert len(rows) == 2 + (name in res["within_slack"]), (name, rows)
         m = re.match(rf"^  {re.escape(label)} +({NUMBER}) +({NUMBER}) +(\d+\.\d\d) +({NUMBER}) +(\d+\.\d\d)$", rows[0])
         assert m, rows[0]
         assert _number(m[1]) > 0 and _number(m[2]) > 0  # ours, floor
         assert not any("differ from ours" in ln for ln in lines)
+    for name in res["within_slack"]:
+        label = name + (" x100, per key" if name.startswith("batch_") else "")
+        assert any(re.match(rf"^  {re.escape(label)} +{NUMBER} +{NUMBER} +\d+\.\d\d +\d+\.\d\d$", ln)
+                   for ln in lines), name
     for cmd in res["redis_call"]:
         (line,) = [ln for ln in lines if re.match(rf"^  {cmd} +({NUMBER} +){{3}}{NUMBER}$", ln)]
         assert _number(line.split()[1]) > 0, line  # first

@@ -2,10 +2,14 @@
 including the shared lease of a group."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from helpers import WRITER, all_shard_keys, key_not_on_shard, mount, put, raises_code, shard_of_key
+from helpers import (WRITER, all_shard_keys, key_not_on_shard, mount, put, raises_code, shard_of_key,
+                     store_snapshot)
 from mooncake_redis import ErrorCode, ReplicaListResult, ReplicaStatus, ReplicateConfig
+from mooncake_redis.fsck import fsck
 
 
 @pytest.fixture
@@ -99,6 +103,64 @@ def test_exist_key_and_batch_reads_lease(m):
         assert m.describe(k).lease_until_ms == t + 10_000
         with raises_code(ErrorCode.OBJECT_HAS_LEASE):
             m.remove(k)
+
+
+def test_lease_slack_renews_past_the_ttl_and_a_read_within_it_writes_nothing(new_master):
+    m = new_master(default_kv_lease_ttl=2_500, kv_lease_slack=500)
+    mount(m, "seg", 1 << 16)
+    put(m, "k", 100)
+    t = m.now_ms()
+    assert m.get_replica_list("k").lease_ttl_ms == 3_000  # renewed: ttl + slack
+    assert m.describe("k").lease_until_ms == t + 3_000
+    for step in (300, 200):  # now + ttl still within the lease: nothing is written
+        m.advance_clock(step)
+        before = store_snapshot(m)
+        assert m.exist_key("k") and m.batch_get_replica_list(["k"])[0].lease_ttl_ms == t + 3_000 - m.now_ms()
+        assert store_snapshot(m) == before
+    m.advance_clock(1)  # now + ttl passes the lease: renewed again, to now + ttl + slack
+    assert m.get_replica_list("k").lease_ttl_ms == 3_000
+    assert m.describe("k").lease_until_ms == m.now_ms() + 3_000
+    assert fsck(m).ok  # the eviction tier's score follows the lease
+
+
+def test_lease_slack_renews_a_group_lease_once_for_its_members(m):
+    for p in all_shard_keys(m):
+        m.redis.hset(p.config, "kv_lease_slack", 1_000)
+    for k in ("{g1}/a", "{g1}/b"):
+        put(m, k, 10, config=group_cfg())
+    t = m.now_ms()
+    m.exist_key("{g1}/a")
+    assert m.describe("{g1}/b").lease_until_ms == t + 11_000
+    m.advance_clock(1_000)
+    before = store_snapshot(m)
+    assert m.batch_exist_key(["{g1}/a", "{g1}/b"]) == [True, True]
+    assert store_snapshot(m) == before
+    m.advance_clock(1)
+    m.exist_key("{g1}/b")
+    assert m.describe("{g1}/a").lease_until_ms == m.now_ms() + 11_000
+
+
+def test_a_read_always_leaves_at_least_the_ttl_and_at_most_ttl_plus_slack(new_master):
+    """Whatever the order of reads and clock steps, a read at `now` leaves the lease in
+    [now + ttl, now + ttl + slack] (a lease is never shortened, so the upper bound holds for one
+    granted by reads alone)."""
+    rng = random.Random(7)
+    ttl, slack = 1_000, 300
+    m = new_master(default_kv_lease_ttl=ttl, kv_lease_slack=slack)
+    mount(m, "seg", 1 << 16)
+    keys = [f"k{i}" for i in range(6)]
+    for k in keys:
+        put(m, k, 10)
+    for _ in range(60):
+        m.advance_clock(rng.choice((0, 1, 50, 299, 300, 301, 1_000, 1_301)))
+        chosen = rng.sample(keys, rng.randint(1, len(keys)))
+        read = rng.choice((m.batch_exist_key, m.batch_get_replica_list))
+        read(chosen)
+        now = m.now_ms()
+        for k in chosen:
+            until = m.describe(k).lease_until_ms
+            assert now + ttl <= until <= now + ttl + slack, (k, now, until)
+    assert fsck(m).ok
 
 
 # ---- batches -------------------------------------------------------------------------------

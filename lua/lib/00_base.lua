@@ -106,6 +106,7 @@ local MAX_TTL = 1000000000000000 -- 10^15 ms: now + MAX_TTL stays far below 2^53
 local CONFIG_RANGES = {
   shards = { 1, 16384 },
   default_kv_lease_ttl = { 0, MAX_TTL }, -- 0: reads grant no lease
+  kv_lease_slack = { 0, MAX_TTL },
   default_kv_soft_pin_ttl = { 1, MAX_TTL },
   max_kv_soft_pin_ttl = { 1, MAX_TTL },
   eviction_high_watermark_ratio = { 0, 1, 'ratio' },

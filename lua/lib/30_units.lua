@@ -210,17 +210,21 @@ local function possible_tiers(o)
   return ever_soft_pinned(o) and SOFT_OBJECT_TIERS or OBJECT_TIERS
 end
 
--- A read leases the object's unit: the object, or its whole group. The unit's possible tiers are
--- re-scored with XX (only a unit that is a candidate moves; protected units stay out). The
--- re-scores are queued in `rescore` (one per call: tier -> {score, unit, ...}; until_ms -> its score string) for
--- flush_rescore, which sends one variadic ZADD per tier for the whole batch.
-local function extend_lease(P, tenant, key, okey, o, until_ms, rescore)
+-- A read leases the object's unit (the object, or its whole group) until at least until_ms. A
+-- lease that already reaches until_ms is left as it is: the read writes nothing. Otherwise it is
+-- renewed to until_ms + slack (kv_lease_slack), so that a key read again within the slack costs
+-- no write at all (no HSET, no ZADD, nothing for the AOF or the replicas). The unit's possible
+-- tiers are re-scored with XX (only a unit that is a candidate moves; protected units stay out).
+-- The re-scores are queued in `rescore` (one per call: tier -> {score, unit, ...}; until_ms ->
+-- its score string) for flush_rescore, which sends one variadic ZADD per tier for the whole batch.
+local function extend_lease(P, tenant, key, okey, o, until_ms, slack, rescore)
   local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
   if o.group then
     target, unit = grp_key(P, tenant, o.group), group_unit(tenant, o.group)
     cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
   end
   if until_ms <= cur then return cur end
+  until_ms = until_ms + slack
   local score = rescore[until_ms] or S(until_ms) -- a batch's keys share one deadline: format it once
   rescore[until_ms] = score
   redis.call('HSET', target, 'lease_until', score)

@@ -1,5 +1,6 @@
 -- get_replica_list / exist_key: reads. Only complete objects with a live replica are readable;
--- a successful read leases the object (or its group) until now + default_kv_lease_ttl.
+-- a successful read leases the object (or its group) until at least now + default_kv_lease_ttl
+-- (renewing it, when it falls short, to that + kv_lease_slack: extend_lease).
 -- KEYS: P.  ARGV: options tenant, and for get_replica_list guaranteed_ttl_ms (0 -
 --   max_guaranteed_ttl, default 0: renew-only, an object whose guarantee is active gets
 --   guaranteed_until = max(guaranteed_until, now + guaranteed_ttl_ms); any other is unchanged);
@@ -12,7 +13,7 @@
 local NO_DISKS = {} -- read only
 
 -- Returns the live replicas, or nil and an error code; leases the object on success.
-local function read_one(P, tenant, key, now, lease_ttl, guarantee_ttl, mount_cache, rescore, disk_cache)
+local function read_one(P, tenant, key, now, cfg, guarantee_ttl, mount_cache, rescore, disk_cache)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o or being_evicted(P, tenant, o) then return nil, E.OBJECT_NOT_FOUND end
@@ -24,7 +25,7 @@ local function read_one(P, tenant, key, now, lease_ttl, guarantee_ttl, mount_cac
     return nil, E.OBJECT_NOT_FOUND
   end
   if #live == 0 and o.group then settle_disk_only(P, tenant, key, okey, now) end
-  local leased_until = extend_lease(P, tenant, key, okey, o, now + lease_ttl, rescore)
+  local leased_until = extend_lease(P, tenant, key, okey, o, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, rescore)
   local guaranteed = o.guaranteed_until and tonumber(o.guaranteed_until) or 0 -- most objects have none
   if guaranteed > now and now + guarantee_ttl > guaranteed then
     renew_guarantee(P, tenant, key, okey, o, now + guarantee_ttl)
@@ -63,8 +64,8 @@ local function batch_read(P, args, cfg, spec, shape)
   if with_disk ~= '0' and with_disk ~= '1' then return fail(E.INVALID_PARAMS, 'with_disk must be 0 or 1') end
   local mount_cache, rescore, disk_cache = {}, {}, {}
   local reply = per_row(P, args, call, function(_, tenant, row, now)
-    local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, row.key, now, cfg.default_kv_lease_ttl,
-      guarantee_ttl, mount_cache, rescore, disk_cache)
+    local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, row.key, now, cfg, guarantee_ttl,
+      mount_cache, rescore, disk_cache)
     if with_disk == '1' then return disk_reply(live, ttl_or_code, size, disks, checksum) end
     return shape(live, ttl_or_code, size)
   end)
@@ -84,7 +85,7 @@ end
 
 local function exist_reply(live) return live and 1 or 0 end
 
-register('mc_get_replica_list', { 'default_kv_lease_ttl', 'max_guaranteed_ttl' },
+register('mc_get_replica_list', { 'default_kv_lease_ttl', 'kv_lease_slack', 'max_guaranteed_ttl' },
   function(P, args, cfg) return batch_read(P, args, cfg, GET_SPEC, replica_reply) end)
-register('mc_exist_key', { 'default_kv_lease_ttl' },
+register('mc_exist_key', { 'default_kv_lease_ttl', 'kv_lease_slack' },
   function(P, args, cfg) return batch_read(P, args, cfg, EXIST_SPEC, exist_reply) end)
