@@ -16,7 +16,9 @@ The operations, each timed over n calls (keys/s for the batch):
 
 and, without data on Mooncake's side (the same master calls, no bytes moved), put as
 batch_put_session_start + batch_put_session_end of one key and get_replica_list as
-get_replica_desc, against the same figures of ours. Every figure is the median of 3 rounds; each
+get_replica_desc, against the same figures of ours; and the design's floor on our side, through
+the same transport: a no-op FCALL, and bench instructions' floor functions, which make exactly
+the redis.calls of our reads and nothing else. Every figure is the median of 3 rounds; each
 round runs every Mooncake operation, then every one of ours, so both see the same machine. Ours
 also gets the server's usec per call (INFO commandstats deltas, as bench ops).
 
@@ -44,6 +46,7 @@ from typing import Any, Callable
 import redis
 
 from .common import cpu_model
+from .instructions import LIBRARY as FLOOR_LIBRARY
 from .ops import BATCH, CLIENT, FCALLS, REPEATS, Placement, _fmt, _measure, put_pairs
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
@@ -262,6 +265,34 @@ def _our_cases(master: Master, n: int, read_keys: list[str], windows: list[list[
             ("get_replica_list", FCALLS, gets), ("remove", FCALLS, removes)]
 
 
+def _floor_cases(master: Master, n: int, read_keys: list[str], windows: list[list[str]]) -> list[tuple[str, tuple, Run]]:
+    """The design's floor on our side, through the same transport (functions.run, the lean path):
+    a no-op FCALL, and the functions of bench instructions' library `mcbench` that make exactly
+    the redis.calls of our reads and nothing else (no argument parsing, no checks, no logic)."""
+    run, P = master.transport.run, master.transport.keys[0].P
+
+    def noops(rep: int) -> int:
+        cmd = [("FCALL", "mcb_noop", 1, P, "a", "b", "c", "d")]
+        for _ in range(n):
+            run(cmd)
+        return n
+
+    def reads(fn: str):
+        def one_key(rep: int) -> int:
+            hits = sum(len(run([("FCALL", fn, 1, P, SEGMENT, k)])[0]) for k in read_keys)
+            assert hits == n, hits
+            return n
+        return one_key
+
+    def batch_exists(rep: int) -> int:
+        hits = sum(sum(run([("FCALL", "mcb_floor_exist", 1, P, SEGMENT, *w)])[0]) for w in windows)
+        assert hits == len(windows) * BATCH, hits
+        return len(windows) * BATCH
+
+    return [("floor_noop", FCALLS, noops), ("floor_exist_key", FCALLS, reads("mcb_floor_exist")),
+            ("floor_batch_exist_key", FCALLS, batch_exists), ("floor_get_replica_list", FCALLS, reads("mcb_floor_get"))]
+
+
 # (result name, label, Mooncake case, our case, unit)
 ROWS = [
     ("exist_key", "exist_key, 1 key", "mc_exist_key", "exist_key", "/s"),
@@ -270,6 +301,14 @@ ROWS = [
     ("get_replica_list", "get_replica_list (Mooncake's get also reads 1 KiB)", "mc_get_replica_list",
      "get_replica_list", "/s"),
     ("remove", "remove", "mc_remove", "remove", "/s"),
+]
+FLOOR_ROWS = [
+    ("floor_noop", "no-op FCALL (mcb_noop), against exist_key", "mc_exist_key", "floor_noop", "/s"),
+    ("floor_exist_key", "exist_key's redis.calls (mcb_floor_exist)", "mc_exist_key", "floor_exist_key", "/s"),
+    ("floor_batch_exist_key", f"batch_exist_key's, {BATCH} keys", "mc_batch_exist_key", "floor_batch_exist_key",
+     " keys/s"),
+    ("floor_get_replica_list", "get_replica_list's (mcb_floor_get), against get_replica_desc",
+     "mc_get_replica_list_no_data", "floor_get_replica_list", "/s"),
 ]
 NO_DATA_ROWS = [
     ("put_no_data", "put_start + put_end (batch_put_session_start/end, 1 key)", "mc_put_no_data", "put", "/s"),
@@ -357,8 +396,9 @@ def _run(store, master: Master, r: redis.Redis, mc_master: MooncakeMaster, segme
     calls = max(10, n // 20)  # batch calls per round
     windows = [keys[s:s + BATCH] for s in ((w * BATCH) % (read_set - BATCH + 1) for w in range(calls))]
 
+    r.function_load(FLOOR_LIBRARY, replace=True)
     m = _measure(r, Placement(r), _mooncake_cases(store, n, read_keys, windows)
-                 + _our_cases(master, n, read_keys, windows))
+                 + _our_cases(master, n, read_keys, windows) + _floor_cases(master, n, read_keys, windows))
     res["load_average_at_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
 
     head = f"{'operation':<58}{'Mooncake':>16}{'ours':>16}{'ours/Mooncake':>15}   ours in the server"
@@ -367,7 +407,7 @@ def _run(store, master: Master, r: redis.Redis, mc_master: MooncakeMaster, segme
 
     def row(name: str, label: str, mc: str, ours: str, unit: str) -> None:
         a, b = m[mc]["rate"], m[ours]["rate"]
-        per_key = ours == "batch_exist_key"
+        per_key = ours.endswith("batch_exist_key")
         ops[name] = {"unit": "keys/s" if per_key else "ops/s", "mooncake_per_s": a, "ours_per_s": b,
                      "ratio": b / a, "ours_server_us_per_call": m[ours]["server_us"],
                      "ours_server_us_per_key": m[ours]["server_us_per_unit"], "ours_same_cpu": m[ours]["same_cpu"]}
@@ -380,6 +420,10 @@ def _run(store, master: Master, r: redis.Redis, mc_master: MooncakeMaster, segme
         row(*spec)
     out("Mooncake without moving data (the same master calls), against the same figures of ours:")
     for spec in NO_DATA_ROWS:
+        row(*spec)
+    out("The design's floor on our side (the same transport; a no-op, and functions making exactly the")
+    out("redis.calls of our reads and nothing else: bench instructions' mcbench), against Mooncake:")
+    for spec in FLOOR_ROWS:
         row(*spec)
     res["operations"] = ops
     load = res["load_average_at_end"]

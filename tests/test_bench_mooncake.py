@@ -16,7 +16,7 @@ from mooncake_redis.cli.main import cli
 
 # a table line after its label: Mooncake's rate, ours, the ratio ours/Mooncake, ours in the server
 ROW = re.compile(r"^ +([\d,]+)(?: keys)?/s +([\d,]+)(?: keys)?/s +(\d+\.\d\d) +[\d.]+ us/call")
-LABELS = [label for _, label, *_ in bench_mooncake.ROWS + bench_mooncake.NO_DATA_ROWS]
+LABELS = [label for _, label, *_ in bench_mooncake.ROWS + bench_mooncake.NO_DATA_ROWS + bench_mooncake.FLOOR_ROWS]
 
 
 def run(*args: str):
@@ -48,7 +48,8 @@ def test_bench_mooncake_prints_every_operation_and_a_ratio(monkeypatch):
     res = doc["results"]
     assert res["n"] == 20 and res["repeats"] == 3 and res["object_bytes"] == 1024
     assert set(res["operations"]) == {"exist_key", "batch_exist_key", "put", "get_replica_list", "remove",
-                                      "put_no_data", "get_replica_list_no_data"}
+                                      "put_no_data", "get_replica_list_no_data", "floor_noop", "floor_exist_key",
+                                      "floor_batch_exist_key", "floor_get_replica_list"}
     for name, op in res["operations"].items():
         assert op["mooncake_per_s"] > 0 and op["ours_per_s"] > 0, name
         assert op["ratio"] == pytest.approx(op["ours_per_s"] / op["mooncake_per_s"]), name
