@@ -117,7 +117,7 @@ def ordinary_unit(m):
     def fits(key, h):
         unit = f"o:default:{key}"
         p = keys_of(m, key)
-        return (h["status"] == "complete" and h.get("hard_pin") == "0" and "group" not in h
+        return (h["status"] == "complete" and h.get("hard_pin", "0") == "0" and "group" not in h
                 and m.redis.zscore(p.tier_ordinary, unit) is not None)
     return pick(m, fits)
 
@@ -331,7 +331,7 @@ def corrupt_dead_object(m):
     # an object whose only replica sits on an unmounted segment (unmount without its sweep);
     # its real extents are now owned by nobody, so segment bytes and free lists drift as well
     shard, key, h = pick(m, lambda k, h: h["status"] == "complete" and "group" not in h
-                         and h.get("hard_pin") == "0")
+                         and h.get("hard_pin", "0") == "0")
     p = shard_keys(m, shard)
     okey = p.object("default", key)
     for f in list(h):

@@ -120,3 +120,42 @@ def test_hard_pin_is_fixed_at_creation(m):
     assert m.describe("pinned").hard_pinned is True  # no TTL, reads and put_end do not change it
     m.put_start(WRITER, "busy", 10, ReplicateConfig(with_hard_pin=True))
     assert m.describe("busy").hard_pinned is True  # set at put_start already
+
+
+# ---- the fields an object keeps ------------------------------------------------------------
+
+def test_an_object_keeps_only_the_pin_fields_it_uses(m):
+    put(m, "plain", 10)
+    put(m, "hard", 10, config=ReplicateConfig(with_hard_pin=True))
+    put(m, "soft", 10, config=soft(SoftPinAction.ENABLE, HOUR))
+    put(m, "off", 10, config=soft(SoftPinAction.DISABLE))
+    fields = {k: m.describe(k).fields for k in ("plain", "hard", "soft", "off")}
+    for k in ("plain", "off"):
+        assert "hard_pin" not in fields[k] and "soft_pin_until" not in fields[k], fields[k]
+    assert fields["hard"]["hard_pin"] == "1" and "soft_pin_until" not in fields["hard"]
+    assert int(fields["soft"]["soft_pin_until"]) == m.now_ms() + HOUR and "hard_pin" not in fields["soft"]
+
+
+def test_objects_with_the_zero_pin_fields_of_older_stores_behave_the_same(m):
+    """Stores written before the default-valued fields were left out hold hard_pin 0 and
+    soft_pin_until 0 on every object: they read, evict, audit and remove as unpinned."""
+    from mooncake_redis.fsck import fsck
+    from helpers import keys_of
+    for k in ("old-done", "old-busy"):
+        m.put_start(WRITER, k, 10)
+        m.redis.hset(keys_of(m, k).object("default", k.encode()), mapping={"hard_pin": "0", "soft_pin_until": "0"})
+    m.put_end(WRITER, "old-done")
+    m.put_end(WRITER, "old-busy")
+    for k in ("old-done", "old-busy"):
+        info = m.describe(k)
+        assert info.hard_pinned is False and info.soft_pin_until_ms is None
+        assert info.fields["soft_pin_until"] == "0"  # put_end leaves the old field as it was
+        assert m.exist_key(k)
+        unit = f"o:default:{k}"
+        why, expected, actual, _, _ = m.redis.execute_command("FCALL_RO", "mc_unit_state", 1, keys_of(m, k).P, unit)
+        assert why == b"" and expected == actual and list(expected[::2]) == [b":evict:ordinary"], (k, expected)
+    assert fsck(m).ok
+    m.advance_clock(HOUR)
+    for k in ("old-done", "old-busy"):
+        m.remove(k)
+    assert m.usage().objects == 0

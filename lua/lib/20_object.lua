@@ -1,6 +1,6 @@
 -- Objects. An object is the hash P:obj:<tenant>:<key> with fields
 --   size, status ("processing" | "complete"), writer, put_started, lease_until,
---   soft_pin_until (0 = none), hard_pin (0 | 1), group (only when grouped),
+--   soft_pin_until (absent or 0: none), hard_pin (1; absent or 0: none), group (only when grouped),
 --   soft_pin_action / soft_pin_ttl (only until the first put_end commits them),
 --   rep:<segment> = "<offset> <mount id>"  (one per replica; size = the object's size)
 -- A replica is live while its segment is mounted with the same mount id.
@@ -79,18 +79,19 @@ local function keys_spec(option, kind)
   return { opts = opts, fields = { key = 'required' }, max_rows = MAX_KEYS_PER_CALL }
 end
 
--- HGETALL as a table, nil when the object does not exist. Every object has at least 8 fields
--- (7 fixed and a replica or disk field); a constructor sizes the table for them at once, where
+-- HGETALL as a table, nil when the object does not exist. Every object has at least 6 fields (5
+-- fixed and a replica or disk field); a constructor fills them into a table sized at once (its
+-- hash part holds 8: a soft pin, a group or a checksum more fit without a re-hash), where
 -- filling an empty table re-hashes it four times on the way.
 local function load_object(okey)
   local flat = redis.call('HGETALL', okey)
   local n = #flat
   if n == 0 then return nil end
   local o, from = {}, 1
-  if n >= 16 then
+  if n >= 12 then
     o = { [flat[1]] = flat[2], [flat[3]] = flat[4], [flat[5]] = flat[6], [flat[7]] = flat[8],
-      [flat[9]] = flat[10], [flat[11]] = flat[12], [flat[13]] = flat[14], [flat[15]] = flat[16] }
-    from = 17
+      [flat[9]] = flat[10], [flat[11]] = flat[12] }
+    from = 13
   end
   for i = from, n, 2 do o[flat[i]] = flat[i + 1] end
   if o.node then o.group = RADIX_MARK .. o.node end

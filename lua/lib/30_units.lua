@@ -60,8 +60,9 @@ end
 local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. unit end
 
 -- The indexes a unit can be in by the rule: an object unit never drains and never sits in a
--- retention tier, and one that never had a soft pin (soft_pin_until is written at put_start and
--- once more at the first put_end, nowhere else) only in the ordinary tier; so the hot paths
+-- retention tier, and one that never had a soft pin (soft_pin_until is written only by the first
+-- put_end, when it commits a pin; older stores also wrote '0' at put_start) only in the ordinary
+-- tier; so the hot paths
 -- (put_start, put_end, remove) touch one index or three, not all of them. unplace clears every
 -- index, and repairs and eviction clear all three object indexes.
 local OBJECT_INDEXES, UNPINNED_OBJECT_INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES }, { TIER_ORDINARY }

@@ -34,8 +34,9 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   end
   o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until), now))
   o.soft_pin_until = commit_soft_pin(o, now)
-  local fields = { 'status', o.status, 'lease_until', o.lease_until, 'soft_pin_until', o.soft_pin_until }
-  if checksum then fields[7], fields[8] = 'checksum', checksum end
+  local fields = { 'status', o.status, 'lease_until', o.lease_until }
+  if ever_soft_pinned(o) then fields[#fields + 1] = 'soft_pin_until'; fields[#fields + 1] = o.soft_pin_until end
+  if checksum then fields[#fields + 1] = 'checksum'; fields[#fields + 1] = checksum end
   redis.call('HSET', okey, unpack(fields))
   redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
   redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
