@@ -4,9 +4,10 @@ The numbers are the store's own, not a process's: every exporter of one store (s
 worker, `mooncake-redis metrics`) reports the same values, so scrape one of them, or aggregate
 several with max(), not sum(). Only what the store keeps is exported: the shard counters and
 index sizes (one pipelined read of O(1) commands per shard), and the workers' `*_total`
-counters of `<P>:metrics` (published after every pass by any worker). A worker process adds its
-own pass durations (`mooncake_worker_pass_duration_seconds`). The names and labels are listed
-in METRICS and in the README.
+counters of `<P>:metrics` (published after every pass by any worker), and the SSD offload tier
+(each client's disk and queues, and the offload counters, as `mooncake-redis status` reads
+them). A worker process adds its own pass durations (`mooncake_worker_pass_duration_seconds`).
+The names and labels are listed in METRICS and in the README.
 """
 from __future__ import annotations
 
@@ -49,12 +50,27 @@ FIELDS = {name: field for name, (_, (kind, field)) in SHARD_GAUGES.items() if ki
 # eviction candidates per tier (label tier)
 TIERS = {"ordinary": "tier_ordinary", "soft_pinned": "tier_soft"}
 
+# the SSD offload tier, per client with a local disk (label client), summed over the shards as
+# `mooncake-redis status` shows them (OffloadApi.offload_clients): name -> (help, attribute)
+DISK_GAUGES = {
+    "disk_enabled": ("1 if offloading to the client's disk is on.", "enabled"),
+    "disk_capacity_bytes": ("The client's last reported SSD capacity (absent until it reports).", "capacity_bytes"),
+    "disk_used_bytes": ("Bytes of the client's live disk replicas.", "used_bytes"),
+    "disk_inflight_bytes": ("Bytes of the offload tasks handed to the client and not yet acknowledged.",
+                            "inflight_bytes"),
+    "offload_inflight_tasks": ("Offload tasks handed to the client and not yet acknowledged.", "inflight"),
+    "disk_removals_pending": ("Files of the client's disk queued for removal, or handed out and not yet "
+                              "acknowledged.", "removals"),
+}
+
 METRICS = (
     ["mooncake_up"]
     + [f"{PREFIX}shard_{name}" for name in SHARD_GAUGES]
     + [f"{PREFIX}shard_eviction_candidates", f"{PREFIX}shard_clock_frozen",
        f"{PREFIX}shard_last_worker_pass_timestamp_seconds", f"{PREFIX}worker_passes_total"]
     + [f"{PREFIX}{field}" for field in _TOTALS]
+    + [f"{PREFIX}{name}" for name in DISK_GAUGES]
+    + [f"{PREFIX}offload_queued_tasks", f"{PREFIX}disk_orphaned_removals_total", f"{PREFIX}offload_events_total"]
 )
 
 
@@ -125,7 +141,32 @@ class StoreCollector(Collector):
             passes.add_metric(label, m.get("passes_total", 0))
             for field, family in totals.items():
                 family.add_metric(label, m.get(field, 0))
-        return [*gauges.values(), candidates, frozen, last_pass, passes, *totals.values()]
+        return [*gauges.values(), candidates, frozen, last_pass, passes, *totals.values(), *self._offload()]
+
+    def _offload(self) -> list:
+        """The offload tier: each client's disk and queues, and the store's offload counters."""
+        gauges = {name: GaugeMetricFamily(f"{PREFIX}{name}", text, labels=["client"])
+                  for name, (text, _) in DISK_GAUGES.items()}
+        queued = GaugeMetricFamily(f"{PREFIX}offload_queued_tasks",
+                                   "Offload tasks queued for the client's disk (HIGH includes its overflow).",
+                                   labels=["client", "priority"])
+        orphaned = CounterMetricFamily(f"{PREFIX}disk_orphaned_removals",
+                                       "Removals of the client's files that found its removal queue full "
+                                       "(left to offload-gc).", labels=["client"])
+        for c in self.master.offload_clients():
+            for name, (_, attr) in DISK_GAUGES.items():
+                value = getattr(c, attr)
+                if value is not None:
+                    gauges[name].add_metric([c.client], int(value))
+            for priority, depth in c.queued.items():
+                queued.add_metric([c.client, priority], depth)
+            orphaned.add_metric([c.client], c.orphaned)
+        events = CounterMetricFamily(f"{PREFIX}offload_events",
+                                     "The store's offload counters, by event (OffloadApi.offload_counters).",
+                                     labels=["event"])
+        for event, n in self.master.offload_counters().items():
+            events.add_metric([event], n)
+        return [*gauges.values(), queued, orphaned, events]
 
     def _worker_families(self) -> Iterator:
         w = self.worker

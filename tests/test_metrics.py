@@ -185,3 +185,51 @@ def test_guaranteed_bytes_and_objects(valkey):
         assert got[("mooncake_shard_guaranteed_objects", (("shard", "0"),))] == 1
     finally:
         m.close()
+
+
+def test_the_offload_tier(valkey):
+    """Each client's disk (capacity, used and in-flight bytes, tasks in flight, queue depths per
+    priority, removals) and the offload counters, as `mooncake-redis status` reads them."""
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=2, offload_on_put=True))
+    try:
+        m.freeze_clock(T0)
+        m.mount_segment("mem", 2 << 20, "agent")
+        m.mount_local_disk_segment("agent")
+        m.mount_local_disk_segment("quiet", enable_offloading=False)
+        got = samples(exposition(m))
+        assert ("mooncake_disk_capacity_bytes", (("client", "agent"),)) not in got  # never reported
+        m.report_ssd_capacity("agent", 1 << 30)
+        keys = [f"k{i}" for i in range(3)]
+        for k in keys:
+            m.put_start("w", k, 4096)
+            m.put_end("w", k)
+        m.put_start("w", "high", 1000, ReplicateConfig(guaranteed_ttl_ms=60_000))
+        m.put_end("w", "high")
+        tasks = m.offload_object_heartbeat("agent", 2)  # HIGH first, then one more
+        done = [t.key for t in tasks if t.key != b"high"]
+        assert len(tasks) == 2 and len(done) == 1
+        m.notify_offload_success("agent", done, ["/d/1"])
+        got = samples(exposition(m))
+        agent, quiet = (("client", "agent"),), (("client", "quiet"),)
+        assert got[("mooncake_disk_enabled", agent)] == 1 and got[("mooncake_disk_enabled", quiet)] == 0
+        assert got[("mooncake_disk_capacity_bytes", agent)] == 1 << 30
+        assert got[("mooncake_disk_used_bytes", agent)] == 4096
+        assert got[("mooncake_disk_inflight_bytes", agent)] == 1000
+        assert got[("mooncake_offload_inflight_tasks", agent)] == 1
+        assert got[("mooncake_offload_queued_tasks", (("client", "agent"), ("priority", "high")))] == 0
+        assert sum(got[("mooncake_offload_queued_tasks", (("client", "agent"), ("priority", p)))]
+                   for p in ("normal", "low")) == 2
+        assert got[("mooncake_disk_removals_pending", agent)] == 0
+        m.remove(done[0], force=True)  # its file is queued for removal
+        got = samples(exposition(m))
+        assert got[("mooncake_disk_removals_pending", agent)] == 1
+        assert got[("mooncake_disk_used_bytes", agent)] == 0
+        assert got[("mooncake_disk_orphaned_removals_total", agent)] == 0
+        assert got[("mooncake_offload_events_total", (("event", "enqueued"),))] == 4
+        assert got[("mooncake_offload_events_total", (("event", "done"),))] == 1
+        counters = m.offload_counters()
+        for event, n in counters.items():
+            assert got[("mooncake_offload_events_total", (("event", event),))] == n
+    finally:
+        m.close()
