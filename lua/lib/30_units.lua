@@ -62,9 +62,8 @@ local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. 
 -- The indexes a unit can be in by the rule: an object unit never drains and never sits in a
 -- retention tier, and one that never had a soft pin (soft_pin_until is written only by the first
 -- put_end, when it commits a pin; older stores also wrote '0' at put_start) only in the ordinary
--- tier; so the hot paths
--- (put_start, put_end, remove) touch one index or three, not all of them. unplace clears every
--- index, and repairs and eviction clear all three object indexes.
+-- tier; so the hot paths (put_start, put_end, remove) touch one index or three, not all of them.
+-- unplace clears every index, and repairs and eviction clear all three object indexes.
 local OBJECT_INDEXES, UNPINNED_OBJECT_INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES }, { TIER_ORDINARY }
 local function indexes_of(unit)
   return string.sub(unit, 1, 2) == 'o:' and OBJECT_INDEXES or INDEXES
