@@ -115,6 +115,9 @@ class Soak:
         self.workers[i].kill()
         self.workers[i].wait()
         self.workers[i] = self.spawn_worker()
+        # a worker that cannot reach Redis when it starts exits 2: let it start before the next fault
+        log = self.tmp / f"worker-{self.n_workers_spawned - 1}.log"
+        self.wait_for(f"worker {self.workers[i].pid} started", lambda: "started on" in log.read_text())
 
     def restart(self, sig: signal.Signals, down_s: float) -> None:
         self.note(f"{sig.name} valkey, down {down_s:.1f}s, restart from AOF")
@@ -145,6 +148,42 @@ class Soak:
         finally:
             r.close()
         self.note(f"silent client expired (waited {time.monotonic() - start:.1f}s)")
+
+    # ---- progress -----------------------------------------------------------------------
+    def acks(self) -> int:
+        """Puts the writers have acknowledged so far (the A lines of their logs)."""
+        return sum(line.startswith("A ") for p in self.out.glob("writer-*.log") for line in p.read_text().splitlines())
+
+    def wait_for(self, what: str, done, timeout_s: float = 90) -> None:
+        """Poll until done() holds (traffic or worker passes observed), within timeout_s."""
+        start = time.monotonic()
+        while not done():
+            if time.monotonic() - start > timeout_s:
+                raise AssertionError(f"no {what} within {timeout_s:.0f}s; events: {self.events[-6:]}")
+            time.sleep(0.2)  # polling for progress, not waiting for a deadline
+        self.note(f"{what} (after {time.monotonic() - start:.1f}s)")
+
+    def wait_traffic(self, puts: int) -> None:
+        """Until the writers acknowledged `puts` more puts: the clients work (again)."""
+        target = self.acks() + puts
+        self.wait_for(f"{puts} more acknowledged puts", lambda: self.acks() >= target)
+
+    def wait_worker_passes_after(self, ms: int) -> None:
+        """Until a worker pass over every shard began at store time `ms` or later."""
+        r = redis.Redis.from_url(self.valkey.url)
+        try:
+            self.wait_for(f"worker passes after store time {ms}", lambda: all(
+                int(r.hget(f"mc:{{mc:{i}}}:metrics", "last_pass_ms") or 0) >= ms for i in range(SHARDS)))
+        finally:
+            r.close()
+
+    def now_ms(self) -> int:
+        r = redis.Redis.from_url(self.valkey.url)
+        try:
+            sec, usec = r.time()
+            return sec * 1000 + usec // 1000
+        finally:
+            r.close()
 
     def check_alive(self) -> None:
         for p in self.workers + self.clients:
@@ -278,15 +317,16 @@ def verify(soak: Soak, summaries: list[dict]) -> None:
 @pytest.mark.timeout(SECONDS + 300)
 def test_soak_short_faults(tmp_path):
     """Faults shorter than client_ttl (10 s): pauses of 1-4 s, worker kills, Valkey SIGKILL or
-    SIGTERM with 0.2-1.5 s down, cycled until SECONDS have passed; then quiet until the silent
-    client is expired."""
+    SIGTERM with 0.2-1.5 s down, cycled until SECONDS have passed, and after each the writers
+    must acknowledge 20-100 more puts before the next; then quiet until the silent client is
+    expired."""
     rng = random.Random(int(os.environ.get("MOONCAKE_SOAK_SEED", "1")))
     soak = Soak(tmp_path, client_ttl_ms=10_000)
     try:
         end = time.monotonic() + SECONDS
         faults = ["pause", "kill_worker", "restart_kill", "pause", "kill_worker", "restart_term"]
         i = 0
-        time.sleep(3)  # let the clients mount and write a little first
+        soak.wait_traffic(50)  # the clients mount and write a little first
         while time.monotonic() < end and i < 1000:
             fault = faults[i % len(faults)]
             i += 1
@@ -297,7 +337,7 @@ def test_soak_short_faults(tmp_path):
             else:
                 soak.restart(signal.SIGKILL if fault == "restart_kill" else signal.SIGTERM, rng.uniform(0.2, 1.5))
             soak.check_alive()
-            time.sleep(rng.uniform(2, 5))  # quiet time between faults
+            soak.wait_traffic(rng.randint(20, 100))  # between faults: the clients work again
         soak.note(f"{i} faults")
         soak.wait_silent_expired(30)  # client_ttl + claim_ttl + a margin
         summaries = soak.stop()
@@ -308,19 +348,22 @@ def test_soak_short_faults(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_soak_outage_longer_than_client_ttl(tmp_path):
-    """Valkey paused, then down, each for 3 x client_ttl (3 s here) while clients keep trying.
-    The clients pinged until the outage began, so the store must not expire them for it (only
-    the silent client, which never pings)."""
+    """Valkey paused, then down, each for 3 x client_ttl (3 s here) while clients keep trying,
+    with traffic acknowledged before, between and after. The clients pinged until the outage
+    began, so the store must not expire them for it, not even in worker passes more than
+    client_ttl after it (only the silent client, which never pings)."""
     ttl = 3_000
     soak = Soak(tmp_path, client_ttl_ms=ttl)
     try:
         # the soak runs on the real clock on purpose: it injects real process faults (pauses,
-        # kills, restarts), so these waits are wall time between faults, not store deadlines
-        time.sleep(4)  # traffic before the first outage
+        # kills, restarts) whose length is wall time; between them it waits on observed progress
+        soak.wait_traffic(50)  # traffic before the first outage
         soak.pause(3 * ttl / 1000)
-        time.sleep(4)  # traffic between the two outages
+        soak.wait_traffic(50)  # traffic between the two outages
         soak.restart(signal.SIGKILL, 3 * ttl / 1000)
-        time.sleep(6)  # several worker passes after the outage, more than client_ttl
+        # worker passes well past client_ttl after the outage: a store that held the outage
+        # against the clients would have expired them by then
+        soak.wait_worker_passes_after(soak.now_ms() + 2 * ttl)
         soak.wait_silent_expired(15)
         summaries = soak.stop()
         verify(soak, summaries)
