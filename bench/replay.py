@@ -502,7 +502,8 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
                     bar.close()
                 entry["policies"][name] = st.figures() | policy.figures()
                 if check and name in MODELS and shards in MODEL_SHARDS.get(name, (shards,)):
-                    model = MODELS[name](requests, capacity, block_bytes, block_tokens, shards, worker, chains)
+                    model = MODELS[name](requests, capacity, block_bytes, block_tokens, shards, worker, chains,
+                                         MasterConfig(shards=shards, **policy.master_config()))
                     entry.setdefault("check", {})[name] = check_figures(st, model)
             out["runs"].append(entry)
     finally:

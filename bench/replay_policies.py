@@ -50,8 +50,24 @@ class Policy:
 
 
 class Lru(Policy):
+    """Plain leases. Its knob lease_slack_ms is the store's kv_lease_slack (README "Reads that
+    write nothing"): a read renews a lease only when it falls short of the TTL, to TTL + slack."""
+
     name = "lru"
-    summary = "plain leases: a read leases a block for default_kv_lease_ttl; the least recently leased go first"
+    KNOBS = {"lease_slack_ms": 0}
+
+    def __init__(self, lease_slack_ms: int = 0):
+        if lease_slack_ms < 0:
+            raise ValueError("lru: lease_slack_ms >= 0")
+        self.lease_slack_ms = lease_slack_ms
+
+    @property
+    def summary(self) -> str:
+        return ("plain leases: a read leases a block for default_kv_lease_ttl; the least recently leased go first"
+                + (f" (renewed to ttl + {self.lease_slack_ms:,} ms when short)" if self.lease_slack_ms else ""))
+
+    def master_config(self) -> dict[str, Any]:
+        return {"kv_lease_slack": self.lease_slack_ms} if self.lease_slack_ms else {}
 
 
 class Guaranteed(Policy):

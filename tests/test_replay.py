@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from mooncake_redis.bench import replay as engine
 from mooncake_redis.bench import replay_model
 from mooncake_redis.bench.replay_model import model_lru
-from mooncake_redis import ReplicateConfig
+from mooncake_redis import MasterConfig, ReplicateConfig
 from mooncake_redis.bench.replay_policies import POLICIES, Combined, Guaranteed, Lru, Policy, Retained, make_policy
 from mooncake_redis.cli.main import cli
 
@@ -263,26 +263,32 @@ def test_model_hand_computed(store_trace, worker, want):
     assert {k: getattr(st, k) for k in want} == want
 
 
-def random_trace(rnd: random.Random, n: int) -> list[engine.Request]:
-    """Chains from a small tree (a block's id spells its path: one parent each), with gaps of
-    0 to 15 s (leases of 10 s run out or not)."""
+def random_trace(rnd: random.Random, n: int, gaps: tuple[int, ...] = (0, 0, 500, 3000, 15_000)) -> list[engine.Request]:
+    """Chains from a small tree (a block's id spells its path: one parent each), with gaps
+    between requests drawn from `gaps` (by default 0 to 15 s: leases of 10 s run out or not)."""
     reqs, t = [], 0
     for _ in range(n):
         path = [rnd.randint(0, 2) for _ in range(rnd.randint(1, 8))]
         reqs.append(engine.Request(t, tuple(int("9" + "".join(map(str, path[:i + 1]))) for i in range(len(path)))))
-        t += rnd.choice([0, 0, 500, 3000, 15_000])
+        t += rnd.choice(gaps)
     return reqs
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_model_agrees_with_the_store_on_random_traces(url, shards, seed):
+@pytest.mark.parametrize("seed,slack", [(1, 0), (2, 0), (3, 4_000)])
+def test_model_agrees_with_the_store_on_random_traces(url, shards, seed, slack):
+    """slack: the store's kv_lease_slack (the lru policy's knob lease_slack_ms), which the model
+    applies too."""
     rnd = random.Random(seed)
-    reqs = random_trace(rnd, 40 if url.startswith("memory://") else 120)  # fakeredis runs Lua slowly
+    # with a slack, gaps that land reads within it and leases of 10 s + 4 s that outlast a request
+    gaps = (0, 500, 3000, 9000, 12_000) if slack else (0, 0, 500, 3000, 15_000)
+    reqs = random_trace(rnd, 40 if url.startswith("memory://") else 120, gaps)  # fakeredis runs Lua slowly
     chains = engine.Chains(reqs)
+    config = MasterConfig(shards=shards, kv_lease_slack=slack)
     for capacity, worker in ((rnd.randint(4, 12), True), (rnd.randint(4, 12), False), (40, True)):
-        store = engine.replay_store(url, reqs, Lru(), capacity, block_bytes=1000, shards=shards, worker=worker,
-                                    chains=chains)
-        model = model_lru(reqs, capacity, block_bytes=1000, shards=shards, worker=worker, chains=chains)
+        store = engine.replay_store(url, reqs, Lru(lease_slack_ms=slack), capacity, block_bytes=1000, shards=shards,
+                                    worker=worker, chains=chains)
+        model = model_lru(reqs, capacity, block_bytes=1000, shards=shards, worker=worker, chains=chains,
+                          config=config)
         fields = ("hits", "evictions", "orphan_evictions", "written", "puts_refused", "objects_left", "worker_evicted")
         assert {f: getattr(store, f) for f in fields} == {f: getattr(model, f) for f in fields}, (capacity, worker)
 
