@@ -205,18 +205,22 @@ class OffloadApi(ApiBase):
         return {c: sum(int(row[i] or 0) for row in rows) for i, c in enumerate(COUNTERS)}
 
     def offload_clients(self) -> list[OffloadClientStats]:
-        """Every client with a local disk segment, with its queue depths per priority."""
+        """Every client with a local disk segment, with its queue depths per priority (two
+        round trips: the clients, then every client's figures on every shard in one pipeline)."""
         t = self.transport
         names = sorted({c for row in t.run([("ZRANGE", k.disks, 0, -1) for k in t.keys]) for c in row})
-        out = []
+        commands = []
         for name in names:
-            commands = []
             for k in t.keys:
                 queue, overflow = k.offload_queue(name), k.offload_overflow(name)
                 commands += [("HMGET", k.disk(name), "enabled", "capacity_bytes", "inflight", "used_bytes",
                               "inflight_bytes", "orphaned"), ("ZCARD", overflow), ("ZCARD", k.disk_removals(name))]
                 commands += [("ZCOUNT", queue, rank * 2**44, f"({(rank + 1) * 2**44}") for rank in range(3)]
-            r = t.run(commands)
+        replies = t.run(commands) if commands else []
+        per_client = 6 * t.count
+        out = []
+        for i, name in enumerate(names):
+            r = replies[i * per_client:(i + 1) * per_client]
             queued = dict.fromkeys(PRIORITIES, 0)
             n = dict.fromkeys(("overflow", "inflight", "used", "inflight_bytes", "removals", "orphaned"), 0)
             capacity: int | None = None
