@@ -33,10 +33,9 @@ local E = {
   REPLICA_IS_NOT_READY = -703, OBJECT_NOT_FOUND = -704,
   OBJECT_ALREADY_EXISTS = -705, OBJECT_HAS_LEASE = -706,
   INVALID_WRITE = -700, OBJECT_HAS_REPLICATION_TASK = -708,
-  GUARANTEED_CAPACITY_EXCEEDED = -10002,
+  GUARANTEED_CAPACITY_EXCEEDED = -10002, RETENTION_LIMIT_EXCEEDED = -10003,
+  RADIX_LINK_PENDING = -10010,
 }
-E.RETENTION_LIMIT_EXCEEDED = -10003
-E.RADIX_LINK_PENDING = -10010
 -- code -> name, filled on first use (library load time may not iterate tables)
 local E_NAME = nil
 local function error_name(code)
@@ -120,17 +119,17 @@ local CONFIG_RANGES = {
   guaranteed_capacity_ratio = { 0, 1, 'ratio' },
   guaranteed_tenant_ratio = { 0, 1, 'ratio' },
   max_guaranteed_ttl = { 0, MAX_TTL },
+  allow_evict_retained_groups = { 0, 1 },
+  max_retained_groups = { 0, MAX_INT },
+  max_retained_groups_per_tenant = { 0, MAX_INT },
+  max_group_retention = { 0, MAX_TTL },
+  enable_radix_tree = { 0, 1 },
+  offload_on_put = { 0, 1 },
+  offload_queue_limit = { 0, MAX_INT },
+  offload_task_timeout = { 1, MAX_TTL },
+  offload_max_attempts = { 1, 1000 },
+  disk_removal_queue_limit = { 0, MAX_INT },
 }
-CONFIG_RANGES.allow_evict_retained_groups = { 0, 1 }
-CONFIG_RANGES.max_retained_groups = { 0, MAX_INT }
-CONFIG_RANGES.max_retained_groups_per_tenant = { 0, MAX_INT }
-CONFIG_RANGES.max_group_retention = { 0, MAX_TTL }
-CONFIG_RANGES.enable_radix_tree = { 0, 1 }
-CONFIG_RANGES.offload_on_put = { 0, 1 }
-CONFIG_RANGES.offload_queue_limit = { 0, MAX_INT }
-CONFIG_RANGES.offload_task_timeout = { 1, MAX_TTL }
-CONFIG_RANGES.offload_max_attempts = { 1, 1000 }
-CONFIG_RANGES.disk_removal_queue_limit = { 0, MAX_INT }
 
 local function config_value(name, raw)
   local range = CONFIG_RANGES[name]

@@ -28,27 +28,26 @@
 -- member is dropped and the group retires.
 
 local TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES = K.tier_ordinary, K.tier_soft, K.deadline_soft_pin
+local TIER_RETAINED, TIER_SOFT_RETAINED = K.tier_retained, K.tier_soft_retained
 local DRAINING = K.draining
-local TIERS = { TIER_ORDINARY, TIER_SOFT }          -- in eviction order
-local TIER_ALLOW = { [TIER_SOFT] = 'allow_evict_soft_pinned_objects' } -- config flag, if any
-local DEADLINES = { soft_pin = SOFT_DEADLINES }     -- kind -> index
-local DEADLINE_KINDS = { 'soft_pin' }
-local AGG_KINDS = { 'soft_pin', 'guarantee' }      -- member deadlines a composite unit aggregates
-local INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES, DRAINING } -- every index a unit can be in
 -- Tiers come in levels: a candidate is the least recently leased unit among the allowed tiers
 -- of the first level that has one. Level 2 is the fallback: soft-pinned units and retained
 -- groups side by side (least recently leased first across both); a unit that is both sits in
 -- a tier of its own that needs both flags. The retention deadline is a record's, not a unit's
 -- (a retained group may have no members): its index, P:deadline:retention, lives beside the
 -- unit indexes and is swept by sweep_retention (lua/lib/35_retention.lua).
-local TIER_RETAINED, TIER_SOFT_RETAINED = K.tier_retained, K.tier_soft_retained
-TIERS[#TIERS + 1] = TIER_RETAINED
-TIERS[#TIERS + 1] = TIER_SOFT_RETAINED
+local TIERS = { TIER_ORDINARY, TIER_SOFT, TIER_RETAINED, TIER_SOFT_RETAINED } -- in eviction order
 local TIER_LEVEL = { [TIER_ORDINARY] = 1, [TIER_SOFT] = 2, [TIER_RETAINED] = 2, [TIER_SOFT_RETAINED] = 2 }
-TIER_ALLOW[TIER_RETAINED] = 'allow_evict_retained_groups'
-TIER_ALLOW[TIER_SOFT_RETAINED] = { 'allow_evict_soft_pinned_objects', 'allow_evict_retained_groups' }
-INDEXES[#INDEXES + 1] = TIER_RETAINED
-INDEXES[#INDEXES + 1] = TIER_SOFT_RETAINED
+local TIER_ALLOW = { -- the config flags that allow evicting a tier (all of a list); none: always
+  [TIER_SOFT] = 'allow_evict_soft_pinned_objects',
+  [TIER_RETAINED] = 'allow_evict_retained_groups',
+  [TIER_SOFT_RETAINED] = { 'allow_evict_soft_pinned_objects', 'allow_evict_retained_groups' },
+}
+local DEADLINES = { soft_pin = SOFT_DEADLINES }     -- kind -> index
+local DEADLINE_KINDS = { 'soft_pin' }
+local AGG_KINDS = { 'soft_pin', 'guarantee' }      -- member deadlines a composite unit aggregates
+local INDEXES = { -- every index a unit can be in
+  TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES, DRAINING, TIER_RETAINED, TIER_SOFT_RETAINED }
 local RECORD_SWEEPS = {} -- sweeps of records' deadline indexes, run by sweep_deadlines: fn(P, now, limit)
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
