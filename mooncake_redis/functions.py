@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, NamedTuple, Sequence
 
 import redis
 
@@ -37,20 +37,83 @@ def lua_dir() -> Path:
     return packaged if packaged.is_dir() else here.parent / "lua"
 
 
-@lru_cache(maxsize=1)
-def library_source() -> tuple[str, str]:
-    """(source, version). Shared helpers (lua/lib) come first; each operation file (lua/ops)
-    is wrapped in do ... end so its locals stay its own. The version is a hash of everything
-    after its own line (the protocol line included)."""
-    lua = lua_dir()
-    parts = [p.read_text() for p in sorted((lua / "lib").glob("*.lua"))]
-    parts += ["do\n" + p.read_text() + "\nend" for p in sorted((lua / "ops").glob("*.lua"))]
-    if not parts:
+class Library(NamedTuple):
+    """The assembled library: its source, its version, and where each of its lines comes from
+    (`origins[n - 1]` for line n as the server's Lua counts them: ("lua/ops/put_end.lua", line),
+    or None for a line the assembly added)."""
+    source: str
+    version: str
+    origins: tuple[tuple[str, int] | None, ...]
+
+    def locate(self, line: int) -> str | None:
+        """"lua/<file>:<line>" of a line of the chunk, or None when it is not from a file."""
+        where = self.origins[line - 1] if 0 < line <= len(self.origins) else None
+        return f"{where[0]}:{where[1]}" if where else None
+
+
+def module_name(path: Path) -> str:
+    """The module a lua/lib file defines: NN_<name>.lua is <Name> (10_alloc.lua: Alloc)."""
+    return path.stem.split("_", 1)[1].capitalize()
+
+
+def assemble(lua: Path, protocol: int = LIBRARY_PROTOCOL, spare_locals: int = 0,
+             spare_scopes: Collection[str] | None = None) -> Library:
+    """Build the library from the sources under `lua`. Each lua/lib/NN_<name>.lua is a module:
+    its chunk (its own locals, imports from earlier modules at its top) runs as a function whose
+    returned table becomes <Name>, a local of the main chunk declared before all of them, so that
+    a module may also call a later one at run time (Radix.node_retired). Each lua/ops file runs
+    as a function too, after every module: its locals count in its own scope (Lua 5.1 allows 200
+    a function), never in the main chunk's. `spare_locals` adds that many unused locals to each
+    scope of `spare_scopes` ("main" and file names such as "lua/ops/put_end.lua"; None: all of
+    them), which tests/test_lua_library.py uses to measure the headroom. The version is a hash
+    of everything after its own line (the protocol line included)."""
+    libs, ops = sorted((lua / "lib").glob("*.lua")), sorted((lua / "ops").glob("*.lua"))
+    if not libs and not ops:
         raise MasterError(ErrorCode.INTERNAL_ERROR, f"no Lua sources under {lua} (a broken installation)")
-    body = f"local LIBRARY_PROTOCOL = {LIBRARY_PROTOCOL}\n" + "\n".join(parts)
+
+    def spares(scope: str) -> str:
+        if spare_scopes is not None and scope not in spare_scopes:
+            return ""
+        return "".join(f"local _spare_{i} = {i}\n" for i in range(spare_locals))
+
+    lines: list[str] = []
+    origins: list[tuple[str, int] | None] = []
+
+    def add(text: str, origin: tuple[str, int] | None = None) -> None:
+        for n, line in enumerate(text.splitlines()):
+            lines.append(line)
+            origins.append((origin[0], origin[1] + n) if origin else None)
+
+    def add_file(path: Path, opening: str) -> None:
+        name = f"lua/{path.parent.name}/{path.name}"
+        add(f"{opening} -- {name}\n{spares(name)}")
+        add(path.read_text(), (name, 1))
+        add("end)();")
+
+    add(f"local LIBRARY_PROTOCOL = {protocol}")
+    add(f"local {', '.join(module_name(p) for p in libs)} -- the modules of lua/lib, in order")
+    add(spares("main"))
+    for path in libs:
+        add_file(path, f"{module_name(path)} = (function()")
+    for path in ops:
+        add_file(path, "(function()")
+    body = "\n".join(lines)
     version = hashlib.sha1(body.encode()).hexdigest()[:16]
+    # The server's Lua counts the #! line as line 1 (Valkey 8, Redis 7): the version line is 2.
     source = f"#!lua name={LIBRARY_NAME}\nlocal LIBRARY_VERSION = '{version}'\n{body}"
-    return source, version
+    return Library(source, version, (None, None, *origins))
+
+
+@lru_cache(maxsize=1)
+def library() -> Library:
+    """The library of this package's Lua sources (lua_dir)."""
+    return assemble(lua_dir())
+
+
+def library_source() -> tuple[str, str]:
+    """(source, version) of the library."""
+    lib = library()
+    return lib.source, lib.version
 
 
 def server_library(client: redis.Redis) -> tuple[str, int] | None:

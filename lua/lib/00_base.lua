@@ -349,3 +349,10 @@ local function register(name, names, fn, flags)
     return fn(P, args, cfg)
   end }
 end
+
+return {
+  K = K, E = E, fail = fail, S = S, MAX_INT = MAX_INT, int_arg = int_arg, now_ms = now_ms,
+  config_value = config_value, shard_share = shard_share, valid_tenant = valid_tenant,
+  valid_name = valid_name, HEAD_CACHE_MAX = HEAD_CACHE_MAX, parse_call = parse_call,
+  row_of = row_of, register = register,
+}

@@ -4,6 +4,8 @@
 -- Byte accounting is kept in three places that fsck can recompute:
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
 
+local K, S, HEAD_CACHE_MAX = Base.K, Base.S, Base.HEAD_CACHE_MAX
+
 -- The two keys of a segment's free lists, memoised per shard and segment: every allocation and
 -- free needs them, and building them is three new strings. Bounded like HEAD_CACHE.
 local FREE_KEYS, free_keys_seen = {}, 0
@@ -141,3 +143,9 @@ local function release_held(P, now, limit)
   end
   return #due
 end
+
+return {
+  free_keys = free_keys, add_free = add_free, alloc_extent = alloc_extent,
+  free_extent = free_extent, drop_segment = drop_segment, mount_of = mount_of,
+  hold_extent = hold_extent, hold_until = hold_until, release_held = release_held,
+}

@@ -7,6 +7,10 @@
 -- Indexes: P:processing (zset, member "<tenant>:<key>", score = put_started).
 -- Groups: P:grp:<tenant>:<group> hash, P:grpm:<tenant>:<group> set of member keys (30_units.lua).
 
+local K, E, fail, now_ms, valid_tenant = Base.K, Base.E, Base.fail, Base.now_ms, Base.valid_tenant
+local parse_call = Base.parse_call
+local mount_of = Alloc.mount_of
+
 local function obj_key(P, tenant, key) return P .. K.object .. tenant .. ':' .. key end
 
 -- Fields of an object that are never a replica: the loops that look for replica fields
@@ -36,8 +40,6 @@ local function grp_members_key(P, tenant, group)
   if h then return P .. K.radix_keys .. tenant .. ':' .. h end
   return P .. K.group_members .. tenant .. ':' .. group
 end
--- Hooks that 32_radix.lua fills in (functions defined here and in 30_units.lua call them).
-local RADIX = {}
 
 -- Keys one call may carry: every function bounds its own work whatever a caller sends (the
 -- Python client sends at most 32-128 keys a call, see CHUNK_OF in mooncake_redis/master.py).
@@ -141,3 +143,11 @@ local function lease_until(P, tenant, o)
   end
   return own
 end
+
+return {
+  obj_key = obj_key, SCALAR_FIELDS = SCALAR_FIELDS, obj_id = obj_id, RADIX_MARK = RADIX_MARK,
+  radix_hash = radix_hash, grp_key = grp_key, grp_members_key = grp_members_key,
+  MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,
+  keys_spec = keys_spec, load_object = load_object, replicas_of = replicas_of,
+  live_replicas = live_replicas, lease_until = lease_until,
+}

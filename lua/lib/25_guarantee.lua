@@ -12,6 +12,9 @@
 -- object whose guarantee ran out, the sweep of dead replicas). Until the sweep has processed a
 -- due guarantee, its bytes still count, but it protects nothing (unit_rule compares with now).
 
+local K, S = Base.K, Base.S
+local obj_id = Object.obj_id
+
 local function guarantee_prefix_key(P, tenant, prefix) return P .. K.guarantee_prefix .. tenant .. ':' .. prefix end
 
 local function count_guaranteed(P, tenant, seg, delta)
@@ -47,3 +50,8 @@ local function forget_guarantee(P, tenant, key, o, replicas)
   redis.call('ZREM', P .. K.guaranteed, obj_id(tenant, key))
   redis.call('SREM', guarantee_prefix_key(P, tenant, o.prefix or key), key)
 end
+
+return {
+  guarantee_prefix_key = guarantee_prefix_key, guarantee_room = guarantee_room,
+  start_guarantee = start_guarantee, forget_guarantee = forget_guarantee,
+}

@@ -22,6 +22,12 @@
 -- collection. Dead replicas (disk unmounted) queue nothing: their files are the client's to
 -- collect. A removal is never handed out while a live disk replica points at its location.
 
+local K, S, now_ms, config_value = Base.K, Base.S, Base.now_ms, Base.config_value
+local shard_share = Base.shard_share
+local free_extent = Alloc.free_extent
+local SCALAR_FIELDS, obj_id, replicas_of = Object.SCALAR_FIELDS, Object.obj_id, Object.replicas_of
+local forget_guarantee = Guarantee.forget_guarantee
+
 local function disk_mount(P, client, cache)
   if cache and cache[client] ~= nil then return cache[client] or nil end
   local mount = redis.call('HGET', P .. K.disk .. client, 'mount')
@@ -176,3 +182,11 @@ local function forget_offload_task(P, tenant, key, o)
     redis.call('HINCRBY', dkey, 'inflight_bytes', S(-(tonumber(o.size) or 0)))
   end
 end
+
+return {
+  disk_mount = disk_mount, live_disk_replicas = live_disk_replicas, is_disk_only = is_disk_only,
+  removal_entry = removal_entry, parse_removal = parse_removal,
+  queue_disk_removal = queue_disk_removal, drop_disk_replicas = drop_disk_replicas,
+  shed_memory = shed_memory, drop_local_disk = drop_local_disk,
+  forget_offload_task = forget_offload_task,
+}

@@ -27,6 +27,16 @@
 -- no task references, and the group takes no new members (NO_AVAILABLE_HANDLE) until the last
 -- member is dropped and the group retires.
 
+local K, S, now_ms, valid_tenant = Base.K, Base.S, Base.now_ms, Base.valid_tenant
+local free_extent, hold_extent = Alloc.free_extent, Alloc.hold_extent
+local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
+local radix_hash, grp_key = Object.radix_hash, Object.grp_key
+local grp_members_key, load_object = Object.grp_members_key, Object.load_object
+local replicas_of = Object.replicas_of
+local forget_guarantee = Guarantee.forget_guarantee
+local is_disk_only, drop_disk_replicas = Disk.is_disk_only, Disk.drop_disk_replicas
+local forget_offload_task = Disk.forget_offload_task
+
 local TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES = K.tier_ordinary, K.tier_soft, K.deadline_soft_pin
 local TIER_RETAINED, TIER_SOFT_RETAINED = K.tier_retained, K.tier_soft_retained
 local DRAINING = K.draining
@@ -48,7 +58,6 @@ local DEADLINE_KINDS = { 'soft_pin' }
 local AGG_KINDS = { 'soft_pin', 'guarantee' }      -- member deadlines a composite unit aggregates
 local INDEXES = { -- every index a unit can be in
   TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES, DRAINING, TIER_RETAINED, TIER_SOFT_RETAINED }
-local RECORD_SWEEPS = {} -- sweeps of records' deadline indexes, run by sweep_deadlines: fn(P, now, limit)
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
 local function group_unit(tenant, group)
@@ -274,7 +283,7 @@ end
 
 -- The last member is gone: drop the group's unit and counters (a group record that carries
 -- more than the counters, e.g. a retention declared ahead of members, stays). A radix node then
--- goes too unless it has children (RADIX.retired).
+-- goes too unless it has children (Radix.node_retired, lua/lib/32_radix.lua).
 local function retire_group(P, tenant, group, now)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
@@ -283,7 +292,7 @@ local function retire_group(P, tenant, group, now)
   for _, kind in ipairs(AGG_KINDS) do redis.call('DEL', agg_key(P, kind, unit)) end
   redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining')
   local h = radix_hash(group)
-  if h and RADIX.retired then RADIX.retired(P, tenant, h, now or now_ms(P)) end
+  if h then Radix.node_retired(P, tenant, h, now or now_ms(P)) end
 end
 
 local function leave_group(P, tenant, key, o, now)
@@ -376,7 +385,8 @@ local function sweep_guarantees(P, now, limit)
 end
 
 -- The one sweep of every deadline: guarantees that ran out end (each re-places its unit), then
--- units whose deadline is due in a deadline index are re-derived (at most `limit` of each).
+-- units whose deadline is due in a deadline index are re-derived, then due group retentions
+-- end (lua/lib/35_retention.lua; at most `limit` of each).
 local function sweep_deadlines(P, now, limit)
   sweep_guarantees(P, now, limit)
   for _, kind in ipairs(DEADLINE_KINDS) do
@@ -386,5 +396,20 @@ local function sweep_deadlines(P, now, limit)
       replace_unit(P, unit, now)
     end
   end
-  for _, sweep in ipairs(RECORD_SWEEPS) do sweep(P, now, limit) end
+  Retention.sweep_retention(P, now, limit)
 end
+
+return {
+  DRAINING = DRAINING, TIERS = TIERS, TIER_LEVEL = TIER_LEVEL, TIER_ALLOW = TIER_ALLOW,
+  DEADLINES = DEADLINES, DEADLINE_KINDS = DEADLINE_KINDS, INDEXES = INDEXES,
+  object_unit = object_unit, group_unit = group_unit, agg_key = agg_key,
+  ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
+  unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
+  apply_rule = apply_rule, place_object = place_object, place_group = place_group,
+  place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,
+  being_evicted = being_evicted, extend_lease = extend_lease, flush_rescore = flush_rescore,
+  join_group = join_group, group_member_completed = group_member_completed,
+  retire_group = retire_group, leave_group = leave_group, drop_object = drop_object,
+  delete_object = delete_object, end_guarantee = end_guarantee, renew_guarantee = renew_guarantee,
+  sweep_guarantees = sweep_guarantees, sweep_deadlines = sweep_deadlines,
+}

@@ -23,6 +23,10 @@
 -- removes; never a live child its parent does not list, because a child's keys cannot complete
 -- (put_end: RADIX_LINK_PENDING) while its link is still in the outbox.
 
+local K, E, S, int_arg, valid_name = Base.K, Base.E, Base.S, Base.int_arg, Base.valid_name
+local RADIX_MARK = Object.RADIX_MARK
+local unplace, place_group = Units.unplace, Units.place_group
+
 local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
 
 local function rnode_key(P, tenant, h) return P .. K.radix_node .. tenant .. ':' .. h end
@@ -118,7 +122,8 @@ radix_settle = function(P, tenant, h, now, depth, retired)
     radix_unlink_up(P, tenant, h, rec[3], pshard, now, depth or 0)
   end
 end
-RADIX.retired = function(P, tenant, h, now) radix_settle(P, tenant, h, now, 0, true) end
+-- Node h's keys are gone (retire_group, lua/lib/30_units.lua): settle it, its unit already dropped.
+local function node_retired(P, tenant, h, now) radix_settle(P, tenant, h, now, 0, true) end
 
 -- Checks for registering key(s) under node h with parent ph (nil: none) before anything is
 -- written: an error code, or nil when fine.
@@ -146,3 +151,10 @@ local function radix_parent_of(row)
   if row.parent == nil or row.parent == '' then return nil, nil end
   return row.parent, int_arg(row.parent_shard or '', 0, 16383)
 end
+
+return {
+  rnode_key = rnode_key, rkids_key = rkids_key, radix_group = radix_group, radix_unit = radix_unit,
+  shard_index = shard_index, parse_outbox_entry = parse_outbox_entry, radix_settle = radix_settle,
+  radix_apply = radix_apply, node_retired = node_retired, radix_check = radix_check,
+  radix_register = radix_register, radix_parent_of = radix_parent_of,
+}

@@ -11,6 +11,10 @@
 -- until sweep_retention drops it after its deadline (freeing its slot): the index's ZCARD and
 -- the tenant's count are what admission checks against this shard's share of the limits.
 
+local K, S, valid_tenant = Base.K, Base.S, Base.valid_tenant
+local grp_key = Object.grp_key
+local group_unit, place_group = Units.group_unit, Units.place_group
+
 local RETENTION_INDEX, RETAINED_TENANTS = K.deadline_retention, K.retained_tenants
 
 local function group_has_members(P, tenant, group)
@@ -45,7 +49,6 @@ local function sweep_retention(P, now, limit)
     end
   end
 end
-RECORD_SWEEPS[#RECORD_SWEEPS + 1] = sweep_retention
 
 -- For the audit (mc_unit_state): a group unit's retention index entry, expected (from the
 -- record) and actual, appended to the reply's lists.
@@ -64,3 +67,9 @@ local function retention_state(P, unit, expected, actual, deadlines)
     actual[#actual + 1] = have
   end
 end
+
+return {
+  RETENTION_INDEX = RETENTION_INDEX, RETAINED_TENANTS = RETAINED_TENANTS,
+  group_has_members = group_has_members, sweep_retention = sweep_retention,
+  retention_state = retention_state,
+}

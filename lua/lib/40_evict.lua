@@ -1,6 +1,17 @@
 -- Eviction: pop candidates from the low end of the tiers, re-check the rule, delete. An object
 -- with a live disk replica is not deleted: its memory is freed and it stays readable from disk.
 
+local S = Base.S
+local obj_key, RADIX_MARK, grp_key = Object.obj_key, Object.RADIX_MARK, Object.grp_key
+local grp_members_key, load_object = Object.grp_members_key, Object.load_object
+local live_disk_replicas, shed_memory = Disk.live_disk_replicas, Disk.shed_memory
+local DRAINING, TIERS, TIER_LEVEL = Units.DRAINING, Units.TIERS, Units.TIER_LEVEL
+local TIER_ALLOW, object_unit, group_unit = Units.TIER_ALLOW, Units.object_unit, Units.group_unit
+local unplace, unplace_object, unit_rule = Units.unplace, Units.unplace_object, Units.unit_rule
+local object_facts, group_facts = Units.object_facts, Units.group_facts
+local apply_rule, place_group = Units.apply_rule, Units.place_group
+local retire_group, drop_object = Units.retire_group, Units.drop_object
+
 -- May units of this tier be evicted under `cfg`? (A tier without a flag always may.)
 -- A flag may be a list of flags, all of which must allow it.
 local function tier_allowed(tier, cfg)
@@ -119,3 +130,7 @@ local function evict_unit(P, unit, now, budget, cfg)
   unplace(P, unit)
   return 0, 0, 1
 end
+
+return {
+  next_candidate = next_candidate, evict_unit = evict_unit,
+}

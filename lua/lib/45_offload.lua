@@ -19,6 +19,13 @@
 -- entry whose bytes do not fit the disk's room: it stays queued), offload_orphaned (files whose
 -- removal could not be queued or was dropped with an unmounted disk: 27_disk.lua).
 
+local K, S, shard_share = Base.K, Base.S, Base.shard_share
+local obj_id, grp_key, load_object = Object.obj_id, Object.grp_key, Object.load_object
+local replicas_of = Object.replicas_of
+local disk_mount, is_disk_only = Disk.disk_mount, Disk.is_disk_only
+local place_object, place_unit_of = Units.place_object, Units.place_unit_of
+local being_evicted, leave_group = Units.being_evicted, Units.leave_group
+
 local RANK_SPAN = 17592186044416 -- 2^44: seq stays below it, and rank * 2^44 + seq below 2^53
 local RANK_NAMES = { [0] = 'high', [1] = 'normal', [2] = 'low' }
 
@@ -150,3 +157,10 @@ local function settle_disk_only(P, tenant, key, okey, now)
   end
   place_object(P, tenant, key, o, now)
 end
+
+return {
+  RANK_SPAN = RANK_SPAN, RANK_NAMES = RANK_NAMES, offload_rank = offload_rank,
+  add_task_refs = add_task_refs, count_dropped = count_dropped, enqueue_offload = enqueue_offload,
+  release_offload_task = release_offload_task, requeue_offload = requeue_offload,
+  settle_disk_only = settle_disk_only,
+}

@@ -8,6 +8,12 @@
 -- run is unfinished P.evicting is set, so the next step carries on below the high watermark.
 -- Reply: {state, units, objects, bytes, used_bytes, target_bytes} where state is
 --   "idle" (nothing to do), "target" (reached), "more" (call again), "blocked" (no evictable unit).
+
+local E, fail, S, int_arg, now_ms = Base.E, Base.fail, Base.S, Base.int_arg, Base.now_ms
+local register = Base.register
+local DRAINING, sweep_deadlines = Units.DRAINING, Units.sweep_deadlines
+local next_candidate, evict_unit = Evict.next_candidate, Evict.evict_unit
+
 local function evict(P, args, cfg)
   local max_units = int_arg(args[1], 1, 1024)
   if not max_units then return fail(E.INVALID_PARAMS, 'max_units must be an integer in [1, 1024]') end

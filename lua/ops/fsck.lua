@@ -6,6 +6,18 @@
 -- so a repair that races with normal traffic never loses a write. On a healthy store every one of
 -- them is a no-op.
 
+local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
+local int_arg, now_ms, valid_tenant = Base.int_arg, Base.now_ms, Base.valid_tenant
+local valid_name, register = Base.valid_name, Base.register
+local free_keys, add_free = Alloc.free_keys, Alloc.add_free
+local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
+local grp_key, grp_members_key = Object.grp_key, Object.grp_members_key
+local load_object = Object.load_object
+local guarantee_prefix_key = Guarantee.guarantee_prefix_key
+local object_unit, group_unit, agg_key = Units.object_unit, Units.group_unit, Units.agg_key
+local unplace, place_object, place_group = Units.unplace, Units.place_object, Units.place_group
+local retire_group = Units.retire_group
+
 local FSCK_MAX_GROUP = 10000     -- candidates one mc_fsck_group call may load
 local FSCK_MAX_EXTENTS = 8192    -- extents (+ free-list members) one mc_fsck_rebuild_free call may touch
 

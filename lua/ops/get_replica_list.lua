@@ -10,6 +10,16 @@
 -- An object whose memory replicas are gone stays readable while it has a live disk replica
 -- (with_disk=0 then answers it with no replica).   exist_key reply, per key: 1 or 0.
 
+local E, fail, S, int_arg, register = Base.E, Base.fail, Base.S, Base.int_arg, Base.register
+local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
+local keys_spec, load_object = Object.keys_spec, Object.load_object
+local live_replicas = Object.live_replicas
+local live_disk_replicas = Disk.live_disk_replicas
+local being_evicted, extend_lease = Units.being_evicted, Units.extend_lease
+local flush_rescore, delete_object = Units.flush_rescore, Units.delete_object
+local renew_guarantee = Units.renew_guarantee
+local settle_disk_only = Offload.settle_disk_only
+
 local NO_DISKS = {} -- read only
 
 -- Returns the live replicas, or nil and an error code; leases the object on success.

@@ -7,6 +7,13 @@
 -- Cost: O(keys of the prefix) through P:gpfx:<tenant>:<prefix>, never a scan; at most
 --   EXPIRE_PER_CALL objects a call, shared by its prefixes in order.
 
+local E, fail, valid_name, row_of = Base.E, Base.fail, Base.valid_name, Base.row_of
+local register = Base.register
+local obj_key, MAX_KEYS_PER_CALL = Object.obj_key, Object.MAX_KEYS_PER_CALL
+local object_call, per_row, load_object = Object.object_call, Object.per_row, Object.load_object
+local guarantee_prefix_key = Guarantee.guarantee_prefix_key
+local end_guarantee = Units.end_guarantee
+
 local EXPIRE_PER_CALL = 128 -- about 2 ms of server time at 15 redis.calls a key
 local EXPIRE_SPEC = { opts = { tenant = 'optional' }, fields = { prefix = 'required' }, max_rows = MAX_KEYS_PER_CALL }
 

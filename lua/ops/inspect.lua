@@ -1,5 +1,12 @@
 -- Read-only functions: no lease is granted, nothing is written.
 
+local E, fail, S, now_ms, register = Base.E, Base.fail, Base.S, Base.now_ms, Base.register
+local obj_key, object_call, load_object = Object.obj_key, Object.object_call, Object.load_object
+local replicas_of, lease_until = Object.replicas_of, Object.lease_until
+local DEADLINES, DEADLINE_KINDS, INDEXES = Units.DEADLINES, Units.DEADLINE_KINDS, Units.INDEXES
+local unit_state = Units.unit_state
+local retention_state = Retention.retention_state
+
 -- describe. KEYS: P. ARGV: options tenant, key (required).
 -- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}, now}.
 local DESCRIBE_SPEC = { opts = { tenant = 'optional', key = 'required' } }

@@ -32,6 +32,15 @@
 --   Reply: 1 if we hold it now, 0 if another worker does.
 -- release_claim. KEYS: P. ARGV: worker_id. Deletes P:worker only if ours. Reply: 1 or 0.
 
+local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
+local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
+local register = Base.register
+local drop_segment, hold_until = Alloc.drop_segment, Alloc.hold_until
+local release_held = Alloc.release_held
+local obj_key, load_object = Object.obj_key, Object.load_object
+local drop_local_disk = Disk.drop_local_disk
+local delete_object = Units.delete_object
+
 local MAX_ITEMS = 1024
 
 local function max_arg(s)

@@ -47,6 +47,22 @@
 --   Per row: 1 when a live disk replica of the client points at that location, else 0 (the
 --   agent's garbage collection removes only files answered 0).
 
+local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
+local int_arg, now_ms, shard_share = Base.int_arg, Base.now_ms, Base.shard_share
+local valid_tenant, valid_name, parse_call = Base.valid_tenant, Base.valid_name, Base.parse_call
+local row_of, register = Base.row_of, Base.register
+local obj_key, obj_id, MAX_KEYS_PER_CALL = Object.obj_key, Object.obj_id, Object.MAX_KEYS_PER_CALL
+local object_call, per_row, load_object = Object.object_call, Object.per_row, Object.load_object
+local live_replicas = Object.live_replicas
+local disk_mount, live_disk_replicas = Disk.disk_mount, Disk.live_disk_replicas
+local removal_entry, parse_removal = Disk.removal_entry, Disk.parse_removal
+local queue_disk_removal, drop_local_disk = Disk.queue_disk_removal, Disk.drop_local_disk
+local being_evicted = Units.being_evicted
+local RANK_SPAN, RANK_NAMES = Offload.RANK_SPAN, Offload.RANK_NAMES
+local offload_rank, add_task_refs = Offload.offload_rank, Offload.add_task_refs
+local count_dropped, release_offload_task = Offload.count_dropped, Offload.release_offload_task
+local requeue_offload = Offload.requeue_offload
+
 local MAX_TASKS = 1024
 
 local function client_opt(call)

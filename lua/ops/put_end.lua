@@ -5,6 +5,14 @@
 -- With offload_on_put, the first readable put_end queues the object for offload
 -- (enqueue_offload, lua/lib/45_offload.lua) with its priority as of that moment.
 
+local K, E, fail, S, valid_name = Base.K, Base.E, Base.fail, Base.S, Base.valid_name
+local register = Base.register
+local obj_key, obj_id, object_call = Object.obj_key, Object.obj_id, Object.object_call
+local per_row, keys_spec, load_object = Object.per_row, Object.keys_spec, Object.load_object
+local ever_soft_pinned, place_object = Units.ever_soft_pinned, Units.place_object
+local group_member_completed, delete_object = Units.group_member_completed, Units.delete_object
+local enqueue_offload = Offload.enqueue_offload
+
 local function check_writer(o, client)
   if not o then return E.OBJECT_NOT_FOUND end
   if o.writer ~= client then return E.ILLEGAL_CLIENT end

@@ -23,6 +23,23 @@
 -- Retry: a put_start of a key whose put is in progress, by the same writer with the same size,
 -- answers the replicas already allocated (so a caller whose first call timed out can retry).
 
+local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
+local int_arg, now_ms, valid_tenant = Base.int_arg, Base.now_ms, Base.valid_tenant
+local valid_name, parse_call, row_of = Base.valid_name, Base.parse_call, Base.row_of
+local register = Base.register
+local alloc_extent, free_extent, mount_of = Alloc.alloc_extent, Alloc.free_extent, Alloc.mount_of
+local hold_until, release_held = Alloc.hold_until, Alloc.release_held
+local obj_key, obj_id, load_object = Object.obj_key, Object.obj_id, Object.load_object
+local replicas_of = Object.replicas_of
+local guarantee_room, start_guarantee = Guarantee.guarantee_room, Guarantee.start_guarantee
+local group_draining, being_evicted = Units.group_draining, Units.being_evicted
+local join_group, delete_object = Units.join_group, Units.delete_object
+local sweep_guarantees, sweep_deadlines = Units.sweep_guarantees, Units.sweep_deadlines
+local radix_group, radix_settle = Radix.radix_group, Radix.radix_settle
+local radix_check, radix_register = Radix.radix_check, Radix.radix_register
+local radix_parent_of = Radix.radix_parent_of
+local next_candidate, evict_unit = Evict.next_candidate, Evict.evict_unit
+
 -- Pick up to `want` distinct segments with room for `size`, preferred ones first. `mounts`
 -- memoises the segments' mount ids for the call (mount_of).
 local function allocate(P, size, want, preferred, by_free, mounts)

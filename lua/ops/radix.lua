@@ -6,6 +6,19 @@
 --   for a root). Rows: nodes of this shard. Registers each node (an empty node stays until
 --   reconciliation's grace period ends) under its parent. Reply per row: 0, or INVALID_PARAMS
 --   (bad hash, parent = node, parent_shard out of range, or the node already has another parent).
+
+local K, E, fail, MAX_INT, int_arg = Base.K, Base.E, Base.fail, Base.MAX_INT, Base.int_arg
+local now_ms, valid_tenant, valid_name = Base.now_ms, Base.valid_tenant, Base.valid_name
+local row_of, register = Base.row_of, Base.register
+local grp_members_key, MAX_KEYS_PER_CALL = Object.grp_members_key, Object.MAX_KEYS_PER_CALL
+local object_call, per_row = Object.object_call, Object.per_row
+local unit_state = Units.unit_state
+local rnode_key, rkids_key, radix_group = Radix.rnode_key, Radix.rkids_key, Radix.radix_group
+local radix_unit, shard_index = Radix.radix_unit, Radix.shard_index
+local parse_outbox_entry, radix_settle = Radix.parse_outbox_entry, Radix.radix_settle
+local radix_apply, radix_check = Radix.radix_apply, Radix.radix_check
+local radix_register, radix_parent_of = Radix.radix_register, Radix.radix_parent_of
+
 local REGISTER_SPEC = { opts = { tenant = 'optional' },
   fields = { node = 'required', parent = 'optional', parent_shard = 'optional' }, max_rows = MAX_KEYS_PER_CALL }
 

@@ -4,6 +4,11 @@
 -- KEYS: P.  ARGV: options tenant, force (0|1, default 0); fields key.
 -- Reply: one code per key (0 = removed).
 
+local E, fail, register = Base.E, Base.fail, Base.register
+local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
+local keys_spec, load_object, lease_until = Object.keys_spec, Object.load_object, Object.lease_until
+local delete_object = Units.delete_object
+
 local function remove_one(P, tenant, key, force, now)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)

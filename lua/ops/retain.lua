@@ -23,6 +23,16 @@
 --   Compare-and-set of P:retained_tenants: each tenant's count (missing = 0) is set to value
 --   (0 deletes it) only if it still equals expected. Reply: per triple {applied (1|0), count}.
 
+local E, fail, S, MAX_INT, int_arg = Base.E, Base.fail, Base.S, Base.MAX_INT, Base.int_arg
+local now_ms, shard_share, valid_tenant = Base.now_ms, Base.shard_share, Base.valid_tenant
+local valid_name, register = Base.valid_name, Base.register
+local grp_key, MAX_KEYS_PER_CALL = Object.grp_key, Object.MAX_KEYS_PER_CALL
+local object_call = Object.object_call
+local TIERS, group_unit, place_group = Units.TIERS, Units.group_unit, Units.place_group
+local unit_state = Units.unit_state
+local RETENTION_INDEX, RETAINED_TENANTS = Retention.RETENTION_INDEX, Retention.RETAINED_TENANTS
+local group_has_members, sweep_retention = Retention.group_has_members, Retention.sweep_retention
+
 local RETAIN_SPEC = { opts = { tenant = 'optional', ttl_ms = 'required' }, fields = { group = 'required' },
   max_rows = MAX_KEYS_PER_CALL }
 local DESCRIBE_GROUP_SPEC = { opts = { tenant = 'optional', group = 'required' } }

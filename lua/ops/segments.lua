@@ -3,6 +3,17 @@
 -- allocates only inside its own slice. P:seg:<name> hash: client, base, size, used, mount,
 -- mounted_at. P:segs zset: segment -> free bytes. P:clients zset: client -> last ping ms.
 
+local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
+local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
+local parse_call, register = Base.parse_call, Base.register
+local free_keys, add_free, drop_segment = Alloc.free_keys, Alloc.add_free, Alloc.drop_segment
+local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
+local keys_spec, load_object = Object.keys_spec, Object.load_object
+local live_replicas = Object.live_replicas
+local live_disk_replicas = Disk.live_disk_replicas
+local delete_object = Units.delete_object
+local settle_disk_only = Offload.settle_disk_only
+
 -- mount_segment. KEYS: P. ARGV: options name, client_id, base (the slice base), size (the slice size),
 -- all required; path (optional, 1-4096 bytes: where a same-host reader finds the segment's bytes,
 -- e.g. the data plane's memory-mapped file; stored as the field path). Reply: 0 (OK).

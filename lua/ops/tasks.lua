@@ -7,6 +7,12 @@
 --   OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY (put in progress), INVALID_PARAMS (would go below 0).
 -- The count is returned as an array {count} so that 0 is not mistaken for the OK code.
 
+local E, fail, register = Base.E, Base.fail, Base.register
+local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
+local keys_spec, load_object = Object.keys_spec, Object.load_object
+local being_evicted = Units.being_evicted
+local add_task_refs = Offload.add_task_refs
+
 local function task_ref_one(P, tenant, key, delta, now)
   local okey = obj_key(P, tenant, key)
   local o = load_object(okey)
