@@ -5,6 +5,7 @@ MasterError). Also the store's schema version, recorded in its configuration."""
 from __future__ import annotations
 
 import hashlib
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Collection, NamedTuple, Sequence
@@ -116,6 +117,18 @@ def library_source() -> tuple[str, str]:
     return lib.source, lib.version
 
 
+# Where a Lua error names a line of the library: "user_function:42:" in a failed FUNCTION LOAD
+# and in a runtime error of Valkey and Redis 7.
+_LUA_LINE = re.compile(r"user_function:(\d+)")
+
+
+def locate_lines(text: str, lib: Library | None = None) -> str:
+    """`text` with every line of the library it names ("user_function:42") as its file and line
+    ("lua/ops/put_start.lua:17")."""
+    lib = lib or library()
+    return _LUA_LINE.sub(lambda m: lib.locate(int(m.group(1))) or m.group(0), text)
+
+
 def server_library(client: redis.Redis) -> tuple[str, int] | None:
     """(version, protocol) of the library the server runs, or None when it has none (raw redis
     errors). Protocol 1 replied the bare version; later protocols reply {version, protocol}.
@@ -187,7 +200,7 @@ def load(client: redis.Redis) -> str:
     except redis.ResponseError as exc:
         raise MasterError(ErrorCode.INTERNAL_ERROR,
                           f"cannot load the functions library {LIBRARY_NAME!r} (a user that may not "
-                          f"FUNCTION LOAD needs an administrator to load it): {exc}") from None
+                          f"FUNCTION LOAD needs an administrator to load it): {locate_lines(str(exc))}") from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise _no_reply(exc) from exc
 
@@ -255,7 +268,8 @@ _NOT_NOW = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
 def error_of(exc: redis.RedisError) -> MasterError:
     """An error reply as MasterError: a function's own keeps its code; a server that did not run
     the call now (LOADING, BUSY, ...) is UNAVAILABLE; anything else from Redis (NOPERM, OOM, a
-    library still missing after a reload) is INTERNAL_ERROR."""
+    library still missing after a reload, a Lua error: its lines named as lua/<file>:<line> of
+    this package's library) is INTERNAL_ERROR."""
     err = parse_error_reply(str(exc))
     if err is not None:
         return err
@@ -263,7 +277,7 @@ def error_of(exc: redis.RedisError) -> MasterError:
         return MasterError(ErrorCode.UNAVAILABLE, f"the call did not run, retry it: {exc}")
     if FUNCTION_MISSING in str(exc):
         return MasterError(ErrorCode.INTERNAL_ERROR, f"functions library {LIBRARY_NAME!r} missing after loading it: {exc}")
-    return MasterError(ErrorCode.INTERNAL_ERROR, f"Redis replied: {exc}")
+    return MasterError(ErrorCode.INTERNAL_ERROR, f"Redis replied: {locate_lines(str(exc))}")
 
 
 def _no_reply(exc: Exception) -> MasterError:

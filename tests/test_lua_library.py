@@ -1,14 +1,18 @@
 """The assembled Lua library (mooncake_redis/functions.py `assemble`) on a real Valkey and a real
 Redis 7: it keeps room to grow under Lua 5.1's 200 locals a function, in the main chunk and in the
-scope of every lua/ file."""
+scope of every lua/ file, and an error inside it names lua/<file>:<line>, whether FUNCTION LOAD
+fails or a function fails at run time."""
 from __future__ import annotations
 
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import redis
 
 from mooncake_redis import functions
+from mooncake_redis.errors import MasterError
 from mooncake_redis.server import EmbeddedValkey
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -60,6 +64,7 @@ def test_too_many_locals_fail_to_load_and_name_the_scope(client):
     error = load(client, lib)
     assert error is not None and "more than 200 local variables" in error
     assert "main function" not in error  # the file's own function, not the main chunk
+    assert functions.locate_lines(error, lib) != error
 
 
 def headroom(client, scope: str) -> int:
@@ -85,3 +90,71 @@ def test_locals_of_every_scope(client, server):
     assert counts["main"] <= 20, f"the main chunk has {counts['main']} locals: a module table per lua/lib file"
     assert all(n <= LUA_MAX_LOCALS - HEADROOM for n in counts.values()), counts
     load(client, functions.library())
+
+
+# ---- errors name lua/<file>:<line> ---------------------------------------------------------
+
+TEST_OPS = '''-- a test-only ops file
+local register, S = Base.register, Base.S
+
+register('mc_test_boom', {}, function(P, args, cfg)
+  error('boom')
+end)
+register('mc_test_nil', {}, function(P, args, cfg)
+  return S(nil)
+end)
+'''
+
+
+@pytest.fixture
+def lua_copy(tmp_path, monkeypatch):
+    """A copy of lua/ that the package builds its library from (functions.lua_dir patched)."""
+    lua = tmp_path / "lua"
+    shutil.copytree(functions.lua_dir(), lua)
+    monkeypatch.setattr(functions, "lua_dir", lambda: lua)
+    functions.library.cache_clear()
+    yield lua
+    monkeypatch.undo()
+    functions.library.cache_clear()
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_a_library_that_fails_to_load_names_the_file_and_line(client, lua_copy):
+    broken = lua_copy / "ops" / "put_end.lua"
+    broken.write_text(broken.read_text().replace("local function check_writer(o, client)",
+                                                 "local function check_writer(o, client) x = = 1", 1))
+    with pytest.raises(MasterError) as err:
+        functions.load(client)
+    line = line_of(broken, "x = = 1")
+    assert f"lua/ops/put_end.lua:{line}: unexpected symbol near '='" in str(err.value)
+    assert "user_function" not in str(err.value)
+
+
+def test_a_runtime_error_names_the_file_and_line(client, lua_copy):
+    test_ops = lua_copy / "ops" / "zz_test.lua"
+    test_ops.write_text(TEST_OPS)
+    functions.load(client)
+    P = "ns:{ns:0}"
+    client.hset(f"{P}:config", "shards", "1")
+    with pytest.raises(MasterError) as err:
+        functions.run(client, [["FCALL", "mc_test_boom", 1, P]])
+    line = line_of(test_ops, "error('boom')")
+    assert re.search(rf"lua/ops/zz_test\.lua:{line}: boom\b", str(err.value)), str(err.value)
+    assert "user_function" not in str(err.value)
+    # an error inside a module names the module's file (the innermost line)
+    with pytest.raises(MasterError) as err:
+        functions.run(client, [["FCALL", "mc_test_nil", 1, P]])
+    assert re.search(r"lua/lib/00_base\.lua:\d+: attempt to perform arithmetic", str(err.value)), str(err.value)
+    assert "user_function" not in str(err.value)
+
+
+def test_locate_lines_leaves_other_text_alone():
+    lib = functions.library()
+    assert functions.locate_lines("no line here", lib) == "no line here"
+    assert functions.locate_lines("user_function:1: x", lib) == "user_function:1: x"  # the #! line
+    assert functions.locate_lines("user_function:999999: x", lib) == "user_function:999999: x"
+    n = lib.origins.index(("lua/ops/put_end.lua", 1)) + 1
+    assert functions.locate_lines(f"user_function:{n + 4}: x", lib) == "lua/ops/put_end.lua:5: x"
