@@ -247,9 +247,10 @@ def test_decode_refuses():
     ok = encode(rsp, schema.GetReplicaListResponse([], 10, None))
     with pytest.raises(CodecError, match="flag"):
         decode(rsp, ok[:4] + b"\x02" + ok[5:])  # expected flag 2
-    one = encode(schema.RPCS["PutStart"].response, [schema.ReplicaDescriptor(1, (2, schema.DiskDescriptor(b"f", 1)), 3)])
-    with pytest.raises(CodecError, match="variant"):
-        decode(schema.RPCS["PutStart"].response, one[:6 + 8] + b"\x05" + one[7 + 8:])
+    put = schema.RPCS["PutStart"].response
+    one = encode(put, [schema.ReplicaDescriptor(1, (2, schema.DiskDescriptor(b"f", 1)), 3)])
+    with pytest.raises(CodecError, match="variant"):  # head 4, flag, count, id 8, then the index
+        decode(put, one[:6 + 8] + b"\x05" + one[7 + 8:])
 
 
 def test_counts_beyond_the_body_are_refused_before_allocating():
@@ -326,7 +327,8 @@ def test_bad_request_headers(offset, value):
 def test_oversized_and_short_request_headers():
     with pytest.raises(frames.FrameError, match="claims"):
         frames.parse_request_header(struct.pack("<BBBBIIII", 21, 0, 0, 0, 0, 1, frames.MAX_BODY, 1))
-    assert frames.parse_request_header(struct.pack("<BBBBIIII", 21, 0, 0, 0, 0, 1, frames.MAX_BODY, 0))[2] == frames.MAX_BODY
+    at_limit = struct.pack("<BBBBIIII", 21, 0, 0, 0, 0, 1, frames.MAX_BODY, 0)
+    assert frames.parse_request_header(at_limit)[2] == frames.MAX_BODY
     with pytest.raises(frames.FrameError):
         frames.parse_request_header(b"\x15" * 19)
 

@@ -1,1 +1,1 @@
-"""The Mooncake wire gateway: Mooncake's master protocol (coro_rpc framing, struct_pack bodies) in front of mooncake-redis."""
+"""The Mooncake wire gateway: Mooncake's master protocol (coro_rpc, struct_pack) served from mooncake-redis."""

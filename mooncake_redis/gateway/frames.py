@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from .codec import CodecError, args, decode, encode, string, u16
+from .codec import args, decode, encode, string, u16
 
 REQ_HEADER = 20
 RSP_HEADER = 16
@@ -108,5 +108,5 @@ def parse_error_body(err_code: int, body: bytes) -> tuple[int, str]:
 
 __all__ = ["REQ_HEADER", "RSP_HEADER", "MAGIC", "MAX_BODY", "FrameError", "Request",
            "parse_request_header", "request_frame", "response_frame", "error_frame",
-           "parse_response_header", "parse_error_body", "CodecError",
+           "parse_response_header", "parse_error_body",
            "ERRC_INVALID_RPC_ARGUMENTS", "ERRC_FUNCTION_NOT_REGISTERED"]
