@@ -133,11 +133,13 @@ def _tail(path: str, lines: int = 8) -> str:
 
 class MooncakeMaster:
     """mooncake_master on 127.0.0.1 (RPC and admin ports free ones), logging into `dir`, no HA,
-    no metrics reporting, every other flag at its default."""
+    no metrics reporting, every other flag at its default; with `http_metadata`, its HTTP
+    metadata server on a free port too (`metadata_url`)."""
 
-    def __init__(self, exe: str, dir: str):
+    def __init__(self, exe: str, dir: str, http_metadata: bool = False):
         self.exe, self.dir = exe, dir
         self.port, self.admin_port = free_port(), free_port()
+        self.metadata_port = free_port() if http_metadata else None
         self.log_path = os.path.join(dir, "mooncake_master.log")
         self.proc: subprocess.Popen | None = None
 
@@ -145,10 +147,17 @@ class MooncakeMaster:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def metadata_url(self) -> str:
+        return f"http://127.0.0.1:{self.metadata_port}/metadata" if self.metadata_port else "P2PHANDSHAKE"
+
     def start(self) -> "MooncakeMaster":
         args = [self.exe, f"--rpc_port={self.port}", "--rpc_address=127.0.0.1",
                 f"--metrics_port={self.admin_port}", "--metrics_host=127.0.0.1",
                 "--enable_metric_reporting=false"]
+        if self.metadata_port:
+            args += ["--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+                     f"--http_metadata_server_port={self.metadata_port}"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)

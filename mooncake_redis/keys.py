@@ -46,6 +46,9 @@ K.update({"tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft
 # to remove
 K.update({"disk": ":disk:", "disks": ":disks", "offload_queue": ":offq:", "offload_overflow": ":offover:",
           "offload_inflight": ":offload_inflight", "disk_removals": ":diskrm:"})
+# the Mooncake wire gateway: segment facts, the transfer engine's metadata, the gateways serving
+K.update({"gw_segment": ":gwseg:", "gw_segment_ids": ":gwsegids", "gw_segments": ":gwsegs",
+          "gw_metadata": ":gwmeta", "gateways": ":gateways", "gateway": ":gateway:"})
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
 
 _KB = {name: suffix.encode() for name, suffix in K.items()}
@@ -96,6 +99,11 @@ class ShardKeys:
         # SSD offload
         self.disks = P + _KB["disks"]
         self.offload_inflight = P + _KB["offload_inflight"]
+        # the Mooncake wire gateway (kept on shard 0)
+        self.gw_segment_ids = P + _KB["gw_segment_ids"]
+        self.gw_segments = P + _KB["gw_segments"]
+        self.gw_metadata = P + _KB["gw_metadata"]
+        self.gateways = P + _KB["gateways"]
 
     def disk(self, client: str | bytes) -> bytes:
         """A client's local disk segment on this shard (hash)."""
@@ -112,6 +120,14 @@ class ShardKeys:
     def disk_removals(self, client: str | bytes) -> bytes:
         """The files a client is to remove from its disk (zset, lua/lib/27_disk.lua)."""
         return self.P + _KB["disk_removals"] + _b(client)
+
+    def gw_segment(self, name: str | bytes) -> bytes:
+        """A segment's facts as a gateway recorded them (uuid, client, endpoint, ...; hash)."""
+        return self.P + _KB["gw_segment"] + _b(name)
+
+    def gateway(self, gateway_id: str | bytes) -> bytes:
+        """A serving gateway's addresses (hash)."""
+        return self.P + _KB["gateway"] + _b(gateway_id)
 
     def prefix(self, name: str) -> bytes:
         """P + the suffix `name` of K: the start of a family of keys, e.g. for a SCAN MATCH."""

@@ -197,6 +197,12 @@ class ObjectsApi(ApiBase):
         _check_bool(force, "force")
         self._single(self._remove([_as_key(key)], force, tenant_id)[0], "remove", key)
 
+    def batch_remove(self, keys: Sequence[Any], force: bool = False, tenant_id: str = "default") -> list[ErrorCode]:
+        """remove of each key; per key its code (OK, OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, ...)."""
+        _check_tenant(tenant_id)
+        _check_bool(force, "force")
+        return self._remove([_as_key(k) for k in keys], force, tenant_id)
+
     def _remove_matching(self, keep: Callable[[bytes], bool], force: bool, tenant_id: str) -> int:
         _check_tenant(tenant_id)
         _check_bool(force, "force")

@@ -30,9 +30,10 @@ class SegmentsApi(ApiBase):
                for shard, (lo, length) in enumerate(slices)])
 
     def unmount_segment(self, name: str, client_id: str,
-                        progress: Callable[[int], None] | None = None) -> int:
+                        progress: Callable[[int], None] | None = None, sweep: bool = True) -> int:
         """Unmount on every shard (replicas hide at once), then sweep the dead replicas out of
-        the object hashes in bounded steps. Returns how many objects were left with no replica
+        the object hashes in bounded steps (sweep=False leaves that to the workers, which sweep
+        a shard whose sweep marker is set). Returns how many objects were left with no replica
         and deleted."""
         _check_name(name, "segment name", 1024)
         _check_name(client_id, "client_id")
@@ -41,6 +42,8 @@ class SegmentsApi(ApiBase):
         errors = [r for r in results if isinstance(r, MasterError)]
         if len(errors) == len(results):
             raise errors[0]
+        if not sweep:
+            return 0
         return sum(self.sweep_shard(shard, progress) for shard in range(self.shards))
 
     def sweep_shard(self, shard: int, on_batch: Callable[[int], Any] | None = None) -> int:

@@ -14,6 +14,8 @@ space that eviction would otherwise have to find):
      set, also if a worker stopped before sweeping, or step 2 just unmounted one), sweep the dead
      replicas out of the shard's object hashes (`mc_sweep_replicas` over a SCAN of the shard's
      objects, then `mc_sweep_done`);
+  3b. reap_gateway_segments (shard 0): forget segments a Mooncake gateway recorded that are no
+     longer mounted, with their transfer-engine metadata (`mc_gw_reap`);
   4. redeliver_offload: offload tasks whose deadline passed are queued again or dropped
      (`mc_offload_sweep`, which releases their task references first);
   5. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps) until the
@@ -63,6 +65,7 @@ class WorkerPass:
     radix_outbox_applied: int = 0    # cross-shard radix steps delivered
     radix_nodes_dropped: int = 0     # empty radix nodes reconciliation removed
     radix_phantoms_removed: int = 0  # children a parent listed that were gone
+    gateway_segments_reaped: int = 0  # segments a gateway recorded that are no longer mounted
     offload_timed_out: int = 0  # offload tasks whose deadline passed (queued again or dropped)
 
     def add(self, other: "WorkerPass") -> None:
@@ -93,6 +96,7 @@ _TOTALS = {
     "radix_nodes_dropped_total": "radix_nodes_dropped",
     "radix_phantoms_removed_total": "radix_phantoms_removed",
     "offload_timed_out_total": "offload_timed_out",
+    "gateway_segments_reaped_total": "gateway_segments_reaped",
 }
 
 
@@ -195,11 +199,23 @@ def redeliver_offload(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -
         worker.renew(shard.index)
 
 
+def reap_gateway_segments(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    """Shard 0 only: segments a Mooncake gateway recorded that are no longer mounted (their
+    client expired) lose their facts and their transfer-engine metadata (`mc_gw_reap`)."""
+    while shard.index == 0 and not worker.stopping():
+        reaped = worker.transport.call("mc_gw_reap", 0, worker.batch)
+        done.gateway_segments_reaped += reaped
+        if reaped < worker.batch:
+            return
+        worker.renew(shard.index)
+
+
 # The loops of one pass over a claimed shard, in order.
 STEPS: list[Step] = [
     Step("discard_puts", discard_puts),
     Step("expire_clients", expire_clients),
     Step("sweep_replicas", sweep_replicas),
+    Step("reap_gateway_segments", reap_gateway_segments),
     Step("redeliver_offload", redeliver_offload),
     Step("evict", evict),
     Step("radix", radix),

@@ -23,6 +23,10 @@ local K = {
   -- files to remove
   disk = ':disk:', disks = ':disks', offload_queue = ':offq:', offload_overflow = ':offover:',
   offload_inflight = ':offload_inflight', disk_removals = ':diskrm:',
+  -- the Mooncake wire gateway (lua/ops/gateway.lua): segment facts, the transfer engine's
+  -- metadata, the gateways serving
+  gw_segment = ':gwseg:', gw_segment_ids = ':gwsegids', gw_segments = ':gwsegs', gw_metadata = ':gwmeta',
+  gateways = ':gateways', gateway = ':gateway:',
 }
 
 local E = {

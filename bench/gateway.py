@@ -1,0 +1,125 @@
+"""`bench gateway`: Mooncake's own client against Mooncake's C++ master and against our gateway,
+in the same run, interleaved.
+
+Each figure is one client process (bench/gateway_client.py, protocol tcp, P2PHANDSHAKE) timing
+put (1 KiB), is_exist, batch_is_exist (100 keys; keys/s), get and remove over n calls; rounds
+alternate between the two masters and the median of 3 rounds is reported with the ratio
+gateway / Mooncake. Then the aggregate: 4 client processes at once against one mooncake_master,
+and the same 4 against 2 gateway processes (2 clients each) on one store. The gateways are
+`mooncake-redis gateway` processes on a private Valkey (no AOF), like the C++ master a process
+of their own. Needs Mooncake's client (`pip install 'mooncake-redis[mooncake]'`).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+from mooncake_redis import Master, MasterConfig
+from mooncake_redis.server import EmbeddedValkey, free_port, stop_process
+
+from .mooncake import MooncakeMaster, find_mooncake
+from .common import cpu_model
+
+OPERATIONS = ("put", "is_exist", "batch_is_exist", "get", "remove")
+REPEATS = 3
+NAMESPACE = "bench"
+ENV = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1", "GLOG_minloglevel": "2"}
+
+
+def clients(master_addresses: list[str], n: int, tag: str) -> list[dict[str, float]]:
+    """One client process per address, started together; their rates."""
+    procs = [subprocess.Popen([sys.executable, "-m", "mooncake_redis.bench.gateway_client", addr, str(n), f"{tag}{i}"],
+                              env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) for i, addr in enumerate(master_addresses)]
+    try:
+        for p in procs:
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a client did not set up against {master_addresses} (exit {p.wait()})")
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out = []
+        for p in procs:
+            line = p.stdout.readline()
+            if not line.startswith("{"):
+                raise RuntimeError(f"a client failed: exit {p.wait()}")
+            out.append(json.loads(line))
+        return out
+    finally:
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+class GatewayProcess:
+    def __init__(self, url: str):
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "--redis", url, "--namespace",
+                                      NAMESPACE, "gateway", "--rpc-port", str(self.port), "--metadata-port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("mooncake gateway:"):
+            raise RuntimeError(f"the gateway did not start (exit {self.proc.wait()}): {line!r}")
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def main(n: int = 2000, out: Callable[[str], None] = print) -> dict[str, Any]:
+    _, exe = find_mooncake()
+    res: dict[str, Any] = {"n": n, "repeats": REPEATS, "cores": os.cpu_count(), "cpu": cpu_model(),
+                           "started_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "load_average_at_start": os.getloadavg()}
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gateway-"))
+        mooncake = MooncakeMaster(exe, tmp).start()
+        stack.callback(mooncake.stop)
+        valkey = EmbeddedValkey(data_dir=os.path.join(tmp, "valkey"), appendonly=False).start()
+        stack.callback(valkey.stop)
+        Master.connect(valkey.url, MasterConfig(namespace=NAMESPACE)).close()
+        gateways = [GatewayProcess(valkey.url) for _ in range(2)]
+        for g in gateways:
+            stack.callback(g.stop)
+        out(f"Mooncake's client (one process per figure) against mooncake_master {mooncake.address} and against "
+            f"`mooncake-redis gateway` on a private Valkey; n={n:,}, median of {REPEATS} rounds, interleaved")
+        out(f"machine {res['cores']} cores, {res['cpu']}, load average "
+            f"{' '.join(f'{x:.2f}' for x in res['load_average_at_start'])}")
+        single: dict[str, list[dict]] = {"mooncake": [], "gateway": []}
+        for rep in range(REPEATS):
+            single["mooncake"] += clients([mooncake.address], n, f"m{rep}-")
+            single["gateway"] += clients([gateways[0].address], n, f"g{rep}-")
+        res["single"] = _table(single, out, "one client")
+        many = {"mooncake": [_sum(clients([mooncake.address] * 4, n, f"M{rep}-")) for rep in range(REPEATS)]}
+        many["gateway"] = [_sum(clients([g.address for g in gateways for _ in range(2)], n, f"G{rep}-"))
+                           for rep in range(REPEATS)]
+        res["aggregate"] = _table(many, out, "4 clients (aggregate; gateway: 2 processes)")
+    res["load_average_at_end"] = os.getloadavg()
+    return res
+
+
+def _sum(rates: list[dict[str, float]]) -> dict[str, float]:
+    return {op: sum(r[op] for r in rates) for op in OPERATIONS}
+
+
+def _table(runs: dict[str, list[dict]], out, title: str) -> dict[str, dict]:
+    out(f"{title:<44}{'mooncake_master':>18}{'gateway':>14}{'gateway/Mooncake':>18}")
+    rows = {}
+    for op in OPERATIONS:
+        a = statistics.median(r[op] for r in runs["mooncake"])
+        b = statistics.median(r[op] for r in runs["gateway"])
+        unit = " keys/s" if op == "batch_is_exist" else "/s"
+        rows[op] = {"mooncake_per_s": a, "gateway_per_s": b, "ratio": b / a}
+        out(f"  {op:<42}{f'{a:,.0f}{unit}':>18}{f'{b:,.0f}{unit}':>14}{b / a:>18.2f}")
+    return rows

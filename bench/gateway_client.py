@@ -1,0 +1,51 @@
+"""One Mooncake client process of `bench gateway`: set up against a master, print "ready",
+wait for a line on stdin (so that several processes start together), time each operation over
+n calls and print one JSON object {operation: calls (or keys) per second}.
+
+    python -m mooncake_redis.bench.gateway_client MASTER N TAG
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from mooncake.store import MooncakeDistributedStore
+
+OBJECT = b"g" * 1024  # 1 KiB
+BATCH = 100
+
+
+def timed(calls: int, fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return calls / (time.perf_counter() - started)
+
+
+def main(master: str, n: int, tag: str) -> None:
+    store = MooncakeDistributedStore()
+    if store.setup("127.0.0.1", "P2PHANDSHAKE", 256 << 20, 16 << 20, "tcp", "", master) != 0:
+        sys.exit("setup failed")
+    keys = [f"{tag}-{i:07d}" for i in range(n)]
+    windows = [keys[(w * BATCH) % max(1, n - BATCH):][:BATCH] for w in range(max(10, n // 20))]
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+    def check(what: str, bad: int) -> None:
+        if bad:
+            sys.exit(f"{what}: {bad} calls failed")
+
+    rates = {
+        "put": timed(n, lambda: check("put", sum(store.put(k, OBJECT) != 0 for k in keys))),
+        "is_exist": timed(n, lambda: check("is_exist", sum(store.is_exist(k) != 1 for k in keys))),
+        "batch_is_exist": timed(len(windows) * BATCH, lambda: check(
+            "batch_is_exist", sum(sum(x != 1 for x in store.batch_is_exist(w)) for w in windows))),
+        "get": timed(n, lambda: check("get", sum(len(store.get(k)) != len(OBJECT) for k in keys))),
+        "remove": timed(n, lambda: check("remove", sum(store.remove(k, True) != 0 for k in keys))),
+    }
+    print(json.dumps(rates), flush=True)
+    store.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])

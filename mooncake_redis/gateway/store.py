@@ -1,0 +1,94 @@
+"""The gateway's state in the store (lua/ops/gateway.lua): segment facts by UUID, the transfer
+engine's HTTP metadata, clients without a segment, the gateways serving. Everything goes
+through the Master's transport, so a gateway holds nothing a restart could lose."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import wire
+from ..checks import _check_int, _check_name
+from ..master import Master
+
+REAP_BATCH = 64  # recorded segments one mc_gw_reap call looks at
+
+
+@dataclass(frozen=True)
+class SegmentFacts:
+    """What a gateway recorded when it mounted a segment."""
+    name: str
+    uuid: str
+    client: str
+    endpoint: str
+    protocol: str
+    base: int
+    size: int
+
+    def holds(self, address: int, size: int) -> bool:
+        """Does [address, address + size) lie inside the segment?"""
+        return self.base <= address and address + size <= self.base + self.size
+
+
+class GatewayStore:
+    def __init__(self, master: Master):
+        self.master = master
+        self.transport = master.transport
+        self.keys0 = master.transport.keys[0]
+
+    # ---- segments ----------------------------------------------------------------------
+    def record_segment(self, facts: SegmentFacts) -> None:
+        self.transport.call("mc_gw_segment_record", 0, *wire.options(
+            uuid=facts.uuid, name=facts.name, client_id=facts.client, endpoint=facts.endpoint,
+            protocol=facts.protocol, base=facts.base, size=facts.size))
+
+    def forget_segment(self, name: str) -> bool:
+        return self.transport.call("mc_gw_segment_forget", 0, *wire.options(name=name)) == 1
+
+    def segment_name(self, uuid: str) -> str | None:
+        """The name of the segment mounted under `uuid`, or None."""
+        name = self.transport.run([("HGET", self.keys0.gw_segment_ids, uuid)])[0]
+        return name.decode(errors="surrogateescape") if name is not None else None
+
+    def segment_facts(self, name: str) -> SegmentFacts | None:
+        row = self.transport.run([("HGETALL", self.keys0.gw_segment(name))])[0]
+        if not row:
+            return None
+        text = {k.decode(): v.decode(errors="surrogateescape") for k, v in row.items()}
+        return SegmentFacts(name, text["uuid"], text["client"], text["endpoint"], text["protocol"],
+                            int(text["base"]), int(text["size"]))
+
+    def reap(self) -> int:
+        """Forget up to REAP_BATCH segments that are no longer mounted, with their metadata."""
+        return self.transport.call("mc_gw_reap", 0, REAP_BATCH)
+
+    # ---- clients without a segment -----------------------------------------------------
+    def register_client(self, client_id: str) -> None:
+        _check_name(client_id, "client_id")
+        self.transport.each("mc_gw_register_client", *wire.options(client_id=client_id))
+
+    # ---- the transfer engine's metadata ------------------------------------------------
+    def metadata_get(self, key: bytes) -> bytes | None:
+        return self.transport.run([("HGET", self.keys0.gw_metadata, key)])[0]
+
+    def metadata_put(self, key: bytes, value: bytes) -> str:
+        """'updated', 'unchanged' or 'duplicate' (see mc_gw_metadata_put)."""
+        reply = self.transport.call("mc_gw_metadata_put", 0, *wire.options(key=key, value=value))
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    def metadata_delete(self, key: bytes) -> bool:
+        return self.transport.call("mc_gw_metadata_delete", 0, *wire.options(key=key)) == 1
+
+    # ---- gateways ----------------------------------------------------------------------
+    def heartbeat(self, gateway_id: str, rpc: str, metadata: str, ttl_ms: int) -> None:
+        """Announce a serving gateway until now + ttl_ms (0: it leaves)."""
+        _check_int(ttl_ms, "ttl_ms", 0, 3_600_000)
+        self.transport.call("mc_gw_heartbeat", 0, *wire.options(id=gateway_id, rpc=rpc, metadata=metadata,
+                                                                ttl_ms=ttl_ms))
+
+    def gateways(self) -> list[dict[str, str]]:
+        """The gateways whose heartbeat deadline has not passed (on the store clock)."""
+        now = self.master.now_ms()
+        ids = self.transport.run([("ZRANGEBYSCORE", self.keys0.gateways, now, "+inf")])[0]
+        rows = self.transport.run([("HGETALL", self.keys0.gateway(gid)) for gid in ids]) if ids else []
+        return [{"id": gid.decode(errors="replace"), "rpc": row.get(b"rpc", b"").decode(errors="replace"),
+                 "metadata": row.get(b"metadata", b"").decode(errors="replace")}
+                for gid, row in zip(ids, rows) if row]
