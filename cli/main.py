@@ -41,6 +41,7 @@ from mooncake_redis.worker import Worker, stop_on_signals
 
 from .logs import log_options
 from .gateway import gateway_options, serve_listeners, start_gateway
+from mooncake_redis.gateway.store import GatewayStore
 from .output import CliError, deadline, emit_json, human, iso, json_option, pct, progress_printer, span, table, text
 from .retention import Duration, group_lines, group_report, retention_report, status_lines
 from .radix import node_lines, node_report, radix_report, radix_status_lines
@@ -231,6 +232,7 @@ def _status_report(opts: Opts) -> dict:
         retention = master.retention_usage()
         radix = radix_report(master.config.enable_radix_tree, master.radix_stats())
         offload_clients, offload_counters = master.offload_clients(), master.offload_counters()
+        gateways = GatewayStore(master).gateways()
     finally:
         master.close()
     rows = [per_shard[i:i + 7] for i in range(0, len(per_shard), 7)]
@@ -271,6 +273,7 @@ def _status_report(opts: Opts) -> dict:
                                  "queued": c.queued, "overflow": c.overflow, "inflight": c.inflight,
                                  "removals": c.removals, "orphaned": c.orphaned}
                                 for c in offload_clients]},
+        "gateways": gateways,
     }
 
 
@@ -346,6 +349,9 @@ def _print_status(r: dict) -> None:
                            "overflow", "in flight", "removals", "orphaned"], rows, left=2):
             out("  " + line)
     out("")
+    out(f"gateways   {len(r['gateways'])} serving (Mooncake's master protocol)")
+    for g in r["gateways"]:
+        out(f"  {g['id']}  rpc {g['rpc']}  metadata {g['metadata'] or 'off'}")
     out(f"segments   {len(r['segments'])} mounted")
     if r["segments"]:
         rows = [[s["name"], s["client"], human(s["size_bytes"]), human(s["used_bytes"]),

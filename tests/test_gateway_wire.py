@@ -1,0 +1,222 @@
+"""The gateway on the wire, without Mooncake's client: raw coro_rpc frames and HTTP requests
+against a gateway on a real Valkey. What it cannot serve is answered at once (UNSUPPORTED, or
+coro_rpc's function_not_registered / invalid_rpc_arguments), a bad frame closes only its own
+connection, fuzzed frames never stop it serving, and the metadata server keeps Mooncake's
+answers and RFC 000's active invalidation."""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import struct
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from mooncake_redis import Master, MasterConfig, ReplicateConfig
+from mooncake_redis.gateway import frames, schema
+from mooncake_redis.gateway.codec import Err, decode, encode
+from mooncake_redis.gateway.server import GatewayThread, Listeners
+from mooncake_redis.server import free_port
+
+CLIENT = (0x1234, 0x5678)
+
+
+@pytest.fixture(scope="module")
+def served(valkey):
+    master = Master.connect(valkey.url, MasterConfig(namespace=f"gw{uuid.uuid4().hex[:8]}"))
+    thread = GatewayThread(master, Listeners("127.0.0.1", free_port(), free_port()))
+    thread.start()
+    yield master, thread.gateway
+    thread.stop()
+    master.close()
+
+
+class Conn:
+    def __init__(self, address: str):
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.seq = 0
+
+    def send(self, name: str, *args, literal: bool = False) -> bytes:
+        rpc = schema.RPCS[name]
+        body = encode(rpc.request, args, literal=literal) if rpc.request is not None else b""
+        self.sock.sendall(frames.request_frame(self.seq, rpc.id, body))
+        self.seq += 1
+        return body
+
+    def reply(self) -> tuple[int, int, bytes]:
+        head = self._exactly(frames.RSP_HEADER)
+        magic, _, err, _, seq, length, _ = struct.unpack("<BBBBIII", head)
+        assert magic == frames.MAGIC
+        return err, seq, self._exactly(length)
+
+    def call(self, name: str, *args, literal: bool = False):
+        self.send(name, *args, literal=literal)
+        err, _, body = self.reply()
+        assert err == 0, body
+        return decode(schema.RPCS[name].response, body)
+
+    def _exactly(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return out
+
+    def closed(self) -> bool:
+        try:
+            return self.sock.recv(1) == b""
+        except (ConnectionError, socket.timeout):
+            return True
+
+
+def test_service_ready_and_reply_literal_follow_the_request(served):
+    _, gateway = served
+    c = Conn(gateway.rpc_address)
+    assert c.call("ServiceReady") == (schema.SERVICE_VERSION.encode(), False)
+    value, literal = c.call("ExistKey", b"nope", b"default", literal=True)
+    assert (value, literal) == (False, True)  # a Debug-build client gets the literal back
+    assert c.call("ExistKey", b"nope", b"default") == (False, False)
+
+
+def test_an_rpc_it_does_not_serve_is_answered_at_once(served):
+    _, gateway = served
+    c = Conn(gateway.rpc_address)
+    assert "UpsertStart" in schema.RPCS
+    value, _ = c.call("UpsertStart", CLIENT, b"k", 10, _default_config(), b"default")
+    assert value == Err(schema.ErrorCode.UNSUPPORTED)
+    c.sock.sendall(frames.request_frame(7, 0xDEADBEEF, b""))  # no such function id
+    err, seq, _ = c.reply()
+    assert (err, seq) == (frames.ERRC_FUNCTION_NOT_REGISTERED, 7)
+    assert c.call("ServiceReady")[0] == b"2.0.0"  # the connection still serves
+
+
+def test_an_undecodable_request_gets_invalid_arguments(served):
+    _, gateway = served
+    c = Conn(gateway.rpc_address)
+    c.sock.sendall(frames.request_frame(3, schema.RPCS["ExistKey"].id, b"\x00\x01\x02"))
+    err, seq, _ = c.reply()
+    assert (err, seq) == (frames.ERRC_INVALID_RPC_ARGUMENTS, 3)
+    assert c.call("ServiceReady")[0] == b"2.0.0"
+
+
+@pytest.mark.parametrize("head", [
+    struct.pack("<BBBBIIII", 22, 0, 0, 0, 0, 0, 0, 0),                 # wrong magic
+    struct.pack("<BBBBIIII", 21, 1, 0, 0, 0, 0, 0, 0),                 # a newer protocol version
+    struct.pack("<BBBBIIII", 21, 0, 0, 0, 0, 0, frames.MAX_BODY + 1, 0),  # oversized
+])
+def test_a_bad_header_closes_only_its_connection(served, head):
+    _, gateway = served
+    bad, good = Conn(gateway.rpc_address), Conn(gateway.rpc_address)
+    bad.sock.sendall(head)
+    assert bad.closed()
+    assert good.call("ServiceReady")[0] == b"2.0.0"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["ExistKey", "BatchExistKey", "GetReplicaList", "PutStart", "Ping", "Remove"]),
+       body=st.binary(max_size=200), truncate=st.booleans())
+def test_fuzzed_frames_never_stop_the_gateway(served, name, body, truncate):
+    _, gateway = served
+    c = Conn(gateway.rpc_address)
+    frame = frames.request_frame(1, schema.RPCS[name].id, body)
+    c.sock.sendall(frame[:len(frame) // 2] if truncate else frame)
+    if truncate:
+        c.sock.close()  # a peer gone mid-frame
+    else:
+        err, seq, _ = c.reply()  # an answer, of whatever kind
+        assert seq == 1
+    assert Conn(gateway.rpc_address).call("ServiceReady")[0] == b"2.0.0"
+
+
+def _default_config():
+    return schema.ReplicateConfig(1, 0, 0, 0, None, False, [], b"", [], False, 0, b"", None)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(base=st.integers(0, 2**46).map(lambda b: b * 4096), size_kib=st.integers(64, 4096),
+       sizes=st.lists(st.integers(1, 64 << 10), min_size=1, max_size=24))
+def test_every_handed_out_address_lies_inside_the_segment(served, base, size_kib, sizes):
+    """Mooncake's client writes and reads where the descriptors point: never outside its segment."""
+    master, gateway = served
+    c = Conn(gateway.rpc_address)
+    seg_id, name = (uuid.uuid4().int >> 64, 1), f"seg-{uuid.uuid4().hex[:8]}".encode()
+    size = size_kib << 10
+    c.call("MountSegment", schema.Segment(seg_id, name, base, size, name, b"tcp", b""), CLIENT)
+    try:
+        keys = [f"addr-{uuid.uuid4().hex}".encode() for _ in sizes]
+        replies, _ = c.call("BatchPutStart", CLIENT, keys, sizes, _default_config(), b"default")
+        for reply, want in zip(replies, sizes):
+            if isinstance(reply, Err):  # the segment is full
+                assert reply.code == int(schema.ErrorCode.NO_AVAILABLE_HANDLE)
+                continue
+            (d,) = reply
+            buf = d.descriptor_variant[1].buffer_descriptor
+            assert buf.size_ == want and buf.transport_endpoint_ == name
+            assert base <= buf.buffer_address_ and buf.buffer_address_ + buf.size_ <= base + size
+    finally:
+        c.call("UnmountSegment", seg_id, CLIENT)
+
+
+def test_ping_asks_an_unknown_client_to_remount_and_remount_registers_it(served):
+    _, gateway = served
+    c = Conn(gateway.rpc_address)
+    client = (uuid.uuid4().int >> 64, 2)
+    assert c.call("Ping", client)[0].client_status == 2  # NEED_REMOUNT
+    assert c.call("ReMountSegment", [], client)[0] is None
+    assert c.call("Ping", client)[0].client_status == 1  # OK
+    assert c.call("UnmountSegment", (9, 9), client)[0] == Err(int(schema.ErrorCode.SEGMENT_NOT_FOUND))
+
+
+def test_a_batch_refused_as_a_whole_answers_each_key(served):
+    _, gateway = served
+    c = Conn(gateway.rpc_address)
+    config = _default_config()._replace(dfs_replica_num=1)  # no DFS replicas here
+    replies, _ = c.call("BatchPutStart", CLIENT, [b"a", b"b"], [1, 1], config, b"default")
+    assert replies == [Err(int(schema.ErrorCode.INVALID_PARAMS))] * 2
+
+
+# ---- HTTP ------------------------------------------------------------------------------
+
+def http_call(gateway, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    host, port = gateway.metadata_url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    return r.status, r.read()
+
+
+def test_metadata_answers_as_mooncakes_server(served):
+    _, gateway = served
+    key = f"/metadata?key=mooncake%2Frpc_meta%2F127.0.0.1%3A{uuid.uuid4().int % 60000}"
+    assert http_call(gateway, "GET", key) == (404, b"metadata not found")
+    assert http_call(gateway, "PUT", key, b'{"rpc_port":1}') == (200, b"metadata updated")
+    assert http_call(gateway, "PUT", key, b'{"rpc_port":1}') == (200, b"metadata unchanged")
+    assert http_call(gateway, "PUT", key, b'{"rpc_port":2}') == (400, b"Duplicate rpc_meta key not allowed")
+    assert http_call(gateway, "GET", key) == (200, b'{"rpc_port":1}')
+    assert http_call(gateway, "DELETE", key) == (200, b"metadata deleted")
+    assert http_call(gateway, "DELETE", key) == (404, b"metadata not found")
+    assert http_call(gateway, "GET", "/metadata") == (400, b"Missing key parameter")
+    assert http_call(gateway, "GET", "/health") == (200, b"OK")
+    assert http_call(gateway, "GET", "/nothing")[0] == 404
+
+
+def test_cache_evict_ends_the_guarantees_under_a_prefix(served):
+    master, gateway = served
+    prefix = uuid.uuid4().hex * 2  # 64 hex: the default radix_key_pattern
+    master.mount_segment(f"g-{prefix[:8]}", 1 << 20, "writer")
+    key = f"{prefix}_0"
+    master.put_start("writer", key, 100, ReplicateConfig(guaranteed_ttl_ms=600_000))
+    master.put_end("writer", key)
+    status, body = http_call(gateway, "POST", "/v1/cache/evict", json.dumps({"prefix_hashes": [prefix]}).encode())
+    assert status == 200 and json.loads(body) == {"tenant_id": "default", "expired": {prefix: 1}, "total": 1}
+    assert master.describe(key).guaranteed_until_ms is None
+    for bad in (b"not json", b"[]", b'{"prefix_hashes": ["XYZ"]}', b'{"prefix_hashes": []}',
+                b'{"prefix_hashes": ["ab"], "tenant_id": "bad tenant"}'):
+        status, reason = http_call(gateway, "POST", "/v1/cache/evict", bad)
+        assert status == 400 and reason, bad
+    assert http_call(gateway, "GET", "/v1/cache/evict")[0] == 405
