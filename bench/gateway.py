@@ -40,17 +40,18 @@ def clients(master_addresses: list[str], n: int, tag: str) -> list[dict[str, flo
                               text=True) for i, addr in enumerate(master_addresses)]
     try:
         for p in procs:
-            if p.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"a client did not set up against {master_addresses} (exit {p.wait()})")
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"a client did not set up against {master_addresses}: {line.strip()}")
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
         out = []
         for p in procs:
-            line = p.stdout.readline()
-            if not line.startswith("{"):
-                raise RuntimeError(f"a client failed: exit {p.wait()}")
-            out.append(json.loads(line))
+            rates = json.loads(p.stdout.readline() or '{"error": "no output"}')
+            if "error" in rates:
+                raise RuntimeError(f"a client against {master_addresses} failed: {rates['error']}")
+            out.append(rates)
         return out
     finally:
         for p in procs:

@@ -25,7 +25,8 @@ def timed(calls: int, fn) -> float:
 def main(master: str, n: int, tag: str) -> None:
     store = MooncakeDistributedStore()
     if store.setup("127.0.0.1", "P2PHANDSHAKE", 256 << 20, 16 << 20, "tcp", "", master) != 0:
-        sys.exit("setup failed")
+        print(json.dumps({"error": f"setup against {master} failed"}), flush=True)
+        sys.exit(1)
     keys = [f"{tag}-{i:07d}" for i in range(n)]
     windows = [keys[(w * BATCH) % max(1, n - BATCH):][:BATCH] for w in range(max(10, n // 20))]
     print("ready", flush=True)
@@ -33,7 +34,8 @@ def main(master: str, n: int, tag: str) -> None:
 
     def check(what: str, bad: int) -> None:
         if bad:
-            sys.exit(f"{what}: {bad} calls failed")
+            print(json.dumps({"error": f"{what}: {bad} of the calls failed"}), flush=True)
+            sys.exit(1)
 
     rates = {
         "put": timed(n, lambda: check("put", sum(store.put(k, OBJECT) != 0 for k in keys))),

@@ -10,10 +10,15 @@ shard transport (`self.transport`) and the store's configuration (ApiBase); Mast
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
 from redis import Redis
 
 from .config import MasterConfig
+from .steps import Steps, drive
 from .transport import Shards
+
+T = TypeVar("T")
 
 
 class ApiBase:
@@ -23,3 +28,6 @@ class ApiBase:
     redis: Redis
     ns: str       # the namespace
     shards: int   # the shard count
+
+    def drive(self, steps: Steps[T]) -> T:
+        return drive(steps, self.transport.run)

@@ -202,7 +202,7 @@ def load(client: redis.Redis) -> str:
                           f"cannot load the functions library {LIBRARY_NAME!r} (a user that may not "
                           f"FUNCTION LOAD needs an administrator to load it): {locate_lines(str(exc))}") from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise _no_reply(exc) from exc
+        raise no_reply(exc) from exc
 
 
 def run(client: redis.Redis, commands: Sequence[Sequence[Any]], raise_on_error: bool = True,
@@ -219,7 +219,7 @@ plain server go by the lean transport (mooncake_redis.resp), everything else by 
     command to the node of its key's slot."""
     try:
         replies = _send(client, commands, wait)
-        missing = [i for i, r in enumerate(replies) if isinstance(r, redis.ResponseError) and FUNCTION_MISSING in str(r)]
+        missing = missing_functions(replies)
         if missing:
             load(client)
             for i, reply in zip(missing, _send(client, [commands[i] for i in missing], wait)):
@@ -227,9 +227,19 @@ plain server go by the lean transport (mooncake_redis.resp), everything else by 
     except redis.AuthenticationError as exc:  # refused at login: nothing ran
         raise MasterError(ErrorCode.INTERNAL_ERROR, f"Redis refused the login: {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise _no_reply(exc) from exc
+        raise no_reply(exc) from exc
     except redis.DataError as exc:  # an argument redis-py cannot send
         raise MasterError(ErrorCode.INVALID_PARAMS, str(exc)) from None
+    return finish(replies, raise_on_error)
+
+
+def missing_functions(replies: list[Any]) -> list[int]:
+    """The replies that say "Function not found" (the library is not loaded)."""
+    return [i for i, r in enumerate(replies) if isinstance(r, redis.ResponseError) and FUNCTION_MISSING in str(r)]
+
+
+def finish(replies: list[Any], raise_on_error: bool = True) -> list[Any]:
+    """Error replies as MasterError: the first raised, or with raise_on_error=False each in its place."""
     for i, reply in enumerate(replies):
         if isinstance(reply, _ERROR_REPLIES):
             replies[i] = error_of(reply)
@@ -280,6 +290,6 @@ def error_of(exc: redis.RedisError) -> MasterError:
     return MasterError(ErrorCode.INTERNAL_ERROR, f"Redis replied: {locate_lines(str(exc))}")
 
 
-def _no_reply(exc: Exception) -> MasterError:
+def no_reply(exc: Exception) -> MasterError:
     return MasterError(ErrorCode.OUTCOME_UNKNOWN,
                        f"no reply from Redis ({type(exc).__name__}: {exc}); the call may or may not have run")

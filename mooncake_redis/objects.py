@@ -13,6 +13,7 @@ from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus
 from .keys import prefix_of
 from .transport import BATCH_CHUNK
 from .api import ApiBase
+from .steps import Blocking, Steps
 from .checks import _as_key, _check_bool, _check_int, _check_name, _check_tenant, _code
 
 Result = Any  # a value, or an ErrorCode
@@ -82,6 +83,10 @@ class ObjectsApi(ApiBase):
 
     def batch_put_start(self, client_id: str, keys: Sequence[Any], sizes: Sequence[int],
                         config: ReplicateConfig | None = None, tenant_id: str = "default") -> list[Result]:
+        return self.drive(self.batch_put_start_steps(client_id, keys, sizes, config, tenant_id))
+
+    def batch_put_start_steps(self, client_id: str, keys: Sequence[Any], sizes: Sequence[int],
+                              config: ReplicateConfig | None = None, tenant_id: str = "default") -> Steps[list[Result]]:
         if len(keys) != len(sizes):
             raise MasterError(ErrorCode.INVALID_PARAMS, "keys and sizes differ in length")
         head = self._put_head(client_id, tenant_id, config)
@@ -97,10 +102,11 @@ class ObjectsApi(ApiBase):
                 todo.append(i)
         guaranteed = config is not None and config.guaranteed_ttl_ms > 0  # rows carry the prefix hash
         rows = self._put_rows([bkeys[i] for i in todo], [sizes[i] for i in todo], config or ReplicateConfig(), guaranteed)
-        replies = self.transport.batch("mc_put_start", head, rows, [bkeys[i] for i in todo])
+        replies = yield from self.transport.batch_steps("mc_put_start", head, rows, [bkeys[i] for i in todo])
         if rows and config is not None and self._radix_put(config) and config.parent_block_hash is not None:
             pshard = rows[0][-1]  # links to a parent on another shard: deliver them now
-            self.drain_radix_outbox({self.transport.shard_of(bkeys[i]) for i in todo} - {pshard})
+            shards = {self.transport.shard_of(bkeys[i]) for i in todo} - {pshard}
+            yield Blocking(lambda: self.drain_radix_outbox(shards))
         for i, reply in zip(todo, replies):
             code = _code(reply)
             out[i] = code if code is not None else [
@@ -110,18 +116,25 @@ class ObjectsApi(ApiBase):
 
     def _writer_op(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str,
                    checksums: Sequence[str] | None = None) -> list[ErrorCode]:
+        return self.drive(self.writer_steps(fn, client_id, keys, tenant_id, checksums))
+
+    def writer_steps(self, fn: str, client_id: str, keys: Sequence[Any], tenant_id: str,
+                     checksums: Sequence[str] | None = None) -> Steps[list[ErrorCode]]:
+        """mc_put_end or mc_put_revoke of each key, as steps: each key's code."""
         _check_name(client_id, "client_id")
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
         if checksums is None:
             head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id)
-            return [ErrorCode(r) for r in self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)]
+            replies = yield from self.transport.batch_steps(fn, head, [(k,) for k in bkeys], bkeys)
+            return [ErrorCode(r) for r in replies]
         if len(checksums) != len(bkeys):
             raise MasterError(ErrorCode.INVALID_PARAMS, "keys and checksums differ in length")
         for c in checksums:
             _check_name(c, "checksum", 128)
         head = wire.head(("key", "checksum"), client_id=client_id, tenant=tenant_id)
-        return [ErrorCode(r) for r in self.transport.batch(fn, head, list(zip(bkeys, checksums)), bkeys)]
+        replies = yield from self.transport.batch_steps(fn, head, list(zip(bkeys, checksums)), bkeys)
+        return [ErrorCode(r) for r in replies]
 
     def put_end(self, client_id: str, key: Any, tenant_id: str = "default", checksum: str | None = None) -> None:
         """End the put; `checksum` (1-128 bytes, e.g. the data plane's blake3 hex digest) is
@@ -147,14 +160,17 @@ class ObjectsApi(ApiBase):
 
     # ---- reads -----------------------------------------------------------------------
     def _read(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> list[Any]:
+        return self.drive(self._read_steps(fn, keys, tenant_id, guaranteed_ttl_ms))
+
+    def _read_steps(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> Steps[list[Any]]:
         _check_tenant(tenant_id)
         bkeys = [_as_key(k) for k in keys]
         with_disk = 1 if fn == "mc_get_replica_list" else None  # replies carry disk replicas and the checksum
         head = wire.head(wire.KEY, tenant=tenant_id, guaranteed_ttl_ms=self._guarantee_ttl(guaranteed_ttl_ms) or None,
                          with_disk=with_disk)
         if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip, no grouping
-            return self.transport.call(fn, 0, *head, *bkeys)
-        return self.transport.batch(fn, head, [(k,) for k in bkeys], bkeys)
+            return (yield [self.transport.command(fn, 0, *head, *bkeys)])[0]
+        return (yield from self.transport.batch_steps(fn, head, [(k,) for k in bkeys], bkeys))
 
     @staticmethod
     def _replica_list(reply: Any) -> Result:
@@ -179,18 +195,29 @@ class ObjectsApi(ApiBase):
 
     def batch_get_replica_list(self, keys: Sequence[Any], tenant_id: str = "default",
                                guaranteed_ttl_ms: int = 0) -> list[Result]:
-        return [self._replica_list(r) for r in self._read("mc_get_replica_list", keys, tenant_id, guaranteed_ttl_ms)]
+        return self.drive(self.batch_get_replica_list_steps(keys, tenant_id, guaranteed_ttl_ms))
+
+    def batch_get_replica_list_steps(self, keys: Sequence[Any], tenant_id: str = "default",
+                                     guaranteed_ttl_ms: int = 0) -> Steps[list[Result]]:
+        replies = yield from self._read_steps("mc_get_replica_list", keys, tenant_id, guaranteed_ttl_ms)
+        return [self._replica_list(r) for r in replies]
 
     def exist_key(self, key: Any, tenant_id: str = "default") -> bool:
         return self._read("mc_exist_key", [key], tenant_id)[0] == 1
 
     def batch_exist_key(self, keys: Sequence[Any], tenant_id: str = "default") -> list[bool]:
-        return [r == 1 for r in self._read("mc_exist_key", keys, tenant_id)]
+        return self.drive(self.batch_exist_key_steps(keys, tenant_id))
+
+    def batch_exist_key_steps(self, keys: Sequence[Any], tenant_id: str = "default") -> Steps[list[bool]]:
+        return [r == 1 for r in (yield from self._read_steps("mc_exist_key", keys, tenant_id))]
 
     # ---- removal ---------------------------------------------------------------------
     def _remove(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> list[ErrorCode]:
+        return self.drive(self._remove_steps(keys, force, tenant_id))
+
+    def _remove_steps(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> Steps[list[ErrorCode]]:
         head = wire.head(wire.KEY, tenant=tenant_id, force=int(force))
-        return [ErrorCode(r) for r in self.transport.batch("mc_remove", head, [(k,) for k in keys], keys)]
+        return [ErrorCode(r) for r in (yield from self.transport.batch_steps("mc_remove", head, [(k,) for k in keys], keys))]
 
     def remove(self, key: Any, force: bool = False, tenant_id: str = "default") -> None:
         _check_tenant(tenant_id)
@@ -199,9 +226,13 @@ class ObjectsApi(ApiBase):
 
     def batch_remove(self, keys: Sequence[Any], force: bool = False, tenant_id: str = "default") -> list[ErrorCode]:
         """remove of each key; per key its code (OK, OBJECT_NOT_FOUND, OBJECT_HAS_LEASE, ...)."""
+        return self.drive(self.batch_remove_steps(keys, force, tenant_id))
+
+    def batch_remove_steps(self, keys: Sequence[Any], force: bool = False,
+                           tenant_id: str = "default") -> Steps[list[ErrorCode]]:
         _check_tenant(tenant_id)
         _check_bool(force, "force")
-        return self._remove([_as_key(k) for k in keys], force, tenant_id)
+        return (yield from self._remove_steps([_as_key(k) for k in keys], force, tenant_id))
 
     def _remove_matching(self, keep: Callable[[bytes], bool], force: bool, tenant_id: str) -> int:
         _check_tenant(tenant_id)

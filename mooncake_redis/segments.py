@@ -9,6 +9,7 @@ from .errors import MasterError
 from .keys import segment_slice
 from .transport import CHUNK_OF
 from .api import ApiBase
+from .steps import Steps
 from .checks import _check_int, _check_name
 
 
@@ -67,8 +68,12 @@ class SegmentsApi(ApiBase):
     def ping(self, client_id: str) -> str:
         """Record liveness; returns "OK", or "NEED_REMOUNT" when some shard does not know the
         client (never mounted, or expired by the client-TTL cleanup)."""
+        return self.drive(self.ping_steps(client_id))
+
+    def ping_steps(self, client_id: str) -> Steps[str]:
         _check_name(client_id, "client_id")
-        known = self.transport.each("mc_ping", *wire.options(client_id=client_id))
+        t = self.transport
+        known = yield [t.command("mc_ping", shard, *wire.options(client_id=client_id)) for shard in range(t.count)]
         return "OK" if all(known) else "NEED_REMOUNT"
 
     # ---- inspection ------------------------------------------------------------------

@@ -20,6 +20,7 @@ from . import cluster, resp
 from .config import NAME_RE
 from .functions import run
 from .keys import ShardKeys, shard_of
+from .steps import Steps, drive
 
 # Keys per FCALL, by function: sized so one call stays well under a millisecond of server time
 # (a put_start allocates, a read touches a few fields). Larger batches become several calls.
@@ -63,6 +64,11 @@ class Shards:
         """Run `fn` over rows (each one key's ARGV tail, after the common `head`) grouped by the
         shard of `keys[i]`, at most `chunk` rows per call (default: CHUNK_OF), all calls
         pipelined; the per-key replies in input order."""
+        return drive(self.batch_steps(fn, head, rows, keys, chunk), self.run)
+
+    def batch_steps(self, fn: str, head: Sequence[Any], rows: Sequence[Sequence[Any]], keys: Sequence[bytes],
+                    chunk: int | None = None) -> Steps[list[Any]]:
+        """batch as steps (mooncake_redis.steps): one round trip."""
         size = chunk or CHUNK_OF.get(fn, BATCH_CHUNK)
         by_shard: dict[int, list[int]] = defaultdict(list)
         for i, key in enumerate(keys):
@@ -72,7 +78,7 @@ class Shards:
             for start in range(0, len(idx), size):
                 part = idx[start:start + size]
                 calls.append((shard, part, [a for i in part for a in rows[i]]))
-        replies = self.run([self.command(fn, shard, *head, *argv) for shard, _, argv in calls])
+        replies = (yield [self.command(fn, shard, *head, *argv) for shard, _, argv in calls]) if calls else []
         out: list[Any] = [None] * len(keys)
         for (_, part, _), reply in zip(calls, replies):
             for i, value in zip(part, reply):

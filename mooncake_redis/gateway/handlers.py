@@ -1,10 +1,16 @@
 """The RPCs of Mooncake's master, each turned into the Master API calls that do the same: one
 method per RPC name, taking the decoded arguments and returning the reply value (an `Err` for
 the error side of an expected). No rule of the store lives here; this module only translates
-ids, configs, descriptors and error numbers. Handlers are synchronous (they call Master) and
-run on the gateway's thread pool, never in its event loop."""
+ids, configs, descriptors and error numbers.
+
+Three kinds of handler (`kind`): "inline" ones touch no store and answer on the event loop;
+the hot path ("steps": reads, puts, removes, pings) is written as steps (mooncake_redis.steps)
+over Master's own steps, which the gateway runs on its event loop with every request's Redis
+calls pipelined; the rest ("blocking": mounts, remove_all, regex) call Master and run on the
+gateway's thread pool."""
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import uuid as uuidlib
@@ -14,6 +20,7 @@ from ..config import ReplicateConfig, SoftPinAction
 from ..errors import ErrorCode, MasterError
 from ..master import Master
 from ..models import Replica, ReplicaListResult
+from ..steps import Steps, drive
 from . import schema
 from .codec import Err
 from .store import GatewayStore, SegmentFacts
@@ -25,6 +32,7 @@ OK_STATUS, NEED_REMOUNT = 1, 2  # Mooncake's ClientStatus
 SOFT_PIN_ACTIONS = {0: SoftPinAction.PRESERVE, 1: SoftPinAction.ENABLE, 2: SoftPinAction.DISABLE}
 MOONCAKE_CODES = range(-1799, 1)  # Mooncake's own error numbers; ours below -10000 have no match there
 FACTS_TTL_S = 5.0  # how long a gateway trusts a segment's recorded facts before reading them again
+INLINE = frozenset({"ServiceReady", "GetStorageConfig", "GetFsdir", "FetchTasks"})  # no store involved
 
 
 def uuid_text(pair: Sequence[int]) -> str:
@@ -49,6 +57,11 @@ def mooncake_code(exc: MasterError) -> int:
     return int(ErrorCode.INTERNAL_ERROR)
 
 
+def _void(code: ErrorCode) -> Any:
+    """An expected<void>: None for OK, else Err(code)."""
+    return None if code == ErrorCode.OK else Err(int(code))
+
+
 def _text(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
 
@@ -58,16 +71,26 @@ class Handlers:
         self.master = master
         self.store = GatewayStore(master)
         self._facts: dict[str, tuple[float, SegmentFacts | None]] = {}
+        self._kinds = {name: kind for name in schema.RPCS if (kind := self._kind(name))}
+
+    def kind(self, name: str) -> str | None:
+        """"inline", "steps" or "blocking" (see the module's doc), or None: not served."""
+        return self._kinds.get(name)
+
+    def _kind(self, name: str) -> str | None:
+        fn = getattr(self, name, None)
+        if not callable(fn):
+            return None
+        return "inline" if name in INLINE else "steps" if inspect.isgeneratorfunction(fn) else "blocking"
 
     def call(self, name: str, args: tuple) -> Any:
-        """Run the handler of RPC `name`; a MasterError becomes Err(Mooncake's number)."""
+        """Run the handler of RPC `name` to its reply, blocking (a MasterError becomes
+        Err(Mooncake's number)); steps run with Master's own transport."""
         try:
-            return getattr(self, name)(*args)
+            result = getattr(self, name)(*args)
+            return self.master.drive(result) if inspect.isgenerator(result) else result
         except MasterError as exc:
             return Err(mooncake_code(exc))
-
-    def serves(self, name: str) -> bool:
-        return name in schema.RPCS and callable(getattr(self, name, None))
 
     # ---- setup and liveness --------------------------------------------------------------
     def ServiceReady(self) -> bytes:
@@ -79,8 +102,8 @@ class Handlers:
     def GetFsdir(self) -> bytes:
         return b""
 
-    def Ping(self, client: Sequence[int]) -> Any:
-        status = self.master.ping(uuid_text(client))
+    def Ping(self, client: Sequence[int]) -> Steps[Any]:
+        status = yield from self.master.ping_steps(uuid_text(client))
         return schema.PingResponse(view_version_id=0, client_status=OK_STATUS if status == "OK" else NEED_REMOUNT)
 
     def FetchTasks(self, client: Sequence[int], batch_size: int) -> list:
@@ -116,19 +139,30 @@ class Handlers:
         self._facts.pop(name, None)
         return None
 
-    def facts(self, name: str, fresh: bool = False) -> SegmentFacts | None:
+    def facts_steps(self, names: set[str], fresh: bool = False) -> Steps[dict[str, SegmentFacts | None]]:
+        """The recorded facts of these segments: from the cache, the others in one round trip."""
         now = time.monotonic()
-        cached = self._facts.get(name)
-        if fresh or cached is None or now - cached[0] > FACTS_TTL_S:
-            cached = (now, self.store.segment_facts(name))
-            self._facts[name] = cached
-        return cached[1]
+        cached = {n: self._facts.get(n) for n in names}
+        stale = [n for n, c in cached.items() if fresh or c is None or now - c[0] > FACTS_TTL_S]
+        if stale:
+            for name, facts in zip(stale, (yield from self.store.segment_facts_steps(stale))):
+                cached[name] = self._facts[name] = (now, facts)
+        return {n: c[1] for n, c in cached.items()}
 
     # ---- descriptors ---------------------------------------------------------------------
-    def _descriptor(self, i: int, rep: Replica, status: int) -> Any:
-        facts = self.facts(rep.segment)
-        if facts is not None and not facts.holds(rep.offset, rep.size):
-            facts = self.facts(rep.segment, fresh=True)  # remounted at another address meanwhile?
+    def descriptors_steps(self, replica_lists: list[list[Replica]], status: int) -> Steps[list[Any]]:
+        """Each list of replicas as Mooncake's descriptors; an Err for a list with a replica
+        outside its segment (read the facts again once first: remounted elsewhere meanwhile?)."""
+        names = {r.segment for reps in replica_lists for r in reps}
+        facts = yield from self.facts_steps(names)
+        outside = {r.segment for reps in replica_lists for r in reps
+                   if facts[r.segment] is not None and not facts[r.segment].holds(r.offset, r.size)}
+        if outside:
+            facts.update((yield from self.facts_steps(outside, fresh=True)))
+        return [self._one(lambda reps=reps: [self._descriptor(i, r, status, facts[r.segment]) for i, r in enumerate(reps)])
+                for reps in replica_lists]
+
+    def _descriptor(self, i: int, rep: Replica, status: int, facts: SegmentFacts | None) -> Any:
         if facts is not None and not facts.holds(rep.offset, rep.size):
             # the client would write or read at that address: never hand out one outside its segment
             raise MasterError(ErrorCode.INTERNAL_ERROR, f"replica of segment {rep.segment!r} at {rep.offset} "
@@ -139,13 +173,25 @@ class Handlers:
         return schema.ReplicaDescriptor(id=i + 1, descriptor_variant=(0, schema.MemoryDescriptor(buffer)),
                                         status=status)
 
-    def _replica_list(self, res: ReplicaListResult) -> Any:
-        memory = [r for r in res.replicas if r.kind == "memory"]
-        if not memory:  # only disk copies: Mooncake's client cannot read our local disks
-            return Err(int(ErrorCode.REPLICA_IS_NOT_READY))
-        checksum = int(res.checksum) if res.checksum and res.checksum.isdigit() and int(res.checksum) < 2**64 else None
-        return schema.GetReplicaListResponse(replicas=[self._descriptor(i, r, COMPLETE) for i, r in enumerate(memory)],
-                                             lease_ttl_ms=max(1, res.lease_ttl_ms), object_checksum=checksum)
+    def replica_lists_steps(self, results: list[Any]) -> Steps[list[Any]]:
+        """get_replica_list results (or error codes) as Mooncake's GetReplicaListResponse (or Err)."""
+        memory = [[r for r in res.replicas if r.kind == "memory"] if isinstance(res, ReplicaListResult) else []
+                  for res in results]
+        descriptors = yield from self.descriptors_steps(memory, COMPLETE)
+        out: list[Any] = []
+        for res, mem, desc in zip(results, memory, descriptors):
+            if isinstance(res, ErrorCode):
+                out.append(Err(int(res)))
+            elif not mem:  # only disk copies: Mooncake's client cannot read our local disks
+                out.append(Err(int(ErrorCode.REPLICA_IS_NOT_READY)))
+            elif isinstance(desc, Err):
+                out.append(desc)
+            else:
+                c = res.checksum
+                checksum = int(c) if c and c.isdigit() and int(c) < 2**64 else None
+                out.append(schema.GetReplicaListResponse(replicas=desc, lease_ttl_ms=max(1, res.lease_ttl_ms),
+                                                         object_checksum=checksum))
+        return out
 
     def _one(self, fn: Callable[[], Any]) -> Any:
         try:
@@ -154,19 +200,18 @@ class Handlers:
             return Err(mooncake_code(exc))
 
     # ---- reads ---------------------------------------------------------------------------
-    def ExistKey(self, key: bytes, tenant: bytes) -> bool:
-        return self.master.exist_key(key, _text(tenant))
+    def ExistKey(self, key: bytes, tenant: bytes) -> Steps[bool]:
+        return (yield from self.master.batch_exist_key_steps([key], _text(tenant)))[0]
 
-    def BatchExistKey(self, keys: Sequence[bytes], tenant: bytes) -> list:
-        return self.master.batch_exist_key(list(keys), _text(tenant))
+    def BatchExistKey(self, keys: Sequence[bytes], tenant: bytes) -> Steps[list]:
+        return (yield from self.master.batch_exist_key_steps(list(keys), _text(tenant)))
 
-    def GetReplicaList(self, key: bytes, tenant: bytes) -> Any:
-        return self._replica_list(self.master.get_replica_list(key, _text(tenant)))
+    def GetReplicaList(self, key: bytes, tenant: bytes) -> Steps[Any]:
+        return (yield from self.BatchGetReplicaList([key], tenant))[0]
 
-    def BatchGetReplicaList(self, keys: Sequence[bytes], tenant: bytes) -> list:
-        results = self.master.batch_get_replica_list(list(keys), _text(tenant))
-        return [Err(int(r)) if isinstance(r, ErrorCode) else self._one(lambda r=r: self._replica_list(r))
-                for r in results]
+    def BatchGetReplicaList(self, keys: Sequence[bytes], tenant: bytes) -> Steps[list]:
+        results = yield from self.master.batch_get_replica_list_steps(list(keys), _text(tenant))
+        return (yield from self.replica_lists_steps(results))
 
     # ---- writes --------------------------------------------------------------------------
     def _config(self, c: Any, group_id: str | None) -> ReplicateConfig:
@@ -192,59 +237,61 @@ class Handlers:
             raise MasterError(ErrorCode.INVALID_PARAMS, "group_ids must name one group, or one per key")
         return ids
 
-    def _descriptors(self, reps: list[Replica]) -> list:
-        return [self._descriptor(i, r, PROCESSING) for i, r in enumerate(reps)]
-
-    def PutStart(self, client: Sequence[int], key: bytes, size: int, c: Any, tenant: bytes) -> list:
-        config = self._config(c, self._groups(c, 1)[0])
-        return self._descriptors(self.master.put_start(uuid_text(client), key, size, config, _text(tenant)))
+    def PutStart(self, client: Sequence[int], key: bytes, size: int, c: Any, tenant: bytes) -> Steps[Any]:
+        return (yield from self.BatchPutStart(client, [key], [size], c, tenant))[0]
 
     def BatchPutStart(self, client: Sequence[int], keys: Sequence[bytes], sizes: Sequence[int], c: Any,
-                      tenant: bytes) -> list:
+                      tenant: bytes) -> Steps[list]:
         if len(keys) != len(sizes):
             raise MasterError(ErrorCode.INVALID_PARAMS, "keys and sizes differ in length")
         groups = self._groups(c, len(keys))
-        out: list[Any] = [None] * len(keys)
+        results: list[Any] = [None] * len(keys)
         for group in dict.fromkeys(groups):  # one batch per group (a batch call carries one group)
             idx = [i for i, g in enumerate(groups) if g == group]
-            results = self.master.batch_put_start(uuid_text(client), [keys[i] for i in idx], [sizes[i] for i in idx],
-                                                  self._config(c, group), _text(tenant))
-            for i, r in zip(idx, results):
-                out[i] = Err(int(r)) if isinstance(r, ErrorCode) else self._one(lambda r=r: self._descriptors(r))
-        return out
+            started = yield from self.master.batch_put_start_steps(
+                uuid_text(client), [keys[i] for i in idx], [sizes[i] for i in idx], self._config(c, group),
+                _text(tenant))
+            for i, r in zip(idx, started):
+                results[i] = r
+        lists = [r if isinstance(r, list) else [] for r in results]
+        descriptors = yield from self.descriptors_steps(lists, PROCESSING)
+        return [Err(int(r)) if isinstance(r, ErrorCode) else d for r, d in zip(results, descriptors)]
 
     @staticmethod
     def _checksum(meta: Any) -> str | None:
         return None if meta.object_checksum is None else str(meta.object_checksum)
 
-    def PutEnd(self, client: Sequence[int], meta: Any, replica_type: int, tenant: bytes) -> None:
-        self.master.put_end(uuid_text(client), meta.key, _text(tenant), checksum=self._checksum(meta))
+    def PutEnd(self, client: Sequence[int], meta: Any, replica_type: int, tenant: bytes) -> Steps[Any]:
+        return (yield from self.BatchPutEnd(client, [meta], replica_type, tenant))[0]
 
-    def BatchPutEnd(self, client: Sequence[int], metas: Sequence[Any], replica_type: int, tenant: bytes) -> list:
+    def BatchPutEnd(self, client: Sequence[int], metas: Sequence[Any], replica_type: int,
+                    tenant: bytes) -> Steps[list]:
         codes: list[Any] = [None] * len(metas)
         with_sum = [i for i, m in enumerate(metas) if m.object_checksum is not None]
         plain = [i for i, m in enumerate(metas) if m.object_checksum is None]
         for idx, sums in ((plain, None), (with_sum, [self._checksum(metas[i]) for i in with_sum])):
             if idx:
-                for i, code in zip(idx, self.master.batch_put_end(uuid_text(client), [metas[i].key for i in idx],
-                                                                  _text(tenant), checksums=sums)):
+                ended = yield from self.master.writer_steps("mc_put_end", uuid_text(client),
+                                                            [metas[i].key for i in idx], _text(tenant), sums)
+                for i, code in zip(idx, ended):
                     codes[i] = code
-        return [None if code == ErrorCode.OK else Err(int(code)) for code in codes]
+        return [_void(code) for code in codes]
 
-    def PutRevoke(self, client: Sequence[int], key: bytes, replica_type: int, tenant: bytes) -> None:
-        self.master.put_revoke(uuid_text(client), key, _text(tenant))
+    def PutRevoke(self, client: Sequence[int], key: bytes, replica_type: int, tenant: bytes) -> Steps[Any]:
+        return (yield from self.BatchPutRevoke(client, [key], replica_type, tenant))[0]
 
-    def BatchPutRevoke(self, client: Sequence[int], keys: Sequence[bytes], replica_type: int, tenant: bytes) -> list:
-        codes = self.master.batch_put_revoke(uuid_text(client), list(keys), _text(tenant))
-        return [None if code == ErrorCode.OK else Err(int(code)) for code in codes]
+    def BatchPutRevoke(self, client: Sequence[int], keys: Sequence[bytes], replica_type: int,
+                       tenant: bytes) -> Steps[list]:
+        codes = yield from self.master.writer_steps("mc_put_revoke", uuid_text(client), list(keys), _text(tenant))
+        return [_void(code) for code in codes]
 
     # ---- removal -------------------------------------------------------------------------
-    def Remove(self, key: bytes, force: bool, tenant: bytes) -> None:
-        self.master.remove(key, force, _text(tenant))
+    def Remove(self, key: bytes, force: bool, tenant: bytes) -> Steps[Any]:
+        return (yield from self.BatchRemove([key], force, tenant))[0]
 
-    def BatchRemove(self, keys: Sequence[bytes], force: bool, tenant: bytes) -> list:
-        codes = self.master.batch_remove(list(keys), force, _text(tenant))
-        return [None if code == ErrorCode.OK else Err(int(code)) for code in codes]
+    def BatchRemove(self, keys: Sequence[bytes], force: bool, tenant: bytes) -> Steps[list]:
+        codes = yield from self.master.batch_remove_steps(list(keys), force, _text(tenant))
+        return [_void(code) for code in codes]
 
     def RemoveAll(self, force: bool, tenant: bytes) -> int:
         try:

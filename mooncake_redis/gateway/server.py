@@ -1,9 +1,10 @@
 """The gateway process: Mooncake's coro_rpc protocol on one port, the transfer engine's HTTP
 metadata on another, Prometheus metrics on a third, a heartbeat in the store.
 
-Each connection reads frames in a loop; every request becomes a task on the thread pool (the
-handler calls Master, then the reply is encoded there too) and its reply frame is written in
-request order. The event loop only frames, decodes and writes: nothing in it blocks. A request
+Each connection reads frames in a loop; every request becomes a task and its reply frame is
+written in request order. The event loop frames, decodes, runs the hot path's steps (their Redis calls on one pipelined
+connection, mooncake_redis.resp_async) and writes; the other handlers run on the thread pool,
+so nothing in the loop blocks. A request
 the gateway cannot serve gets an answer at once: an RPC the client release registers but this
 gateway does not serve gets Mooncake's UNSUPPORTED error (or coro_rpc's function_not_registered
 where the reply type is unknown), an undecodable one coro_rpc's invalid_rpc_arguments; a frame
@@ -11,6 +12,7 @@ with a wrong header or an oversized body closes the connection (the client recon
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -23,14 +25,19 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from ..errors import MasterError
 from ..master import Master
+from ..resp_async import for_shards
+from ..steps import Blocking
 from . import frames, schema
 from .codec import CodecError, Err, decode, encode
-from .handlers import Handlers, log
+from .handlers import Handlers, log, mooncake_code
 from .metadata import MetadataServer
 from .store import GatewayStore
 
-THREADS = 16                 # handlers in flight at once, all connections together
+THREADS = 16                 # blocking handlers in flight at once, all connections together
+MAX_IN_FLIGHT = 256          # requests of one connection not yet answered before it stops reading
+MAX_UNSENT = 4 << 20         # reply bytes of one connection not yet sent before it stops reading
 HEARTBEAT_S = 1.0            # how often a gateway renews its entry in the store
 HEARTBEAT_TTL_MS = 5_000     # after which `status` no longer lists a silent gateway
 LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3, 0.25, 1.0)
@@ -56,10 +63,13 @@ class GatewayMetrics:
                             ["path", "status"], registry=self.registry)
         self.connections = Counter("mooncake_gateway_rpc_connections", "RPC connections accepted",
                                    registry=self.registry)
+        self._per_rpc: dict[str, tuple[Any, Any]] = {}
 
     def answered(self, rpc: str, value: Any, started: float) -> None:
-        self.calls.labels(rpc).inc()
-        self.latency.labels(rpc).observe(time.perf_counter() - started)
+        calls, latency = self._per_rpc.get(rpc) or self._per_rpc.setdefault(
+            rpc, (self.calls.labels(rpc), self.latency.labels(rpc)))  # labels() costs: once per RPC
+        calls.inc()
+        latency.observe(time.perf_counter() - started)
         if isinstance(value, Err):
             self.errors.labels(rpc, str(value.code)).inc()
         elif isinstance(value, list):
@@ -77,8 +87,10 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="gateway")
         self.id = gateway_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.pipelined = for_shards(master.transport)  # None: the hot path runs on the pool too
         self._servers: list[asyncio.base_events.Server] = []
         self._tasks: list[asyncio.Task] = []
+        self._connections: set[asyncio.StreamWriter] = set()
         self._stopped = asyncio.Event()
         self.rpc_address = ""
         self.metadata_url = ""
@@ -110,8 +122,12 @@ class Gateway:
             server.close()
         for task in self._tasks:
             task.cancel()
+        for writer in list(self._connections):  # the clients reconnect to another gateway
+            writer.close()
         for server in self._servers:
             await server.wait_closed()
+        if self.pipelined is not None:
+            self.pipelined.close()
         try:
             await self.run(self.store.heartbeat, self.id, self.rpc_address or "off", self.metadata_url, 0)
         except Exception as exc:  # leaving is a courtesy: the entry expires by itself
@@ -140,48 +156,53 @@ class Gateway:
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.metrics.connections.inc()
-        replies: asyncio.Queue = asyncio.Queue()
-        sender = asyncio.get_running_loop().create_task(self._send_replies(replies, writer))
+        self._connections.add(writer)
+        pending: collections.deque = collections.deque()  # replies (bytes or futures) in request order
+
+        def flush(_: Any = None) -> None:
+            """Write the replies that are ready, in request order."""
+            while pending and (type(pending[0]) is bytes or pending[0].done()):
+                reply = pending.popleft()
+                writer.write(reply if type(reply) is bytes else reply.result())
+
         try:
             while True:
                 head = await reader.readexactly(frames.REQ_HEADER)
                 seq, function_id, length, attach_length = frames.parse_request_header(head)
-                if length + attach_length > frames.MAX_BODY:
-                    raise frames.FrameError(f"a frame of {length + attach_length} bytes (at most {frames.MAX_BODY})")
                 body = await reader.readexactly(length) if length else b""
                 if attach_length:
                     await reader.readexactly(attach_length)  # no Mooncake RPC sends an attachment
-                replies.put_nowait(self._dispatch(seq, function_id, body))
+                reply = self._dispatch(seq, function_id, body)
+                pending.append(reply)
+                if type(reply) is bytes:
+                    flush()
+                else:
+                    reply.add_done_callback(flush)
+                if len(pending) > MAX_IN_FLIGHT or writer.transport.get_write_buffer_size() > MAX_UNSENT:
+                    waiting = [r for r in pending if type(r) is not bytes][:1]
+                    if waiting:  # many requests in flight: let the oldest finish
+                        await asyncio.wait(waiting)
+                    await writer.drain()  # a client that does not read its replies
         except frames.FrameError as exc:
             log.warning("closing an RPC connection: %s", exc)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            replies.put_nowait(None)
-            await sender
+            for reply in pending:
+                if type(reply) is not bytes:
+                    reply.remove_done_callback(flush)
             writer.close()
-
-    async def _send_replies(self, replies: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
-        while True:
-            reply = await replies.get()
-            if reply is None:
-                return
-            try:
-                frame = await reply if not isinstance(reply, bytes) else reply
-                writer.write(frame)
-                if replies.empty():
-                    await writer.drain()
-            except (ConnectionError, asyncio.CancelledError):
-                return
+            self._connections.discard(writer)
 
     def _dispatch(self, seq: int, function_id: int, body: bytes) -> Any:
-        """The reply frame (bytes), or a future of it."""
+        """The reply frame (bytes), or an awaitable of it."""
         rpc = schema.BY_ID.get(function_id)
         name = rpc.name if rpc else schema.NAMES_BY_ID.get(function_id)
-        if rpc is None or not self.handlers.serves(rpc.name):
+        kind = self.handlers.kind(rpc.name) if rpc else None
+        if rpc is None or kind is None:
             log.info("RPC %s (0x%08x) is not served", name or "unknown", function_id)
             self.metrics.calls.labels(name or "unknown").inc()
-            if rpc is not None and self._is_expected(rpc.response):
+            if rpc is not None and rpc.response.kind == "expected":
                 self.metrics.errors.labels(rpc.name, str(schema.ErrorCode.UNSUPPORTED)).inc()
                 return frames.response_frame(seq, encode(rpc.response, Err(schema.ErrorCode.UNSUPPORTED)))
             return frames.error_frame(seq, frames.ERRC_FUNCTION_NOT_REGISTERED,
@@ -193,33 +214,48 @@ class Gateway:
             log.warning("RPC %s: undecodable request: %s", rpc.name, exc)
             self.metrics.errors.labels(rpc.name, "invalid_rpc_arguments").inc()
             return frames.error_frame(seq, frames.ERRC_INVALID_RPC_ARGUMENTS, f"invalid rpc arguments: {exc}")
+        if kind == "inline":
+            return self._frame(rpc, seq, args, literal, self.handlers.call(rpc.name, args), started)
+        if kind == "steps" and self.pipelined is not None:
+            return asyncio.get_running_loop().create_task(self._answer_steps(rpc, seq, args, literal, started))
         return asyncio.get_running_loop().run_in_executor(self.pool, self._answer, rpc, seq, args, literal, started)
 
-    @staticmethod
-    def _is_expected(t: Any) -> bool:
-        return t.kind == "expected"
-
-    @staticmethod
-    def _per_key(t: Any, args: tuple) -> int | None:
-        """For a reply that is a vector of expecteds (a batch): the number of keys, else None."""
-        if t.kind != "vector" or t.parts[0].kind != "expected":
-            return None
-        return next((len(a) for a in args if isinstance(a, list)), 0)
+    async def _answer_steps(self, rpc: schema.Rpc, seq: int, args: tuple, literal: bool, started: float) -> bytes:
+        """On the event loop: the handler's steps, every round trip on the pipelined connection."""
+        try:
+            steps = getattr(self.handlers, rpc.name)(*args)
+            step = next(steps)
+            while True:
+                result = await (self.run(step.fn) if isinstance(step, Blocking) else self.pipelined.run(step))
+                step = steps.send(result)
+        except StopIteration as done:
+            value = done.value
+        except MasterError as exc:
+            value = Err(mooncake_code(exc))
+        except Exception:  # a defect: answer, log, keep serving
+            log.exception("RPC %s failed", rpc.name)
+            value = Err(schema.ErrorCode.INTERNAL_ERROR)
+        return self._frame(rpc, seq, args, literal, value, started)
 
     def _answer(self, rpc: schema.Rpc, seq: int, args: tuple, literal: bool, started: float) -> bytes:
-        """On the thread pool: the handler, then its reply frame."""
+        """On the thread pool: the handler, blocking, then its reply frame."""
         try:
             value = self.handlers.call(rpc.name, args)
         except Exception:  # a defect: answer, log, keep serving
             log.exception("RPC %s failed", rpc.name)
             value = Err(schema.ErrorCode.INTERNAL_ERROR)
-        if isinstance(value, Err) and self._per_key(rpc.response, args) is not None:
-            value = [value] * self._per_key(rpc.response, args)  # a whole batch refused: each key's answer
-        if isinstance(value, Err) and not self._is_expected(rpc.response):
+        return self._frame(rpc, seq, args, literal, value, started)
+
+    def _frame(self, rpc: schema.Rpc, seq: int, args: tuple, literal: bool, value: Any, started: float) -> bytes:
+        t = rpc.response
+        if isinstance(value, Err) and t.kind == "vector" and t.parts[0].kind == "expected":
+            # a batch refused as a whole: each key gets the error
+            value = [value] * next((len(a) for a in args if isinstance(a, list)), 0)
+        if isinstance(value, Err) and t.kind != "expected":
             self.metrics.errors.labels(rpc.name, str(value.code)).inc()
             return frames.error_frame(seq, frames.ERRC_INVALID_RPC_ARGUMENTS, f"{rpc.name} failed: {value.code}")
         self.metrics.answered(rpc.name, value, started)
-        return frames.response_frame(seq, encode(rpc.response, value, literal=literal))
+        return frames.response_frame(seq, encode(t, value, literal=literal))
 
 
 def event_loop() -> asyncio.AbstractEventLoop:

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from .. import wire
 from ..checks import _check_int, _check_name
 from ..master import Master
+from ..steps import Steps
 
 REAP_BATCH = 64  # recorded segments one mc_gw_reap call looks at
+FACT_FIELDS = ("uuid", "client", "endpoint", "protocol", "base", "size")  # of P:gwseg:<name>
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,19 @@ class GatewayStore:
         return name.decode(errors="surrogateescape") if name is not None else None
 
     def segment_facts(self, name: str) -> SegmentFacts | None:
-        row = self.transport.run([("HGETALL", self.keys0.gw_segment(name))])[0]
-        if not row:
-            return None
-        text = {k.decode(): v.decode(errors="surrogateescape") for k, v in row.items()}
-        return SegmentFacts(name, text["uuid"], text["client"], text["endpoint"], text["protocol"],
-                            int(text["base"]), int(text["size"]))
+        return self.master.drive(self.segment_facts_steps([name]))[0]
+
+    def segment_facts_steps(self, names: list[str]) -> Steps[list[SegmentFacts | None]]:
+        """The recorded facts of each segment (None: not recorded), in one round trip."""
+        rows = yield [("HMGET", self.keys0.gw_segment(name), *FACT_FIELDS) for name in names]
+        out: list[SegmentFacts | None] = []
+        for name, row in zip(names, rows):
+            if row[0] is None:
+                out.append(None)
+                continue
+            uuid, client, endpoint, protocol, base, size = (v.decode(errors="surrogateescape") for v in row)
+            out.append(SegmentFacts(name, uuid, client, endpoint, protocol, int(base), int(size)))
+        return out
 
     def reap(self) -> int:
         """Forget up to REAP_BATCH segments that are no longer mounted, with their metadata."""
