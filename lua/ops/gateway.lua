@@ -8,6 +8,10 @@
 --   P:gateways zset: gateway id -> heartbeat deadline ms; P:gateway:<id> hash: rpc, metadata.
 -- Clients without a segment (readers) register on every shard with gw_register_client.
 
+local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
+local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
+local parse_call, register = Base.parse_call, Base.register
+
 -- gw_segment_record. KEYS: P (shard 0). ARGV: options uuid, name, client_id, endpoint, protocol,
 -- base, size (all required). Reply: 0. Called after the segment is mounted; a new uuid for the
 -- name replaces the old one.
