@@ -90,7 +90,19 @@ def writes(store: MooncakeDistributedStore) -> None:
         time.sleep(0.05)  # pacing: one put every 50 ms, not a wait for a deadline
 
 
-SCENARIOS = {"basic": basic, "provider": provider, "consumer": consumer, "writes": writes}
+def pressure(store: MooncakeDistributedStore) -> None:
+    """Four times the segment in 1 MiB objects: eviction makes room; a get of an evicted object
+    fails (b''), and never returns other bytes."""
+    values = {f"p-{i:03d}": os.urandom(MiB) for i in range(64)}
+    emit("puts failed", sum(store.put(k, v) != 0 for k, v in values.items()))
+    outcome = {"equal": 0, "missing": 0, "wrong": 0}
+    for key, value in values.items():
+        got = store.get(key)
+        outcome["equal" if got == value else "missing" if got == b"" else "wrong"] += 1
+    emit("gets", outcome)
+
+
+SCENARIOS = {"basic": basic, "provider": provider, "consumer": consumer, "writes": writes, "pressure": pressure}
 
 if __name__ == "__main__":
     scenario, master, metadata = sys.argv[1:4]

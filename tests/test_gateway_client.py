@@ -34,9 +34,10 @@ SESSION = str(Path(__file__).with_name("mooncake_session.py"))
 ENV = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_STORE_MEMCPY": "0"}  # bytes go by TCP
 
 
-def run_session(scenario: str, master: str, metadata: str, timeout: float = 120) -> list[tuple[str, object]]:
-    proc = subprocess.run([sys.executable, SESSION, scenario, master, metadata], env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+def run_session(scenario: str, master: str, metadata: str, timeout: float = 120,
+                segment_mib: int = 64) -> list[tuple[str, object]]:
+    proc = subprocess.run([sys.executable, SESSION, scenario, master, metadata, str(segment_mib)], env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
     steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, f"client exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return [(s["step"], s["result"]) for s in steps]
@@ -154,3 +155,78 @@ def test_the_store_keeps_what_the_gateway_was_told(store_url):
         thread.stop()
     assert GatewayStore(master).gateways() == []  # a gateway that stops leaves the list
     master.close()
+
+
+def test_eviction_under_pressure_never_returns_other_bytes(gateway):
+    steps = dict(run_session("pressure", gateway.rpc_address, gateway.metadata_url, segment_mib=16))
+    assert steps["puts failed"] == 0  # puts evict what they need
+    gets = steps["gets"]
+    assert gets["wrong"] == 0 and gets["missing"] > 0 and gets["equal"] > 0, gets
+
+
+def acknowledged(client: Client, count: int) -> list[int]:
+    """Read the writer's lines until `count` more puts were acknowledged; their numbers."""
+    done = []
+    while len(done) < count:
+        step, (rc, equal) = client.next_step()
+        if rc == 0:
+            assert equal, step  # a put acknowledged and read back with other bytes
+            done.append(int(step.split()[1]))
+    return done
+
+
+def start_gateway_process(url: str, namespace: str, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "--redis", url, "--namespace", namespace,
+                             "gateway", "--rpc-port", str(port), "--metadata-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("mooncake gateway: rpc"), line
+    return proc
+
+
+def test_a_gateway_killed_mid_session_loses_nothing(store_url):
+    namespace = f"gw{uuid.uuid4().hex[:8]}"
+    master = Master.connect(store_url, MasterConfig(namespace=namespace))
+    port = free_port()
+    gateway = start_gateway_process(store_url, namespace, port)
+    writer = Client("writes", f"127.0.0.1:{port}", "P2PHANDSHAKE")
+    try:
+        assert writer.next_step() == ("setup", 0)
+        done = acknowledged(writer, 10)
+        gateway.send_signal(signal.SIGKILL)
+        gateway.wait()
+        gateway = start_gateway_process(store_url, namespace, port)  # the client reconnects by itself
+        done += acknowledged(writer, 10)
+        assert master.batch_exist_key([f"w-{i}" for i in done]) == [True] * len(done)
+    finally:
+        writer.kill()
+        gateway.kill()
+        gateway.wait()
+        master.close()
+
+
+def test_valkey_restarted_from_its_aof_mid_session_loses_nothing(tmp_path):
+    valkey = EmbeddedValkey(data_dir=str(tmp_path / "valkey"), appendonly=True,
+                            extra_args=("--appendfsync", "always")).start()
+    namespace = f"gw{uuid.uuid4().hex[:8]}"
+    master, thread = open_gateway(valkey.url, namespace)
+    writer = Client("writes", thread.gateway.rpc_address, thread.gateway.metadata_url)
+    try:
+        assert writer.next_step() == ("setup", 0)
+        done = acknowledged(writer, 10)
+        [segment] = master.segments()
+        valkey.proc.send_signal(signal.SIGKILL)  # no shutdown: only the AOF holds the data
+        valkey.proc.wait()
+        valkey = EmbeddedValkey(data_dir=valkey.data_dir, port=valkey.port, appendonly=True,
+                                extra_args=("--appendfsync", "always")).start()
+        done += acknowledged(writer, 10)
+        assert master.batch_exist_key([f"w-{i}" for i in done]) == [True] * len(done)
+        assert master.segments()[0]["name"] == segment["name"]  # the mount survived with its facts
+        store = GatewayStore(master)
+        assert store.segment_facts(segment["name"]) is not None
+        assert store.metadata_get(f"mooncake/ram/{segment['name']}".encode()) is not None
+    finally:
+        writer.kill()
+        thread.stop()
+        master.close()
+        valkey.stop()
