@@ -114,6 +114,12 @@ class _Connection:
     def close(self) -> None:
         self.redis_conn.disconnect()  # no shutdown in a forked child: the parent's socket stays up
 
+    def __del__(self) -> None:
+        # A thread that ends drops its connection; redis-py's Connection sits in a reference
+        # cycle and would keep the socket open until the cyclic GC, so the server would close
+        # it first (leaving its port in TIME_WAIT) if it stopped before that.
+        self.close()
+
 
 class LeanClient:
     """The lean transport of one redis.Redis client: a connection per thread, opened on first use

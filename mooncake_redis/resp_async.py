@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from typing import Any, Sequence
 
 import hiredis
@@ -131,10 +132,14 @@ class AsyncLean:
             raise MasterError(ErrorCode.INVALID_PARAMS, str(exc)) from None
         return finish(replies, raise_on_error)
 
-    def close(self) -> None:
-        if self._pipe is not None:
-            self._pipe.close()
-            self._pipe = None
+    async def close(self) -> None:
+        """Close the connection and wait until it is closed (before Redis may stop: a client
+        that closes first keeps the server's port free of TIME_WAIT)."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close()
+            with contextlib.suppress(Exception):
+                await pipe.writer.wait_closed()
 
 
 def for_shards(shards: Any) -> AsyncLean | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import socket
@@ -122,12 +123,16 @@ class Gateway:
             server.close()
         for task in self._tasks:
             task.cancel()
-        for writer in list(self._connections):  # the clients reconnect to another gateway
+        clients = list(self._connections)
+        for writer in clients:  # the clients reconnect to another gateway
             writer.close()
+        for writer in clients:
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
         for server in self._servers:
             await server.wait_closed()
         if self.pipelined is not None:
-            self.pipelined.close()
+            await self.pipelined.close()
         try:
             await self.run(self.store.heartbeat, self.id, self.rpc_address or "off", self.metadata_url, 0)
         except Exception as exc:  # leaving is a courtesy: the entry expires by itself
