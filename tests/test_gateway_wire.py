@@ -220,3 +220,22 @@ def test_cache_evict_ends_the_guarantees_under_a_prefix(served):
         status, reason = http_call(gateway, "POST", "/v1/cache/evict", bad)
         assert status == 400 and reason, bad
     assert http_call(gateway, "GET", "/v1/cache/evict")[0] == 405
+
+
+def test_the_metrics_count_each_rpc_and_its_errors(valkey):
+    import urllib.request
+    master = Master.connect(valkey.url, MasterConfig(namespace=f"gw{uuid.uuid4().hex[:8]}"))
+    metrics = free_port()
+    thread = GatewayThread(master, Listeners("127.0.0.1", free_port(), 0, metrics))
+    thread.start()
+    try:
+        c = Conn(thread.gateway.rpc_address)
+        c.call("ServiceReady")
+        c.call("Remove", b"missing", True, b"default")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
+        assert 'mooncake_gateway_rpc_calls_total{rpc="ServiceReady"} 1.0' in text
+        assert 'mooncake_gateway_rpc_errors_total{code="-704",rpc="Remove"} 1.0' in text
+        assert 'mooncake_gateway_rpc_seconds_count{rpc="Remove"} 1.0' in text
+    finally:
+        thread.stop()
+        master.close()

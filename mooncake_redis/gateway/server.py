@@ -92,6 +92,7 @@ class Gateway:
         self._servers: list[asyncio.base_events.Server] = []
         self._tasks: list[asyncio.Task] = []
         self._connections: set[asyncio.StreamWriter] = set()
+        self._metrics_http: Any = None
         self._stopped = asyncio.Event()
         self.rpc_address = ""
         self.metadata_url = ""
@@ -111,7 +112,7 @@ class Gateway:
             self.metadata_url = f"http://{host}:{http.sockets[0].getsockname()[1]}/metadata"
         if self.listeners.metrics_port:
             from prometheus_client import start_http_server
-            start_http_server(self.listeners.metrics_port, host, registry=self.metrics.registry)
+            self._metrics_http, _ = start_http_server(self.listeners.metrics_port, host, registry=self.metrics.registry)
         await self.run(self._heartbeat)
         self._tasks.append(asyncio.get_running_loop().create_task(self._heartbeats()))
 
@@ -133,6 +134,9 @@ class Gateway:
             await server.wait_closed()
         if self.pipelined is not None:
             await self.pipelined.close()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
         try:
             await self.run(self.store.heartbeat, self.id, self.rpc_address or "off", self.metadata_url, 0)
         except Exception as exc:  # leaving is a courtesy: the entry expires by itself
