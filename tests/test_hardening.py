@@ -216,6 +216,8 @@ FUNCTIONS += ["mc_radix_register", "mc_radix_nodes", "mc_radix_describe", "mc_ra
 FUNCTIONS += ["mc_mount_local_disk", "mc_unmount_local_disk", "mc_report_ssd_capacity", "mc_offload_heartbeat",
               "mc_offload_done", "mc_offload_sweep", "mc_fsck_offload_task", "mc_fsck_offload_inflight"]
 FUNCTIONS += ["mc_disk_removal_heartbeat", "mc_disk_removal_ack", "mc_disk_referenced", "mc_fsck_disk_used"]
+FUNCTIONS += ["mc_gw_segment_record", "mc_gw_segment_forget", "mc_gw_reap", "mc_gw_metadata_put",
+              "mc_gw_metadata_delete", "mc_gw_register_client", "mc_gw_heartbeat"]
 
 
 def test_every_function_is_listed_here():
