@@ -19,7 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Any, Callable
+
+import redis
 
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.server import EmbeddedValkey, free_port, stop_process
@@ -65,9 +68,10 @@ def clients(master_addresses: list[str], n: int, tag: str) -> list[dict[str, flo
 
 class GatewayProcess:
     def __init__(self, url: str):
-        self.port = free_port()
+        self.port, self.metrics_port = free_port(), free_port()
         self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "--redis", url, "--namespace",
-                                      NAMESPACE, "gateway", "--rpc-port", str(self.port), "--metadata-port", "0"],
+                                      NAMESPACE, "gateway", "--rpc-port", str(self.port), "--metadata-port", "0",
+                                      "--gateway-metrics-port", str(self.metrics_port)],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("mooncake gateway:"):
@@ -76,6 +80,29 @@ class GatewayProcess:
 
     def stop(self) -> None:
         stop_process(self.proc)
+
+    def rpc_seconds(self) -> dict[str, tuple[float, float]]:
+        """Per RPC: (sum of seconds from arrival to reply, count), from its metrics endpoint."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
+        out: dict[str, list[float]] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "mooncake_gateway_rpc_seconds":
+                for sample in family.samples:
+                    if sample.name.endswith(("_sum", "_count")):
+                        out.setdefault(sample.labels["rpc"], [0.0, 0.0])[sample.name.endswith("_count")] = sample.value
+        return {rpc: (total, count) for rpc, (total, count) in out.items()}
+
+
+def fcall_usec(url: str) -> tuple[float, int]:
+    """(usec, calls) of FCALL in the server's commandstats."""
+    r = redis.Redis.from_url(url)
+    try:
+        stats = r.info("commandstats").get("cmdstat_fcall", {})
+    finally:
+        r.close()
+    return float(stats.get("usec", 0)), int(stats.get("calls", 0))
 
 
 def main(n: int = 2000, out: Callable[[str], None] = print) -> dict[str, Any]:
@@ -98,16 +125,37 @@ def main(n: int = 2000, out: Callable[[str], None] = print) -> dict[str, Any]:
         out(f"machine {res['cores']} cores, {res['cpu']}, load average "
             f"{' '.join(f'{x:.2f}' for x in res['load_average_at_start'])}")
         single: dict[str, list[dict]] = {"mooncake": [], "gateway": []}
+        before = (gateways[0].rpc_seconds(), fcall_usec(valkey.url))
         for rep in range(REPEATS):
             single["mooncake"] += clients([mooncake.address], n, f"m{rep}-")
             single["gateway"] += clients([gateways[0].address], n, f"g{rep}-")
         res["single"] = _table(single, out, "one client")
+        res["where"] = _where(before, (gateways[0].rpc_seconds(), fcall_usec(valkey.url)), single["gateway"], out)
         many = {"mooncake": [_sum(clients([mooncake.address] * 4, n, f"M{rep}-")) for rep in range(REPEATS)]}
         many["gateway"] = [_sum(clients([g.address for g in gateways for _ in range(2)], n, f"G{rep}-"))
                            for rep in range(REPEATS)]
         res["aggregate"] = _table(many, out, "4 clients (aggregate; gateway: 2 processes)")
     res["load_average_at_end"] = os.getloadavg()
     return res
+
+
+def _where(before, after, rates: list[dict], out) -> dict[str, Any]:
+    """Where a gateway call's time goes (one client): as the client sees it (1/rate), from its
+    arrival at the gateway to its reply, and the functions' own server time (all FCALLs of the
+    run, per call)."""
+    (gw0, (usec0, calls0)), (gw1, (usec1, calls1)) = before, after
+    fcall_us = (usec1 - usec0) / max(1, calls1 - calls0)
+    rows = {}
+    out(f"where the time goes (one client, gateway side){'':<14}{'client us/call':>16}{'gateway us/call':>17}")
+    for op, rpc in (("is_exist", "ExistKey"), ("get", "GetReplicaList"), ("remove", "Remove")):
+        total = gw1.get(rpc, (0.0, 0.0))[0] - gw0.get(rpc, (0.0, 0.0))[0]
+        count = gw1.get(rpc, (0.0, 0.0))[1] - gw0.get(rpc, (0.0, 0.0))[1]
+        client_us = 1e6 / statistics.median(r[op] for r in rates)
+        gateway_us = 1e6 * total / count if count else float("nan")
+        rows[op] = {"client_us": client_us, "gateway_us": gateway_us}
+        out(f"  {op:<58}{client_us:>16.0f}{gateway_us:>17.0f}")
+    out(f"  the functions' own server time: {fcall_us:.0f} us per FCALL (INFO commandstats, every call of the run)")
+    return {"operations": rows, "fcall_server_us": fcall_us}
 
 
 def _sum(rates: list[dict[str, float]]) -> dict[str, float]:

@@ -1,6 +1,7 @@
 """One Mooncake client process of `bench gateway`: set up against a master, print "ready",
 wait for a line on stdin (so that several processes start together), time each operation over
-n calls and print one JSON object {operation: calls (or keys) per second}.
+n calls, print one JSON object {operation: calls (or keys) per second}, and close only when
+stdin ends (objects may live in any client's segment: none may go while another still runs).
 
     python -m mooncake_redis.bench.gateway_client MASTER N TAG
 """
@@ -46,6 +47,7 @@ def main(master: str, n: int, tag: str) -> None:
         "remove": timed(n, lambda: check("remove", sum(store.remove(k, True) != 0 for k in keys))),
     }
     print(json.dumps(rates), flush=True)
+    sys.stdin.read()
     store.close()
 
 
