@@ -92,3 +92,23 @@ def test_bench_mooncake_with_a_library_missing_names_it(monkeypatch):
     with pytest.raises(bench_mooncake.MooncakeUnavailable, match="does not load: libibverbs.so.1") as info:
         bench_mooncake.main(n=5)
     assert "apt-get install libibverbs1" in str(info.value) and "non-cuda" in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _mooncake_usable(), reason="Mooncake is not installed: pip install 'mooncake-redis[mooncake]'")
+def test_bench_gateway_prints_every_operation_and_where_the_time_goes(monkeypatch):
+    from mooncake_redis.bench import gateway as bench_gateway
+
+    monkeypatch.setattr(bench_gateway, "REPEATS", 1)  # one round: the shape of the output, not figures
+    r = run("bench", "gateway", "--n", "100", "--json")
+    assert r.exit_code == 0, r.output
+    results = json.loads(r.stdout)["results"]
+    for table in ("single", "aggregate"):
+        assert set(results[table]) == {"put", "is_exist", "batch_is_exist", "get", "remove"}
+        for row in results[table].values():
+            assert row["mooncake_per_s"] > 0 and row["gateway_per_s"] > 0
+            assert row["ratio"] == pytest.approx(row["gateway_per_s"] / row["mooncake_per_s"])
+    where = results["where"]
+    assert where["fcall_server_us"] > 0
+    for op in ("is_exist", "get", "remove"):
+        assert where["operations"][op]["client_us"] > 0 and where["operations"][op]["gateway_us"] > 0
