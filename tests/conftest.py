@@ -2,30 +2,64 @@
 Redis 7 (Debian's redis-server, when installed: .ci/run installs it) and on memory:// (fakeredis),
 each with shards=1 and shards=4. Tests of the modules marked `cluster` (lifecycle, eviction,
 workers, fsck) run also on a local Redis Cluster of 3 primaries (started here from the same
-Valkey binary) with shards=16. Time is the store clock, frozen."""
+Valkey binary) with shards=16. Time is the store clock, frozen.
+
+Switches (docs/testing.md): MOONCAKE_BACKENDS (e.g. `valkey` or `valkey,memory`) keeps only the
+tests on those backends; HYPOTHESIS_PROFILE picks the property tests' size (`ci`, the default, or
+`dev`); tests marked `slow` are left out by `-m "not slow"`."""
 from __future__ import annotations
 
+import os
 import shutil
-import uuid
 
 import pytest
+from hypothesis import HealthCheck, settings
 
-from mooncake_redis import Master, MasterConfig
-from mooncake_redis.cluster import primary_clients
+from helpers import T0, flush, make_master  # noqa: F401  (T0, flush: also imported from here)
 from mooncake_redis.server import EmbeddedCluster, EmbeddedValkey
-
-T0 = 1_700_000_000_000  # the frozen store clock every test starts at
-
 
 REDIS_SERVER = shutil.which("redis-server")  # Redis differs from Valkey in small ways (e.g. "-0")
 BACKENDS = ["valkey", "redis", "memory"]
+ALL_BACKENDS = BACKENDS + ["cluster"]
 SHARD_COUNTS = [1, 4]
 CLUSTER_SHARDS = 16  # shards of a store on the test cluster: every node holds several
+
+# ---- property tests: the number of examples per test, by profile ------------------------------
+# The store-driven property tests take their number of examples from the profile (each example
+# runs many calls on a store); pure-function ones that are cheap keep their own larger counts.
+_PROPERTY = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+settings.register_profile("ci", max_examples=25, **_PROPERTY)
+settings.register_profile("dev", max_examples=8, **_PROPERTY)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def enabled_backends() -> list[str]:
+    """The backends MOONCAKE_BACKENDS names (all of them when it is unset or empty)."""
+    raw = os.environ.get("MOONCAKE_BACKENDS", "").strip()
+    if not raw:
+        return list(ALL_BACKENDS)
+    names = [{"redis7": "redis", "fakeredis": "memory"}.get(n.strip(), n.strip())
+             for n in raw.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(ALL_BACKENDS))
+    if unknown:
+        raise pytest.UsageError(f"MOONCAKE_BACKENDS: unknown backend(s) {', '.join(unknown)} "
+                                f"(known: {', '.join(ALL_BACKENDS)})")
+    return names
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cluster: also run the API tests of this module on a 3-primary Redis Cluster")
     config.addinivalue_line("markers", "not_on_cluster(reason): leave this test of a `cluster` module off the cluster")
+    config.addinivalue_line("markers", "slow: takes seconds (processes, restarts, valgrind, extra seeds); "
+                                       "the full run keeps it, the quick tier (-m 'not slow') leaves it out")
+    enabled_backends()  # a misspelt MOONCAKE_BACKENDS stops the run before any test
+
+
+def pytest_report_header(config):
+    raw = os.environ.get("MOONCAKE_BACKENDS", "")
+    return (f"mooncake backends: {', '.join(enabled_backends())}"
+            f"{'' if raw else ' (all: MOONCAKE_BACKENDS unset)'}; "
+            f"hypothesis profile: {settings.get_current_profile_name()}")
 
 
 def pytest_generate_tests(metafunc):
@@ -46,6 +80,38 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("backend", BACKENDS + (["cluster"] if on_cluster else []), indirect=True)
     elif want_shards:
         metafunc.parametrize("shards", SHARD_COUNTS, ids=[f"shards{s}" for s in SHARD_COUNTS], indirect=True)
+
+
+# The parameters that name a backend (the generated `backend`, and the modules' own `server`
+# and `url` fixtures), and the session servers a test may use without one.
+_BACKEND_PARAMS = ("backend", "server", "url")
+_SERVER_FIXTURES = {"valkey_cluster": "cluster", "redis7": "redis", "valkey": "valkey"}
+
+
+def backend_of(item) -> str | None:
+    """The backend a collected test runs on: its backend parameter, else the session server it
+    asks for; None for a test on no shared server (pure, or one starting its own processes)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for name in _BACKEND_PARAMS:
+        if params.get(name) in ALL_BACKENDS:
+            return params[name]
+    for fixture, backend in _SERVER_FIXTURES.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            return backend
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """MOONCAKE_BACKENDS: deselect the tests on the other backends."""
+    enabled = set(enabled_backends())
+    if enabled == set(ALL_BACKENDS):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if backend_of(item) not in enabled | {None} else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
@@ -70,26 +136,6 @@ def valkey_cluster():
     cluster = EmbeddedCluster(primaries=3).start()
     yield cluster
     cluster.stop()
-
-
-def flush(url: str) -> None:
-    """Empty a test server (every primary of a cluster)."""
-    from mooncake_redis.master import _redis_from_url
-
-    client = _redis_from_url(url)
-    try:
-        for server in primary_clients(client):
-            server.flushall()
-    finally:
-        client.close()
-
-
-def make_master(backend: str, valkey_server, **config) -> Master:
-    cfg = MasterConfig(**config)
-    if backend in ("valkey", "redis", "cluster"):
-        flush(valkey_server.url)
-        return Master.connect(valkey_server.url, cfg)
-    return Master.connect(f"memory://{uuid.uuid4().hex}", cfg)
 
 
 @pytest.fixture
@@ -126,3 +172,21 @@ def new_master(backend, shards, request):
 @pytest.fixture
 def master(new_master):
     return new_master()
+
+
+@pytest.fixture
+def valkey_master(valkey):
+    """Factory for the tests that run on the session Valkey only (the CLI's, metrics, chaos):
+    valkey_master(**MasterConfig fields) -> Master on the emptied server, clock frozen at T0,
+    closed after the test."""
+    made = []
+
+    def factory(**config):
+        m = make_master("valkey", valkey, **config)
+        m.freeze_clock(T0)
+        made.append(m)
+        return m
+
+    yield factory
+    for m in made:
+        m.close()

@@ -2,18 +2,55 @@
 from __future__ import annotations
 
 import contextlib
+import uuid
 from typing import Any, Iterator
 
 import pytest
 
-from mooncake_redis import ErrorCode, Master, MasterError, ReplicateConfig
+from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig
+from mooncake_redis.cluster import primary_clients
 from mooncake_redis.keys import ShardKeys, segment_slice, shard_of
+
+T0 = 1_700_000_000_000  # the frozen store clock every test starts at
 
 OWNER = "owner"    # the client that mounts segments
 WRITER = "writer"  # the client that writes objects
 # The eviction geometry the eviction tests are written in: a step starts above 90% of capacity
 # and evicts down to 85% (wider than the defaults, so a handful of objects crosses both lines).
 WATERMARKS = {"eviction_high_watermark_ratio": 0.90, "eviction_ratio": 0.05}
+
+
+def flush(url: str) -> None:
+    """Empty a test server (every primary of a cluster)."""
+    from mooncake_redis.master import _redis_from_url
+
+    client = _redis_from_url(url)
+    try:
+        for server in primary_clients(client):
+            server.flushall()
+    finally:
+        client.close()
+
+
+def make_master(backend: str, valkey_server, **config) -> Master:
+    """A Master on an emptied test server (`backend` valkey, redis or cluster) or on a new
+    memory:// store (its clock not frozen: the fixtures do that)."""
+    cfg = MasterConfig(**config)
+    if backend in ("valkey", "redis", "cluster"):
+        flush(valkey_server.url)
+        return Master.connect(valkey_server.url, cfg)
+    return Master.connect(f"memory://{uuid.uuid4().hex}", cfg)
+
+
+def run_cli(*args: str, env: dict | None = None):
+    """The CLI in-process (click's CliRunner), with no URL or data directory from the shell's
+    environment unless `env` gives one: tests pass --redis or a directory themselves."""
+    from click.testing import CliRunner
+
+    from mooncake_redis.cli.main import cli
+
+    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None,
+                                                     **(env or {})})
 
 
 @contextlib.contextmanager

@@ -312,7 +312,7 @@ class Run:
             for seg in md.mounted}
 
 
-@settings(max_examples=30, deadline=None, database=None,
+@settings(deadline=None, database=None,  # examples: the profile (conftest.py)
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(op_st, min_size=10, max_size=60))
 def test_random_operations_keep_the_allocator_consistent(new_master, ops):

@@ -12,18 +12,14 @@ import subprocess
 import tempfile
 
 import pytest
-from click.testing import CliRunner
 
 from mooncake_redis.bench import instructions as bench_instructions
-from mooncake_redis.cli.main import cli
+
+from helpers import run_cli as run
 
 OPS = ["exist_key", "get_replica_list", "put_start", "put_end", "remove", "batch_exist_key",
        "batch_get_replica_list"]
 NUMBER = r"-?[\d,]+"
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None})
 
 
 def _valgrind_usable() -> bool:
@@ -44,6 +40,7 @@ def _number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _valgrind_usable(), reason=f"valgrind is not installed: {bench_instructions.INSTALL}")
 def test_bench_instructions_prints_every_operation_its_floor_and_the_json(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_instructions, "STORE", 300)  # a small store: valgrind is slow
@@ -131,6 +128,7 @@ def test_bench_instructions_without_valgrind_says_what_to_install(monkeypatch):
     assert not started
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _valgrind_usable(), reason=f"valgrind is not installed: {bench_instructions.INSTALL}")
 def test_bench_instructions_cleans_up_after_an_error(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

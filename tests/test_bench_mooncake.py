@@ -9,18 +9,14 @@ import re
 import sys
 
 import pytest
-from click.testing import CliRunner
 
 from mooncake_redis.bench import mooncake as bench_mooncake
-from mooncake_redis.cli.main import cli
+
+from helpers import run_cli as run
 
 # a table line after its label: Mooncake's rate, ours, the ratio ours/Mooncake, ours in the server
 ROW = re.compile(r"^ +([\d,]+)(?: keys)?/s +([\d,]+)(?: keys)?/s +(\d+\.\d\d) +[\d.]+ us/call")
 LABELS = [label for _, label, *_ in bench_mooncake.ROWS + bench_mooncake.NO_DATA_ROWS + bench_mooncake.FLOOR_ROWS]
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None})
 
 
 def _mooncake_usable() -> bool:

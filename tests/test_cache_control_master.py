@@ -10,8 +10,7 @@ from mooncake_redis import ErrorCode, ReplicateConfig
 
 from mooncake_redis.cache_control import prompt_marks, prompt_pages, put_start_pages, read_pages  # noqa: E402
 
-from conftest import T0  # noqa: E402
-from helpers import WRITER, mount  # noqa: E402
+from helpers import T0, WRITER, mount  # noqa: E402
 
 FIVE_MIN, ONE_HOUR = 300_000, 3_600_000
 PAGE, PAGE_BYTES = 8, 1024

@@ -8,17 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
 from mooncake_redis import Master, MasterConfig, ReplicateConfig
 from mooncake_redis.fsck import fsck
 from mooncake_redis.worker import Worker
 
-from helpers import WATERMARKS, all_shard_keys
+from helpers import T0, WATERMARKS, all_shard_keys
 
 HERE = Path(__file__).parent
-T0 = 1_700_000_000_000
 KIB = 1024
+pytestmark = pytest.mark.slow  # worker processes and a SIGKILL: seconds
 
 
 def spawn_worker(url: str) -> subprocess.Popen:

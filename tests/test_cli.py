@@ -8,36 +8,27 @@ import types
 
 import pytest
 import redis
-from click.testing import CliRunner
 
 from mooncake_redis import Master, MasterConfig, ReplicateConfig, SoftPinAction
-from mooncake_redis.cli.main import cli
 from mooncake_redis.functions import LIBRARY_PROTOCOL, library_source
 from mooncake_redis.keys import shard_key, shard_of
 from mooncake_redis.server import free_port
 
-T0 = 1_700_000_000_000  # the frozen store clock (as in conftest)
-
-
-def run(*args: str, env: dict | None = None):
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None,
-                                                     **(env or {})})
+from helpers import T0
+from helpers import run_cli as run
 
 
 @pytest.fixture
-def store(valkey):
+def store(valkey_master):
     """A 2-shard store with two segments, a complete 2-replica object and an unfinished put."""
-    redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=2))
-    m.freeze_clock(T0)
+    m = valkey_master(shards=2)
     m.mount_segment("seg-a", 1 << 20, "client-1")
     m.mount_segment("seg-b", 1 << 20, "client-1")
     m.put_start("client-1", "k1", 4096, ReplicateConfig(replica_num=2, soft_pin_action=SoftPinAction.ENABLE))
     m.put_end("client-1", "k1")
     m.get_replica_list("k1")  # leases it until T0 + default_kv_lease_ttl
     m.put_start("client-1", "k2", 100)
-    yield m
-    m.close()
+    return m
 
 
 # ---- status ----------------------------------------------------------------------------

@@ -10,34 +10,26 @@ import types
 
 import pytest
 import redis
-from click.testing import CliRunner
 
 from mooncake_redis import Master, MasterConfig, ReplicateConfig
 from mooncake_redis.cli import output
 from mooncake_redis.cli.main import cli
 from mooncake_redis.keys import shard_key
 
-from helpers import WATERMARKS
+from helpers import T0, WATERMARKS
 
-T0 = 1_700_000_000_000
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None})
+from helpers import run_cli as run
 
 
 @pytest.fixture
-def store(valkey):
+def store(valkey_master):
     """One shard, one 1 MiB segment filled to 16 x 60 KiB objects (over the 90% watermark)."""
-    redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=1, **WATERMARKS))
-    m.freeze_clock(T0)
+    m = valkey_master(shards=1, **WATERMARKS)
     m.mount_segment("seg-a", 1 << 20, "client-1")
     for i in range(16):
         m.put_start("client-1", f"k{i}", 60 << 10)
         m.put_end("client-1", f"k{i}")
-    yield m
-    m.close()
+    return m
 
 
 def test_inspect_json(store, valkey):
@@ -135,6 +127,7 @@ def test_bench_json(monkeypatch, valkey):
     assert "text line" in r.stderr
 
 
+@pytest.mark.slow
 def test_bench_offload_runs_and_names_what_bounds_put_many(valkey):
     r = run("--redis", valkey.url, "bench", "offload", "--objects", "100", "--json")
     assert r.exit_code == 0, r.output

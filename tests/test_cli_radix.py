@@ -5,31 +5,22 @@ import hashlib
 import json
 
 import pytest
-import redis
-from click.testing import CliRunner
 
-from mooncake_redis import Master, MasterConfig, ReplicateConfig
-from mooncake_redis.cli.main import cli
+from mooncake_redis import ReplicateConfig
 
-T0 = 1_700_000_000_000
+from helpers import run_cli as run
+
 A, B = hashlib.sha256(b"a").hexdigest(), hashlib.sha256(b"b").hexdigest()
 
 
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None})
-
-
 @pytest.fixture
-def store(valkey):
-    redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=2, enable_radix_tree=True))
-    m.freeze_clock(T0)
+def store(valkey_master):
+    m = valkey_master(shards=2, enable_radix_tree=True)
     m.mount_segment("seg", 1 << 20, "c")
     for key, parent in ((f"{A}_0", None), (f"{B}_0", A), (f"{B}_1", A)):
         m.put_start("c", key, 100, ReplicateConfig(parent_block_hash=parent))
         m.put_end("c", key)
-    yield m
-    m.close()
+    return m
 
 
 def test_inspect_node_and_status(store, valkey):

@@ -4,27 +4,18 @@ from __future__ import annotations
 import json
 
 import pytest
-import redis
-from click.testing import CliRunner
 
-from mooncake_redis import Master, MasterConfig, ReplicateConfig
-from mooncake_redis.cli.main import cli
+from mooncake_redis import ReplicateConfig
 
-T0 = 1_700_000_000_000
-
-
-def run(*args: str):
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None})
+from helpers import T0
+from helpers import run_cli as run
 
 
 @pytest.fixture
-def store(valkey):
-    redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=2, max_retained_groups=6))
-    m.freeze_clock(T0)
+def store(valkey_master):
+    m = valkey_master(shards=2, max_retained_groups=6)
     m.mount_segment("seg", 1 << 20, "c")
-    yield m
-    m.close()
+    return m
 
 
 def test_retain_status_and_inspect_group(store, valkey):

@@ -20,7 +20,7 @@ from mooncake_redis.fsck import fsck
 from mooncake_redis.server import EmbeddedCluster
 from mooncake_redis.worker import Worker
 
-from conftest import T0, flush
+from helpers import T0, flush
 
 LONG = 10**12  # a client_ttl that never runs out here
 SEG = 1 << 24
@@ -151,6 +151,7 @@ def test_write_not_reaching_enough_replicas_is_outcome_unknown(valkey):
 
 
 # ---- failover --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_failover_keeps_every_acknowledged_write_and_a_worker_carries_on():
     """3 primaries with a replica each, writes acknowledged with min_replicas_ack=1; SIGKILL the
     primary of shard 0, promote its replica (CLUSTER FAILOVER FORCE): every acknowledged write is
@@ -251,6 +252,7 @@ def test_worker_and_calls_carry_on_through_a_slot_migration(valkey_cluster):
 
 
 # ---- CLI -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cluster_up_serves_a_store_status_shows_each_shards_node_and_ctrl_c_stops_it(tmp_path):
     import json
     import subprocess
@@ -307,6 +309,7 @@ def test_cluster_up_refuses_a_data_dir_in_use(tmp_path):
     assert result.exit_code == 2 and "not empty" in result.output
 
 
+@pytest.mark.slow
 def test_bench_cluster_measures_both_topologies():
     from mooncake_redis.bench.cluster import main
 

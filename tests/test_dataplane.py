@@ -87,6 +87,7 @@ def test_close_unmounts(client):
     assert m.offload_clients() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["valkey"])
 def test_agent_sigkilled_mid_batch_redelivers_without_duplicates(new_master, tmp_path, valkey):
     m = new_master(offload_on_put=True, offload_task_timeout=10_000)
@@ -137,6 +138,7 @@ def test_put_many_round_trips_and_checksums(client):
     assert client.master.batch_put_end(CLIENT, ["fresh"], checksums=[checksum_of(b"z" * 10)]) == [ErrorCode.OK]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["valkey"])
 def test_agent_stops_on_sigterm_after_its_batch(new_master, tmp_path, valkey):
     m = new_master(offload_on_put=True)

@@ -687,7 +687,8 @@ def _put_end(m: Master, model: Model, key: str) -> None:
 
 @pytest.mark.not_on_cluster("25 random runs over 16 shards take ~25 s there; the same functions run "
                             "on every other backend")
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None,  # examples: the profile (conftest.py)
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op_strategy, min_size=20, max_size=60), allow_soft=st.booleans(),
        evict_on_put=st.booleans())
 def test_eviction_invariants_under_random_operations(new_master, ops, allow_soft, evict_on_put):

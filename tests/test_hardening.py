@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from helpers import (OWNER, WATERMARKS, WRITER, all_shard_keys, code_of, keys_on_shard, mount, put, raises_code, shard_keys,
+from helpers import (OWNER, T0, WATERMARKS, WRITER, all_shard_keys, code_of, keys_on_shard, mount, put, raises_code, shard_keys,
                      shard_of_key, slice_of, store_snapshot, watched_silence)
 from mooncake_redis import ErrorCode, Master, MasterConfig, ReplicateConfig
 from mooncake_redis.fsck import fsck
@@ -14,7 +14,6 @@ from mooncake_redis.functions import library_source
 from mooncake_redis.server import EmbeddedValkey
 from mooncake_redis.worker import Worker
 
-from conftest import T0
 
 ENGINE = "engine"  # the client that mounts a segment and writes into it
 

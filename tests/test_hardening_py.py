@@ -15,8 +15,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from conftest import T0, make_master
-from helpers import OWNER, WRITER, all_shard_keys, mount, put, raises_code, shard_keys, store_snapshot
+from helpers import (OWNER, T0, WRITER, all_shard_keys, make_master, mount, put, raises_code, shard_keys,
+                     store_snapshot)
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig, preflight
 from mooncake_redis.cli.main import cli
 from mooncake_redis.fsck import fsck

@@ -20,10 +20,9 @@ from mooncake_redis.metrics import METRICS, exposition, serve_metrics
 from mooncake_redis.server import free_port
 from mooncake_redis.worker import Worker
 
-from helpers import WATERMARKS
+from helpers import T0, WATERMARKS
 
 REPO = Path(__file__).resolve().parent.parent
-T0 = 1_700_000_000_000
 OBJ = 60 << 10
 
 
@@ -34,11 +33,9 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 
 
 @pytest.fixture
-def store(valkey):
+def store(valkey_master):
     """Two shards, a 2 MiB segment (1 MiB a shard), objects until both shards pass the watermark."""
-    redis.Redis.from_url(valkey.url).flushall()
-    m = Master.connect(valkey.url, MasterConfig(shards=2, **WATERMARKS))
-    m.freeze_clock(T0)
+    m = valkey_master(shards=2, **WATERMARKS)
     m.mount_segment("seg-a", 2 << 20, "client-1")
     i = 0
     while min(s.used_bytes for s in m.usage().shards) < 0.92 * (1 << 20):
@@ -47,8 +44,7 @@ def store(valkey):
         m.put_start("client-1", key, OBJ)
         m.put_end("client-1", key)
     m.put_start("client-1", "open", 100)  # one put in progress
-    yield m
-    m.close()
+    return m
 
 
 def test_metrics_before_and_after_an_eviction(store):
@@ -117,6 +113,7 @@ def test_http_endpoint(store):
     assert samples(body)[("mooncake_up", ())] == 1
 
 
+@pytest.mark.slow
 def test_worker_metrics_port_after_puts_and_an_eviction(store, valkey):
     """The issue's check: a scrape of a worker's --metrics-port after puts and an eviction."""
     port = free_port()
@@ -145,6 +142,7 @@ def test_worker_metrics_port_after_puts_and_an_eviction(store, valkey):
     assert proc.returncode == 0, out
 
 
+@pytest.mark.slow
 def test_metrics_command_serves_until_sigterm(store, valkey):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "--redis", valkey.url, "metrics",

@@ -270,7 +270,7 @@ def test_bad_arguments_are_refused(new_master):
     assert m.offload_clients()[0].capacity_bytes == 1 << 40
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])  # more: the full run
 def test_accounting_holds_under_random_operations(new_master, shards, seed):
     """Queues within their shares, one task per object holding exactly one reference, in-flight
     counts and the in-flight index agree, and fsck finds nothing, whatever the order of puts,

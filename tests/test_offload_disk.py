@@ -247,7 +247,7 @@ def test_fsck_disk_used_is_compare_and_add(new_master):
     assert fc(DISK, mount, 10, -10) == [1, 0]
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])  # more: the full run
 def test_disk_books_hold_under_random_operations(new_master, shards, seed):
     """used_bytes == the sizes of the live disk replicas and inflight_bytes == the sizes of the
     tasks in flight, per client and shard, after every step; a task is handed out only while it

@@ -37,6 +37,7 @@ def wheel(tmp_path_factory) -> Path:
     return wheel
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_only_the_mooncake_redis_namespace(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     dist_info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
@@ -54,6 +55,7 @@ def test_the_wheel_holds_only_the_mooncake_redis_namespace(wheel):
     assert requires and all('extra == "memory"' in line for line in requires)
 
 
+@pytest.mark.slow
 def test_the_wheel_runs_from_its_own_files(wheel, tmp_path):
     """Unpacked first on sys.path (and not run from the repository), the wheel's package builds
     the same library from its packaged Lua, imports its CLI and bench, and serves memory://."""
@@ -87,6 +89,7 @@ def test_memory_urls_without_fakeredis_name_the_extra(monkeypatch):
     assert info.value.code == ErrorCode.INVALID_PARAMS and "mooncake-redis[memory]" in info.value.message
 
 
+@pytest.mark.slow
 def test_the_image_is_built_from_the_sources_of_the_wheel(wheel):
     """docker/Dockerfile copies what the wheel above is built from and pip-installs it (no docker
     here: the image's own steps are this test's wheel build), with the runtime dependencies the

@@ -445,7 +445,7 @@ op_st = st.one_of(
 )
 
 
-@settings(max_examples=25, deadline=None, database=None,
+@settings(deadline=None, database=None,  # examples: the profile (conftest.py)
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 # node 0 (on shard 0 of 1, shard 2 of 4) with 2 keys and a budget of 1 a step: its eviction is
 # under way when its key is put again (NO_AVAILABLE_HANDLE), or when its child (node 1) is put

@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import signal
 
+import pytest
 import redis
 
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.fsck import fsck
 from mooncake_redis.worker import Worker
 
-from helpers import WATERMARKS, all_shard_keys
-from test_chaos import KIB, T0, spawn_worker
+from helpers import T0, WATERMARKS, all_shard_keys
+from test_chaos import KIB, spawn_worker
 
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+
+pytestmark = pytest.mark.slow  # worker processes and a SIGKILL: seconds
 
 
 def test_radix_workers_and_writers_with_a_killed_worker(valkey):

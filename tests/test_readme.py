@@ -70,6 +70,7 @@ def serving(tmp_path):
         err.close()
 
 
+@pytest.mark.slow
 def test_readme_examples_run_as_printed_against_serve(serving):
     cwd, env = serving
     outputs = []

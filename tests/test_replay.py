@@ -274,7 +274,7 @@ def random_trace(rnd: random.Random, n: int, gaps: tuple[int, ...] = (0, 0, 500,
     return reqs
 
 
-@pytest.mark.parametrize("seed,slack", [(1, 0), (2, 0), (3, 4_000)])
+@pytest.mark.parametrize("seed,slack", [(1, 0), pytest.param(2, 0, marks=pytest.mark.slow), (3, 4_000)])
 def test_model_agrees_with_the_store_on_random_traces(url, shards, seed, slack):
     """slack: the store's kv_lease_slack (the lru policy's knob lease_slack_ms), which the model
     applies too."""
@@ -508,7 +508,7 @@ def test_cli_combination(hot_trace):
     assert r.exit_code == 2 and "a combination joins" in r.output
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_radix_model_agrees_with_the_store_on_random_traces(url, seed):
     """The radix policy (one shard): the store and model_radix agree eviction for eviction, and
     neither evicts a block another stored block extends."""

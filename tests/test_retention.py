@@ -18,8 +18,7 @@ from mooncake_redis.fsck import fsck
 from mooncake_redis.keys import shard_of
 from mooncake_redis.server import EmbeddedValkey
 
-from conftest import T0
-from helpers import WATERMARKS, raises_code, shard_keys
+from helpers import T0, WATERMARKS, raises_code, shard_keys
 
 MASTER_CONFIG = WATERMARKS  # new_master's defaults in this module (conftest)
 
@@ -376,6 +375,7 @@ ADMIT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["valkey"])
 def test_concurrent_admission_from_several_processes_never_exceeds_the_limit(new_master):
     m = new_master(max_retained_groups=24, max_retained_groups_per_tenant=24)
@@ -507,7 +507,7 @@ def test_retention_survives_a_valkey_restart_with_aof(tmp_path):
 
 # ---- invariants under random traffic -----------------------------------------------------------------
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])  # more seeds: the full run
 def test_random_traffic_keeps_limits_rule_and_records_consistent(new_master, seed):
     """Random retains (two tenants), member puts and removals, reads, evictions and clock moves;
     after every step: no shard holds more records than its shares allow, every active retention

@@ -16,13 +16,14 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
-from click.testing import CliRunner
 
 import mooncake_redis.server as server_module
 from mooncake_redis import Master
-from mooncake_redis.cli.main import cli, safe_url
+from mooncake_redis.cli.main import safe_url
 from mooncake_redis.functions import server_library
 from mooncake_redis.server import EmbeddedValkey, free_port
+
+from helpers import run_cli as run
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 30.0  # bound on waiting for `serve` to come up / go down (polling, not a deadline)
@@ -115,6 +116,7 @@ def serve_once(tmp: Path, data: Path, *args: str) -> subprocess.CompletedProcess
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=START_TIMEOUT_S)
 
 
+@pytest.mark.slow
 def test_serve_process(tmp_path):
     data = tmp_path / "data"
     port = free_port()
@@ -137,6 +139,7 @@ def test_serve_process(tmp_path):
         serve.cleanup()
 
 
+@pytest.mark.slow
 def test_serve_metrics_port(tmp_path):
     """serve --metrics-port: its banner names the endpoint, which reads the store; it stops with serve."""
     data, metrics_port = tmp_path / "data", free_port()
@@ -153,6 +156,7 @@ def test_serve_metrics_port(tmp_path):
         serve.cleanup()
 
 
+@pytest.mark.slow
 def test_serve_restart_keeps_the_store(tmp_path):
     data = tmp_path / "data"
     first = Serve(tmp_path, data, "--shards", "2")
@@ -179,6 +183,7 @@ def test_serve_restart_keeps_the_store(tmp_path):
         second.cleanup()
 
 
+@pytest.mark.slow
 def test_restart_on_the_same_port_with_a_client_left_connected(tmp_path):
     """The connections of the stopped server (TIME_WAIT / FIN_WAIT on its side) do not hold the
     port: only a listener does."""
@@ -212,16 +217,11 @@ def test_port_with_a_listener_is_refused(tmp_path):
 
 
 
-def run(*args: str, env: dict | None = None):
-    """The CLI in-process, without --redis: it finds the URL as an operator's shell would."""
-    return CliRunner().invoke(cli, list(args), env={"MOONCAKE_REDIS_URL": None, "MOONCAKE_DATA_DIR": None,
-                                                     **(env or {})})
-
-
 def _modes(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")]}
 
 
+@pytest.mark.slow
 def test_serve_is_private_and_the_cli_finds_it(tmp_path, monkeypatch):
     """Password (0600), URL file (0600), data directory 0700, AOF files 0600; an unauthenticated
     client is refused; `status` run next to the data directory needs no --redis."""
@@ -272,6 +272,7 @@ def test_cli_without_url_says_where_it_looked(tmp_path, monkeypatch):
     assert r.exit_code == 2 and f"({tmp_path / 'elsewhere' / 'url'} not found" in r.stderr
 
 
+@pytest.mark.slow
 def test_serve_comes_back_on_its_port(tmp_path):
     data = tmp_path / "data"
     first = Serve(tmp_path, data)

@@ -12,8 +12,7 @@ from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
 from mooncake_redis.keys import shard_of
 from mooncake_redis.worker import STEPS, Step, Worker, WorkerPass, evict, stop_on_signals
 
-from conftest import T0
-from helpers import WATERMARKS, all_shard_keys, shard_keys, watched_silence
+from helpers import T0, WATERMARKS, all_shard_keys, shard_keys, watched_silence
 
 MASTER_CONFIG = WATERMARKS  # new_master's defaults in this module (conftest)
 
