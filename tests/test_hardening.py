@@ -15,6 +15,7 @@ from mooncake_redis.server import EmbeddedValkey
 from mooncake_redis.worker import Worker
 
 
+MAX_KEYS_PER_CALL = 512  # lua/lib/20_object.lua: the bound of every keyed call
 ENGINE = "engine"  # the client that mounts a segment and writes into it
 
 
@@ -374,11 +375,12 @@ def test_oversized_calls_are_refused_before_any_work(master):
     mount(m, "seg", 4096)
     before = store_snapshot(m)
     p = shard_keys(m, 0).P
-    many = [f"k{i}" for i in range(100_000)]
+    many = [f"k{i}" for i in range(MAX_KEYS_PER_CALL + 1)]  # one key over the bound
     for fn, head in (("mc_get_replica_list", [0, 1, "key"]), ("mc_exist_key", [0, 1, "key"]),
                      ("mc_remove", [0, 1, "key"]), ("mc_put_end", [1, "client_id", WRITER, 1, "key"]),
                      ("mc_task_ref", [1, "delta", 1, 1, "key"]), ("mc_sweep_replicas", [0, 1, "key"])):
-        assert error_of(m, fn, 1, p, *head, *many).startswith("INVALID_PARAMS -600 at most"), fn
+        msg = error_of(m, fn, 1, p, *head, *many)
+        assert msg.startswith(f"INVALID_PARAMS -600 at most {MAX_KEYS_PER_CALL} keys"), (fn, msg)
     pairs = [x for i in range(129) for x in (f"k{i}", 1)]
     msg = error_of(m, "mc_put_start", 1, p, 1, "client_id", WRITER, 2, "key", "size", *pairs)
     assert "at most 128 keys" in msg
