@@ -55,6 +55,17 @@ def pytest_configure(config):
     enabled_backends()  # a misspelt MOONCAKE_BACKENDS stops the run before any test
 
 
+def pytest_xdist_auto_num_workers(config):
+    """Workers for `-n auto` (pyproject's addopts): PYTEST_XDIST_AUTO_NUM_WORKERS if set; none
+    (this process) with -s or --pdb, so that prints and the debugger reach the terminal; else 2
+    (at most the CPUs): each worker starts its own servers, and more did not pay on 2 cores."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if config.getoption("capture") == "no" or config.getoption("usepdb", False):
+        return 0
+    return max(1, min(2, os.cpu_count() or 1))
+
+
 def pytest_report_header(config):
     raw = os.environ.get("MOONCAKE_BACKENDS", "")
     return (f"mooncake backends: {', '.join(enabled_backends())}"
