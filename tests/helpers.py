@@ -20,6 +20,14 @@ WRITER = "writer"  # the client that writes objects
 WATERMARKS = {"eviction_high_watermark_ratio": 0.90, "eviction_ratio": 0.05}
 
 
+def examples(full: int) -> int:
+    """max_examples of a store-driven property test: `full` under the `ci` Hypothesis profile
+    (the default, the full run), a third of it (at least 5) under `dev` (the quick tier)."""
+    from hypothesis import settings
+
+    return max(5, full // 3) if settings.get_current_profile_name() == "dev" else full
+
+
 def flush(url: str) -> None:
     """Empty a test server (every primary of a cluster)."""
     from mooncake_redis.master import _redis_from_url

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from helpers import (WRITER, assert_no_overlap, assert_tiles, code_of, free_extents, mount, put,
+from helpers import (WRITER, assert_no_overlap, assert_tiles, code_of, examples, free_extents, mount, put,
                      shard_of_key, slice_of)
 from mooncake_redis import ErrorCode, MasterError, ReplicaListResult, ReplicaStatus, ReplicateConfig
 
@@ -312,7 +312,7 @@ class Run:
             for seg in md.mounted}
 
 
-@settings(deadline=None, database=None,  # examples: the profile (conftest.py)
+@settings(max_examples=examples(30), deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(op_st, min_size=10, max_size=60))
 def test_random_operations_keep_the_allocator_consistent(new_master, ops):

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from mooncake_redis import ErrorCode, Master, MasterError, ReplicateConfig, SoftPinAction
 from mooncake_redis.keys import object_key, shard_of
 
-from helpers import WATERMARKS, shard_keys
+from helpers import WATERMARKS, examples, shard_keys
 
 MASTER_CONFIG = WATERMARKS  # new_master's defaults in this module (conftest)
 
@@ -687,7 +687,7 @@ def _put_end(m: Master, model: Model, key: str) -> None:
 
 @pytest.mark.not_on_cluster("25 random runs over 16 shards take ~25 s there; the same functions run "
                             "on every other backend")
-@settings(deadline=None,  # examples: the profile (conftest.py)
+@settings(max_examples=examples(25), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op_strategy, min_size=20, max_size=60), allow_soft=st.booleans(),
        evict_on_put=st.booleans())

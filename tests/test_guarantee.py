@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from helpers import T0, OWNER, WRITER, keys_on_shard, mount, put, raises_code, shard_keys, shard_of_key
+from helpers import T0, OWNER, WRITER, examples, keys_on_shard, mount, put, raises_code, shard_keys, shard_of_key
 from mooncake_redis import ErrorCode, MasterError, ReplicateConfig, SoftPinAction
 from mooncake_redis.fsck import fsck
 
@@ -428,7 +428,7 @@ op_strategy = st.one_of(
 )
 
 
-@settings(deadline=None,  # examples: the profile (conftest.py)
+@settings(max_examples=examples(20), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op_strategy, min_size=10, max_size=40))
 def test_guarantee_invariants_under_random_operations(new_master, ops):

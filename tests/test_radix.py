@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from helpers import WRITER, mount, put, raises_code
+from helpers import WRITER, examples, mount, put, raises_code
 from mooncake_redis import ErrorCode, MasterConfig, MasterError, ReplicateConfig
 from mooncake_redis.fsck import fsck
 from mooncake_redis.keys import node_shard
@@ -445,7 +445,7 @@ op_st = st.one_of(
 )
 
 
-@settings(deadline=None, database=None,  # examples: the profile (conftest.py)
+@settings(max_examples=examples(25), deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 # node 0 (on shard 0 of 1, shard 2 of 4) with 2 keys and a budget of 1 a step: its eviction is
 # under way when its key is put again (NO_AVAILABLE_HANDLE), or when its child (node 1) is put
