@@ -48,9 +48,9 @@ def _client_loop(url: str, keys: int, batch: int, seconds: float, start, out) ->
 
 def _cpu_seconds(url: str) -> float:
     """used_cpu_sys + used_cpu_user summed over the primaries."""
-    from mooncake_redis.master import _redis_from_url
+    from mooncake_redis.master import client_from_url
 
-    client = _redis_from_url(url)
+    client = client_from_url(url)
     try:
         return sum(float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
                    for info in (c.info("cpu") for c in primary_clients(client)))

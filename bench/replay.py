@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, TextIO
 
 from mooncake_redis import ErrorCode, Master, MasterConfig
-from mooncake_redis.master import _redis_from_url
+from mooncake_redis.master import client_from_url
 from mooncake_redis.worker import Worker
 
 from .common import delete_namespace
@@ -324,7 +324,7 @@ class StoreReplay:
     def run(self, requests: list[Request], chains: Chains,
             progress: Callable[[int], None] = lambda done: None) -> Stats:
         config = MasterConfig(namespace=NAMESPACE, shards=self.shards, **self.policy.master_config())
-        client = _redis_from_url(self.url)
+        client = client_from_url(self.url)
         try:
             delete_namespace(client, NAMESPACE)  # an interrupted earlier run's keys
         finally:
@@ -442,7 +442,7 @@ def trace_summary(path: str | os.PathLike, requests: list[Request], block_tokens
 def server_version(url: str) -> str:
     if url.startswith("memory://"):
         return "fakeredis (memory://, in-process)"
-    client = _redis_from_url(url)
+    client = client_from_url(url)
     try:
         info = client.info("server")
     finally:

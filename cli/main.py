@@ -35,7 +35,7 @@ from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.cluster import is_cluster_url, primary_clients
 from mooncake_redis.functions import LIBRARY_NAME, LIBRARY_PROTOCOL, check_schema, library_source, server_library
 from mooncake_redis.keys import ShardKeys
-from mooncake_redis.master import EVICT_STEP_UNITS, _redis_from_url
+from mooncake_redis.master import EVICT_STEP_UNITS, client_from_url
 from mooncake_redis.server import EmbeddedCluster, EmbeddedValkey, valkey_binary
 from mooncake_redis.worker import Worker, stop_on_signals
 
@@ -162,7 +162,7 @@ def cli(ctx: click.Context, redis_url: str | None, namespace: str) -> None:
 # ---- helpers ---------------------------------------------------------------------------
 
 def _client(url: str) -> redis.Redis:
-    return _redis_from_url(url, connect_timeout=CONNECT_TIMEOUT_S)  # a bad URL is INVALID_PARAMS
+    return client_from_url(url, connect_timeout=CONNECT_TIMEOUT_S)  # a bad URL is INVALID_PARAMS
 
 
 def _stored_config(client: redis.Redis, namespace: str) -> MasterConfig | None:

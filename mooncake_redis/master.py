@@ -39,7 +39,7 @@ _memory_servers: dict[str, Any] = {}
 _memory_lock = threading.Lock()
 
 
-def _redis_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
+def client_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
                     connect_timeout: float | None = CONNECT_TIMEOUT_S) -> redis.Redis:
     """A client for `url`; memory://<name> is an in-process fakeredis server, and
     redis+cluster://host:port[,host:port...] a Redis Cluster (mooncake_redis.cluster). Timeouts are
@@ -103,7 +103,7 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
         if config is not None and not isinstance(config, MasterConfig):
             raise MasterError(ErrorCode.INVALID_PARAMS, "config must be a MasterConfig")
         _check_bool(require_noeviction, "require_noeviction")
-        client = _redis_from_url(url, socket_timeout, connect_timeout)
+        client = client_from_url(url, socket_timeout, connect_timeout)
         try:
             if not url.startswith("memory://"):
                 check_server(client, config.namespace if config else MasterConfig.namespace, require_noeviction)

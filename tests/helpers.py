@@ -30,9 +30,9 @@ def examples(full: int) -> int:
 
 def flush(url: str) -> None:
     """Empty a test server (every primary of a cluster)."""
-    from mooncake_redis.master import _redis_from_url
+    from mooncake_redis.master import client_from_url
 
-    client = _redis_from_url(url)
+    client = client_from_url(url)
     try:
         for server in primary_clients(client):
             server.flushall()

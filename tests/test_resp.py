@@ -156,7 +156,7 @@ def test_bad_argument_types_are_invalid_params_and_nothing_is_sent(client, bad, 
 def test_other_commands_and_clients_keep_redis_py(server, valkey_cluster):
     import fakeredis
 
-    from mooncake_redis.master import _redis_from_url
+    from mooncake_redis.master import client_from_url
 
     fcall = [("FCALL_RO", "mc_version", 0)]
     plain = redis.Redis.from_url(server.url)
@@ -165,9 +165,9 @@ def test_other_commands_and_clients_keep_redis_py(server, valkey_cluster):
     assert resp.lean_for(redis.Redis.from_url(server.url, decode_responses=True), fcall) is None
     assert resp.lean_for(redis.Redis.from_url(server.url.replace("redis://", "rediss://")), fcall) is None
     assert resp.lean_for(fakeredis.FakeRedis(), fcall) is None
-    assert resp.lean_for(_redis_from_url("memory://lean"), fcall) is None
+    assert resp.lean_for(client_from_url("memory://lean"), fcall) is None
     assert resp.lean_for(redis.Redis.from_url(server.url, single_connection_client=True), fcall) is None
-    cluster = _redis_from_url(valkey_cluster.url)
+    cluster = client_from_url(valkey_cluster.url)
     try:
         assert run(cluster, fcall)[0]  # functions.run sends cluster clients by cluster.send
     finally:
