@@ -18,7 +18,6 @@ import argparse
 import datetime
 import os
 import platform
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from . import replay
 from .replay import DEFAULT_TRACE, Progress, Request, leading_run, load_trace  # noqa: F401  (this module's API)
 from .replay_policies import Lru
 from mooncake_redis import MasterConfig
+from mooncake_redis.server import private_valkey
 
 BLOCK_BYTES = replay.BLOCK_BYTES
 CAPACITY_BLOCKS = replay.CAPACITY_BLOCKS
@@ -86,10 +86,7 @@ def main(trace: str | os.PathLike | None = None, limit_requests: int | None = No
                            "block_bytes": block_bytes,
                            "trace_seconds": (requests[-1].timestamp - requests[0].timestamp) / 1000,
                            "infinite_cache_hit_rate": _pct(blocks - distinct, blocks)}
-    from mooncake_redis.server import EmbeddedValkey
-
-    server = EmbeddedValkey(appendonly=False).start()
-    try:
+    with private_valkey() as server:
         r = redis.Redis.from_url(server.url)
         version = r.info("server").get("valkey_version") or r.info("server").get("redis_version")
         r.close()
@@ -131,9 +128,6 @@ def main(trace: str | os.PathLike | None = None, limit_requests: int | None = No
                 f"{run.written:,} blocks written, {run.objects_left:,} left, used {run.used_ratio:.1%}"
                 + (f", {run.worker_evicted:,} evicted by the worker" if with_worker else ""))
         return res
-    finally:
-        server.stop()
-        shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
 def _cli(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ import time
 
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.cluster import primary_clients
-from mooncake_redis.server import EmbeddedCluster, EmbeddedValkey
+from mooncake_redis.server import EmbeddedCluster, private_valkey
 
 SHARDS = 16
 OBJECT_SIZE = 1 << 16
@@ -91,7 +91,7 @@ def main(processes: int = 4, seconds: float = 5.0, keys: int = 2000, batch: int 
         raise ValueError("batch must be between 1 and keys")
     res = {"processes": processes, "seconds": seconds, "keys": keys, "batch": batch, "shards": SHARDS,
            "cores": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}
-    with EmbeddedValkey(appendonly=False) as server:
+    with private_valkey() as server:
         res["one_node"] = measure(server.url, processes, seconds, keys, batch)
     with EmbeddedCluster(primaries=3) as cluster:
         res["three_nodes"] = measure(cluster.url, processes, seconds, keys, batch)

@@ -1,7 +1,11 @@
 """Helpers shared by the benchmarks."""
 from __future__ import annotations
 
+import contextlib
 import platform
+from typing import Iterator
+
+from mooncake_redis.server import EmbeddedValkey, private_valkey
 
 
 # The eviction geometry of the eviction step benchmarks (not the store's defaults, 0.99 / 0.01):
@@ -37,3 +41,14 @@ def delete_keys(client, *patterns: str) -> int:
 def delete_namespace(client, namespace: str) -> int:
     """SCAN + DEL every `<namespace>:*` key; returns how many were deleted."""
     return delete_keys(client, f"{namespace}:*")
+
+
+@contextlib.contextmanager
+def url_or_private_valkey(url: str | None) -> Iterator[tuple[str, EmbeddedValkey | None]]:
+    """(url, None) for a bench given a server; without one, (its URL, the server) of a private
+    throw-away Valkey (no AOF) for the duration of the block (mooncake_redis.server.private_valkey)."""
+    if url is not None:
+        yield url, None
+        return
+    with private_valkey() as server:
+        yield server.url, server

@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import re
-import shutil
 import statistics
 import sys
 import time
@@ -46,7 +45,7 @@ from typing import Any
 
 import redis
 
-from .common import WIDE_WATERMARKS, cpu_model
+from .common import WIDE_WATERMARKS, cpu_model, url_or_private_valkey
 from mooncake_redis import wire
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.master import EVICT_STEP_UNITS
@@ -400,58 +399,51 @@ def main(url: str | None = None, sizes=(10_000, 100_000, 1_000_000), out=print,
     sizes = tuple(int(s) for s in sizes)
     if not sizes or min(sizes) < 1000:
         raise ValueError("sizes must be >= 1000 objects")
-    server = None
-    if url is None:
-        from mooncake_redis.server import EmbeddedValkey
-
-        server = EmbeddedValkey(appendonly=False).start()
-        url = server.url
-    r = redis.Redis.from_url(url)
-    try:
-        info = r.info("server")
-        version = info.get("valkey_version") or info.get("redis_version")
-        out(f"bench.evict  {datetime.datetime.now().isoformat(timespec='seconds')}  "
-            f"{'embedded valkey-server (appendonly no)' if server else url} {version}  "
-            f"CPU {cpu_model()} x{os.cpu_count()}  load avg {os.getloadavg()[0]:.2f}  "
-            f"python {platform.python_version()}")
-        out(f"objects {OBJ} B, 1 replica, shards=1, batches of {BATCH}; fill to {FILL_RATIO:.1%} of capacity; "
-            f"steps of max_units={STEP_UNITS}, median of {STEPS}; run_eviction from {OVERSHOOT:.0%}"
-            + (f"; radix index on, chains of depth {radix_depth}" if radix_depth else ""))
-        results: dict[str, Any] = {"sizes": {}, "radix_depth": radix_depth}
-        for n in sizes:
-            results["sizes"][n] = _bench_size(url, r, server is not None, n, out, radix_depth)
-        base_n = 10_000 if 10_000 in results["sizes"] else sizes[0]
-        base = results["sizes"][base_n]
-        for label, field in ((f"step cost ({STEP_UNITS} units, server median, refilled between steps)", "step_server_us"),
-                             (f"step cost ({STEP_UNITS} units, server mean inside run_eviction)", "run_step_mean_us"),
-                             (f"step cost ({SMALL_UNITS} units, server median)", "small_step_server_us")):
-            parts = []
-            for n, res in results["sizes"].items():
-                res[field + "_ratio"] = res[field] / base[field]
-                parts.append(f"{n:,} {res[field]:,.0f} us ({res[field + '_ratio']:.2f}x)")
-            out(f"{label} vs {base_n:,}: " + ", ".join(parts))
-        biggest = max(results["sizes"])
-        big = results["sizes"][biggest]
-        big["step_ratio"] = max(big["step_server_us_ratio"], big["run_step_mean_us_ratio"])
-        ratio_ok = big["step_ratio"] <= 2.0
-        call_ok = big["max_evict_call_us"] <= 1000
-        small_ok = big["max_small_step_us"] <= 1000
-        out(f"targets at {biggest:,}: step within 2x of {base_n:,}: {'met' if ratio_ok else 'MISSED'} "
-            f"(worst {big['step_ratio']:.2f}x); no mc_evict call over 1 ms with max_units={STEP_UNITS}: "
-            f"{'met' if call_ok else 'MISSED'} (longest {big['max_evict_call_us']:,} us server, "
-            f"{big['step_client_max_us']:,.0f} us client), with max_units={SMALL_UNITS}: "
-            f"{'met' if small_ok else 'MISSED'} (longest {big['max_small_step_us']:,} us server); "
-            f"longest = the measured steps' commandstats maximum, or a SLOWLOG entry (calls over "
-            f"{SLOW_US:,} us) of the steps and run_eviction if longer")
-        results["put_over_capacity"] = _bench_put_over(url, r, server is not None, put_bytes, out)
-        return results
-    finally:
-        if server is None:
-            _fresh(r, False)
-        r.close()
-        if server is not None:
-            server.stop()
-            shutil.rmtree(server.data_dir, ignore_errors=True)
+    with url_or_private_valkey(url) as (url, server):
+        r = redis.Redis.from_url(url)
+        try:
+            info = r.info("server")
+            version = info.get("valkey_version") or info.get("redis_version")
+            out(f"bench.evict  {datetime.datetime.now().isoformat(timespec='seconds')}  "
+                f"{'embedded valkey-server (appendonly no)' if server else url} {version}  "
+                f"CPU {cpu_model()} x{os.cpu_count()}  load avg {os.getloadavg()[0]:.2f}  "
+                f"python {platform.python_version()}")
+            out(f"objects {OBJ} B, 1 replica, shards=1, batches of {BATCH}; fill to {FILL_RATIO:.1%} of capacity; "
+                f"steps of max_units={STEP_UNITS}, median of {STEPS}; run_eviction from {OVERSHOOT:.0%}"
+                + (f"; radix index on, chains of depth {radix_depth}" if radix_depth else ""))
+            results: dict[str, Any] = {"sizes": {}, "radix_depth": radix_depth}
+            for n in sizes:
+                results["sizes"][n] = _bench_size(url, r, server is not None, n, out, radix_depth)
+            base_n = 10_000 if 10_000 in results["sizes"] else sizes[0]
+            base = results["sizes"][base_n]
+            for label, field in (
+                    (f"step cost ({STEP_UNITS} units, server median, refilled between steps)", "step_server_us"),
+                    (f"step cost ({STEP_UNITS} units, server mean inside run_eviction)", "run_step_mean_us"),
+                    (f"step cost ({SMALL_UNITS} units, server median)", "small_step_server_us")):
+                parts = []
+                for n, res in results["sizes"].items():
+                    res[field + "_ratio"] = res[field] / base[field]
+                    parts.append(f"{n:,} {res[field]:,.0f} us ({res[field + '_ratio']:.2f}x)")
+                out(f"{label} vs {base_n:,}: " + ", ".join(parts))
+            biggest = max(results["sizes"])
+            big = results["sizes"][biggest]
+            big["step_ratio"] = max(big["step_server_us_ratio"], big["run_step_mean_us_ratio"])
+            ratio_ok = big["step_ratio"] <= 2.0
+            call_ok = big["max_evict_call_us"] <= 1000
+            small_ok = big["max_small_step_us"] <= 1000
+            out(f"targets at {biggest:,}: step within 2x of {base_n:,}: {'met' if ratio_ok else 'MISSED'} "
+                f"(worst {big['step_ratio']:.2f}x); no mc_evict call over 1 ms with max_units={STEP_UNITS}: "
+                f"{'met' if call_ok else 'MISSED'} (longest {big['max_evict_call_us']:,} us server, "
+                f"{big['step_client_max_us']:,.0f} us client), with max_units={SMALL_UNITS}: "
+                f"{'met' if small_ok else 'MISSED'} (longest {big['max_small_step_us']:,} us server); "
+                f"longest = the measured steps' commandstats maximum, or a SLOWLOG entry (calls over "
+                f"{SLOW_US:,} us) of the steps and run_eviction if longer")
+            results["put_over_capacity"] = _bench_put_over(url, r, server is not None, put_bytes, out)
+            return results
+        finally:
+            if server is None:
+                _fresh(r, False)
+            r.close()
 
 
 def _cli(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import redis
 
 from mooncake_redis import Master, MasterConfig
-from mooncake_redis.server import EmbeddedValkey, free_port, stop_process
+from mooncake_redis.server import free_port, private_valkey, stop_process
 
 from .mooncake import MooncakeMaster, find_mooncake
 from .common import cpu_model
@@ -114,8 +114,7 @@ def main(n: int = 2000, out: Callable[[str], None] = print) -> dict[str, Any]:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-gateway-"))
         mooncake = MooncakeMaster(exe, tmp).start()
         stack.callback(mooncake.stop)
-        valkey = EmbeddedValkey(data_dir=os.path.join(tmp, "valkey"), appendonly=False).start()
-        stack.callback(valkey.stop)
+        valkey = stack.enter_context(private_valkey())
         Master.connect(valkey.url, MasterConfig(namespace=NAMESPACE)).close()
         gateways = [GatewayProcess(valkey.url) for _ in range(2)]
         for g in gateways:

@@ -50,7 +50,7 @@ from .instructions import LIBRARY as FLOOR_LIBRARY
 from .ops import BATCH, CLIENT, FCALLS, REPEATS, Placement, _fmt, _measure, put_pairs
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
-from mooncake_redis.server import EmbeddedValkey, free_port, stop_process
+from mooncake_redis.server import free_port, private_valkey, stop_process
 
 INSTALL = "pip install 'mooncake-redis[mooncake]'"
 NAMESPACE = "bench"
@@ -337,9 +337,7 @@ def main(n: int = 3000, out=print) -> dict:
         mc_master = MooncakeMaster(exe, tmp)
         stack.callback(mc_master.stop)
         mc_master.start()
-        server = EmbeddedValkey(data_dir=os.path.join(tmp, "valkey"), appendonly=False)
-        stack.callback(server.stop)
-        server.start()
+        server = stack.enter_context(private_valkey())
         r = redis.Redis.from_url(server.url)
         stack.callback(r.close)
         master = Master.connect(server.url, MasterConfig(namespace=NAMESPACE, shards=1))

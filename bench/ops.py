@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import socket
 import statistics
 import time
@@ -27,7 +26,7 @@ from typing import Any, Callable
 
 import redis
 
-from .common import cpu_model, delete_keys
+from .common import cpu_model, delete_keys, url_or_private_valkey
 from .guarantee import figures as guarantee_figures
 from .retention import figures as retention_figures
 from mooncake_redis import Master, MasterConfig, resp
@@ -226,33 +225,25 @@ def main(url: str | None = None, n: int = 20000, shards: int = 1, out=print,
     """Run the benchmark; print one line per figure through `out`; return all figures."""
     if n < 1 or shards < 1:
         raise ValueError("n and shards must be >= 1")
-    server = None
-    if url is None:
-        from mooncake_redis.server import EmbeddedValkey
-
-        server = EmbeddedValkey(appendonly=False).start()
-        url = server.url
-    r = redis.Redis.from_url(url)
-    master: Master | None = None
-    try:
-        if server is not None:
-            r.flushall()
-        else:
-            left = _delete_namespace(r)
-            if left:
-                out(f"note     deleted {left} leftover {NAMESPACE}:* keys of an earlier run")
-        master = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=shards))
-        where = url if server is None else "a private valkey-server (appendonly no)"
-        return _run(master, r, where, n, shards, out, url, expire_sizes)
-    finally:
-        if master is not None:
-            master.close()
-        if server is None:
-            _delete_namespace(r)
-        r.close()
-        if server is not None:
-            server.stop()
-            shutil.rmtree(server.data_dir, ignore_errors=True)
+    with url_or_private_valkey(url) as (url, server):
+        r = redis.Redis.from_url(url)
+        master: Master | None = None
+        try:
+            if server is not None:
+                r.flushall()
+            else:
+                left = _delete_namespace(r)
+                if left:
+                    out(f"note     deleted {left} leftover {NAMESPACE}:* keys of an earlier run")
+            master = Master.connect(url, MasterConfig(namespace=NAMESPACE, shards=shards))
+            where = url if server is None else "a private valkey-server (appendonly no)"
+            return _run(master, r, where, n, shards, out, url, expire_sizes)
+        finally:
+            if master is not None:
+                master.close()
+            if server is None:
+                _delete_namespace(r)
+            r.close()
 
 
 def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, url: str,

