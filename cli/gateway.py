@@ -10,10 +10,10 @@ import click
 from click.core import ParameterSource
 
 from mooncake_redis.gateway.server import GatewayThread, Listeners
-
-from .logs import log_options
 from mooncake_redis.worker import stop_on_signals
 
+from .context import Opts, open_existing
+from .logs import log_options
 from .output import CliError
 
 DEFAULT_RPC_PORT = 50051       # mooncake_master's --rpc_port
@@ -78,14 +78,12 @@ def start_gateway(master, listeners: Listeners) -> GatewayThread:
 @gateway_options
 @log_options
 @click.pass_obj
-def gateway(opts, host: str, rpc_port: int, metadata_port: int, gateway_metrics_port: int) -> None:
+def gateway(opts: Opts, host: str, rpc_port: int, metadata_port: int, gateway_metrics_port: int) -> None:
     """Serve Mooncake's master protocol (release 0.3.13.post1 of the client) over the store, for
     SGLang, vLLM and LMCache through Mooncake's own client, until SIGINT/SIGTERM. Stateless: any
     number of gateways may serve one store. Run `serve` or `worker` beside it for the background
     loops (client expiry, eviction, sweeps)."""
-    from .main import _open_existing  # main imports this module
-
-    master = _open_existing(opts)
+    master = open_existing(opts)
     stop = threading.Event()
     previous = stop_on_signals(stop)
     try:

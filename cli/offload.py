@@ -12,6 +12,7 @@ import click
 from mooncake_redis.dataplane import collect_garbage, run_offload_agent
 from mooncake_redis.worker import stop_on_signals
 
+from .context import Opts, open_existing
 from .logs import log_options
 from .output import emit_json, human, json_option
 
@@ -33,15 +34,13 @@ from .output import emit_json, human, json_option
               help="Garbage collection removes only files older than this (seconds).")
 @log_options
 @click.pass_obj
-def offload_agent(opts, client_id: str, disk_dir: Path, interval: float, max_tasks: int, capacity: int | None,
+def offload_agent(opts: Opts, client_id: str, disk_dir: Path, interval: float, max_tasks: int, capacity: int | None,
                   gc_interval: float, gc_min_age: float) -> None:
     """Mount the client's local disk and run its offload loop until SIGINT/SIGTERM: remove the
     files whose disk replicas went and acknowledge them, heartbeat, copy each task's bytes from
     its segment file to DISK_DIR, fsync, notify success. A stop finishes the batch in hand; a
     SIGKILL leaves its tasks (and removals) to time out and be handed out again."""
-    from .main import _open_existing
-
-    master = _open_existing(opts)
+    master = open_existing(opts)
     stop = threading.Event()
     previous = stop_on_signals(stop)
     try:
@@ -63,14 +62,12 @@ def offload_agent(opts, client_id: str, disk_dir: Path, interval: float, max_tas
 @click.option("--dry-run", is_flag=True, help="Count what would be removed; remove nothing.")
 @json_option
 @click.pass_obj
-def offload_gc(opts, client_id: str, disk_dir: Path, min_age: float, dry_run: bool, as_json: bool) -> None:
+def offload_gc(opts: Opts, client_id: str, disk_dir: Path, min_age: float, dry_run: bool, as_json: bool) -> None:
     """Remove the files of DISK_DIR (<tenant>/<hex key>.<random>, as offload-agent names them)
     that no live disk replica of the client points at: files of replicas lost with an unmounted
     or expired disk, removals the master counted as orphaned, copies a crash left behind. Other
     files are left alone."""
-    from .main import _open_existing
-
-    master = _open_existing(opts)
+    master = open_existing(opts)
     try:
         report = collect_garbage(master, client_id, disk_dir, min_age, dry_run)
     finally:

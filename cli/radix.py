@@ -1,5 +1,5 @@
 """The CLI's radix index parts: status's radix report and lines, and the `inspect --node` view
-(cli/main.py wires them in)."""
+(used by cli/status.py and cli/inspect.py)."""
 from __future__ import annotations
 
 from mooncake_redis.radix import RadixNodeInfo, RadixShardStats

