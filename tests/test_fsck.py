@@ -468,7 +468,7 @@ def test_busy_shard_is_retried_then_unverified(store):
 def test_free_lists_rebuilt_in_windows(store, monkeypatch):
     """A segment rebuilt in many bounded calls (2 allocated extents per window) comes out right."""
     m = store
-    monkeypatch.setattr(fsck_module, "WINDOW_EXTENTS", 2)
+    monkeypatch.setattr(fsck_module.allocator, "WINDOW_EXTENTS", 2)
     for shard in range(m.shards):
         p = shard_keys(m, shard)
         for seg in ("seg-a", "seg-b"):
@@ -484,7 +484,7 @@ def test_free_lists_rebuilt_in_windows(store, monkeypatch):
 
 
 def test_group_too_large_is_unverified(store, monkeypatch):
-    monkeypatch.setattr(fsck_module, "GROUP_MAX_MEMBERS", 2)
+    monkeypatch.setattr(fsck_module.groups, "GROUP_MAX_MEMBERS", 2)
     report = fsck(store)
     assert not report.ok and not report.findings
     assert any("g1" in why for why in report.unverified.values())
@@ -501,14 +501,14 @@ def test_malformed_held_entry_is_reported(store):
 def test_confirming_pass_drops_transient_findings():
     """repair=True acts only on aggregate findings two still passes agree on; an action any of
     whose findings was seen once does not run."""
-    from mooncake_redis.fsck import Finding, _Pass
+    from mooncake_redis.fsck import Counters, Finding, Rebuild, SegmentUsed, _Pass
 
     def f(kind, subject, found, action):
         return Finding(kind, 0, subject, "1", found, action=action)
 
-    seg = ("segment", 0, b"x", 2, -1)
-    counters = ("counters", 0, (("objects", 5, 1), ("used_bytes", 9, 1)))
-    rebuild = ("rebuild", 0, b"x")
+    seg = SegmentUsed(0, b"x", 2, -1)
+    counters = Counters(0, (("objects", 5, 1), ("used_bytes", 9, 1)))
+    rebuild = Rebuild(0, b"x")
     first, second = _Pass(), _Pass()
     first.aggregate = [f("segment_used", "segment x", "2", seg), f("shard_objects", "P.objects", "5", counters),
                        f("gap", "segment x [0, 4)", "4", rebuild)]

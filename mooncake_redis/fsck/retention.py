@@ -1,7 +1,7 @@
 """fsck of group retention's counts: P:retained_tenants (tenant -> retention records on the
 shard) must equal the number of P:deadline:retention entries of each tenant. The index entries
 themselves are checked per group against the records (mc_unit_state reports them; see
-_Audit.compare_unit), and repaired with mc_fsck_retention.
+objects.compare_unit), and repaired with mc_fsck_retention (after mc_fsck_group).
 
 The index can hold a shard's whole share of max_retained_groups, so it is read with ZSCAN and
 the counts are trusted only when the index size and the counts hash read before and after the
@@ -10,14 +10,44 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
+
+from .base import ERROR, Action, Checker, Finding, Kind, _Pass
 
 _UNIT_RE = re.compile(rb"^g:([A-Za-z0-9_.\-]{1,64}):(.+)$", re.S)
 SCAN_COUNT = 1000
 TRIPLES_PER_CALL = 16
 
 
-def retention_count_findings(audit: Any, shard: int) -> list:
+@dataclass(frozen=True)
+class RetentionCounts(Action):
+    """(tenant, value read, count) triples for mc_fsck_retention_counts (compare-and-set)."""
+    triples: tuple
+    order = 2
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        replies = audit.fcall("mc_fsck_retention_counts", self.shard, *(x for t in self.triples for x in t))
+        if not all(r[0] for r in replies):
+            return False, "not repaired: a count moved since fsck read it; rerun fsck"
+        return True, ""
+
+
+KINDS: dict[str, Kind] = {
+    "retention_counts": Kind(ERROR, True, "P:retained_tenants differs from the tenant's P:deadline:retention entries"),
+}
+
+
+class Retention(Checker):
+    name = "retention"
+    kinds = KINDS
+    actions = (RetentionCounts,)
+
+    def shard(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
+        return retention_count_findings(audit, shard)
+
+
+def retention_count_findings(audit: Any, shard: int) -> list[Finding]:
     """Findings of kind retention_counts for one shard (none when the shard moved meanwhile:
     then the shard is marked unverified)."""
     k = audit.keys(shard)
@@ -44,17 +74,10 @@ def retention_count_findings(audit: Any, shard: int) -> list:
     wrong = sorted(t for t in set(stored) | set(counted) if stored.get(t, 0) != counted.get(t, 0))
     for i in range(0, len(wrong), TRIPLES_PER_CALL):
         part = wrong[i:i + TRIPLES_PER_CALL]
-        action = ("retention_counts", shard, tuple((t, max(stored.get(t, 0), 0), counted.get(t, 0)) for t in part))
+        action = RetentionCounts(shard, tuple((t, max(stored.get(t, 0), 0), counted.get(t, 0)) for t in part))
         for t in part:
             out.append(audit.finding("retention_counts", shard, f"P:retained_tenants {t.decode(errors='replace')}",
                                      counted.get(t, 0), after[1].get(t, b"absent").decode(errors="replace"),
                                      action if stored.get(t, 0) >= 0 else None))
     return out
 
-
-def repair_counts(audit: Any, action: tuple) -> tuple[bool, str]:
-    args = [x for triple in action[2] for x in triple]
-    replies = audit.fcall("mc_fsck_retention_counts", action[1], *args)
-    if not all(r[0] for r in replies):
-        return False, "not repaired: a count moved since fsck read it; rerun fsck"
-    return True, ""

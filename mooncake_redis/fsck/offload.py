@@ -3,7 +3,7 @@ in flight (P:offload_inflight) against the objects that hold them, each task's t
 each client's in-flight count and bytes (P:disk:<client>.inflight, inflight_bytes), each queue,
 overflow and removal queue against the shard's share of its limit, and malformed removals.
 
-The object pass (fsck._Audit) hands over the ids of the objects it saw with a task in flight;
+The object pass hands over the ids of the objects it saw with a task in flight;
 the snapshot re-reads those and every indexed one inside MULTI, so the checks compare values of
 one moment. It also sums each client's live disk replicas, which disk_used_findings compares
 with P:disk:<client>.used_bytes as an aggregate (the shard's fingerprint covers the disks'
@@ -14,21 +14,67 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
+
+from .base import ERROR, WARNING, Action, Checker, Finding, Kind, ObjectRead, _Pass
 
 SNAPSHOT_OBJECTS = 4096  # objects re-read per MULTI (larger sets: several, each exact for its objects)
 
-KINDS = {
-    "offload_task_unindexed": ("error", True, "an object with an offload task in flight has no P:offload_inflight entry"),
-    "offload_task_ref": ("error", False, "an object with an offload task in flight holds no task reference"),
-    "offload_index_stale": ("warning", False, "a P:offload_inflight entry whose object has no task in flight "
+@dataclass(frozen=True)
+class OffloadTask(Action):
+    """Index an unindexed task with deadline now (mc_fsck_offload_task): the next sweep ends it."""
+    tenant: bytes
+    key: bytes
+    order = 0
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        audit.fcall("mc_fsck_offload_task", self.shard, self.tenant, self.key)
+        return True, ""
+
+
+@dataclass(frozen=True)
+class OffloadInflight(Action):
+    """Compare-and-set of a client's in-flight count and bytes (mc_fsck_offload_inflight)."""
+    client: bytes
+    inflight: int
+    counted: int
+    inflight_bytes: int
+    counted_bytes: int
+    order = 4
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        applied = audit.fcall("mc_fsck_offload_inflight", self.shard, self.client, self.inflight, self.counted,
+                              self.inflight_bytes, self.counted_bytes)
+        return (True, "") if applied == 1 else (False, "not repaired: the count moved since fsck read it; rerun fsck")
+
+
+@dataclass(frozen=True)
+class DiskUsed(Action):
+    """Compare-and-add of a client's disk used_bytes, for the mount fsck saw (mc_fsck_disk_used)."""
+    client: bytes
+    mount: int
+    used: int
+    delta: int
+    order = 4
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        applied, value = audit.fcall("mc_fsck_disk_used", self.shard, self.client, self.mount, self.used, self.delta)
+        return (True, "") if applied == 1 else (False, f"not repaired: used_bytes moved to {value} (or the disk "
+                                                       "was remounted) since fsck read it; rerun fsck")
+
+
+KINDS: dict[str, Kind] = {
+    "offload_task_unindexed": Kind(ERROR, True, "an object with an offload task in flight has no P:offload_inflight entry"),
+    "offload_task_ref": Kind(ERROR, False, "an object with an offload task in flight holds no task reference"),
+    "offload_index_stale": Kind(WARNING, False, "a P:offload_inflight entry whose object has no task in flight "
                             "(the next mc_offload_sweep after its deadline drops it)"),
-    "offload_inflight_count": ("error", True, "a client's P:disk:<client>.inflight or inflight_bytes differs from "
+    "offload_inflight_count": Kind(ERROR, True, "a client's P:disk:<client>.inflight or inflight_bytes differs from "
                                "its tasks in flight"),
-    "offload_queue_over_share": ("error", False, "a client's offload queue, overflow or removal queue holds more "
+    "offload_queue_over_share": Kind(ERROR, False, "a client's offload queue, overflow or removal queue holds more "
                                  "than the shard's share"),
-    "disk_used_bytes": ("error", True, "a client's P:disk:<client>.used_bytes differs from its live disk replicas"),
-    "disk_removal_malformed": ("warning", False, "a P:diskrm:<client> entry that is not '<tenant> <#key> <key> "
+    "disk_used_bytes": Kind(ERROR, True, "a client's P:disk:<client>.used_bytes differs from its live disk replicas"),
+    "disk_removal_malformed": Kind(WARNING, False, "a P:diskrm:<client> entry that is not '<tenant> <#key> <key> "
                                "<location>' (the next mc_disk_removal_heartbeat drops it)"),
 }
 REMOVAL_RE = re.compile(rb"([A-Za-z0-9_.\-]{1,64}) ([0-9]{1,7}) ", re.S)
@@ -49,27 +95,29 @@ def parse_removal(entry: bytes) -> tuple[bytes, bytes, bytes] | None:
     return m.group(1), entry[start:start + n], entry[start + n + 1:]
 
 
-def disk_fingerprint(audit: Any, k: Any, disks: list) -> tuple:
-    """(client, mount, used_bytes) of every local disk of the shard, for fsck's fingerprint."""
+def disk_fingerprint(audit: Any, k: Any) -> tuple:
+    """The shard's local disks (client, mount score) and (client, mount, used_bytes) of each, for
+    fsck's fingerprint."""
+    disks = audit.r.zrange(k.disks, 0, -1, withscores=True)
     pipe = audit.t.pipeline(k.shard, transaction=False)
     for c, _ in disks:
         pipe.hmget(k.disk(c), "mount", "used_bytes")
-    return (tuple((c, mount, used) for (c, _), (mount, used) in zip(disks, pipe.execute())),)
+    return (tuple(disks), tuple((c, mount, used) for (c, _), (mount, used) in zip(disks, pipe.execute())))
 
 
-def disk_used_findings(audit: Any, shard: int, fingerprint: tuple, disk_bytes: dict) -> list:
+def disk_used_findings(audit: Any, shard: int, fingerprint: tuple, disk_bytes: dict) -> list[Finding]:
     """Each disk's used_bytes (as read at the end of the pass) against its live disk replicas."""
     out = []
     for client, mount, used in fingerprint[-1]:
         have, want = int(used or 0), disk_bytes.get(client, 0)
         if mount is not None and have != want:
-            action = ("disk_used", shard, client, int(mount), have, want - have)
+            action = DiskUsed(shard, client, int(mount), have, want - have)
             out.append(audit.finding("disk_used_bytes", shard, f"P:disk:{client.decode(errors='replace')}.used_bytes",
                                      want, have, action))
     return out
 
 
-def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list:
+def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list[Finding]:
     k = audit.keys(shard)
     pipe = audit.t.pipeline(shard)
     pipe.zrange(k.offload_inflight, 0, -1)
@@ -121,7 +169,7 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
         if oid not in indexed:
             tenant, _, key = oid.partition(b":")
             out.append(audit.finding("offload_task_unindexed", shard, subject, "an entry", "no entry",
-                                     ("offload_task", shard, tenant, key)))
+                                     OffloadTask(shard, tenant, key)))
         if int(refs or 0) < 1:
             out.append(audit.finding("offload_task_ref", shard, subject, "task_refs >= 1", refs or 0))
     if len(ids) <= SNAPSHOT_OBJECTS:  # the counts are exact only over every task in flight
@@ -130,18 +178,26 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
                 out.append(audit.finding("offload_inflight_count", shard, f"P:disk:{c.decode(errors='replace')}",
                                          f"inflight {counted[c]}, inflight_bytes {counted_bytes[c]}",
                                          f"inflight {inflight}, inflight_bytes {inflight_bytes}",
-                                         ("offload_inflight", shard, c, inflight, counted[c], inflight_bytes,
-                                          counted_bytes[c])))
+                                         OffloadInflight(shard, c, inflight, counted[c], inflight_bytes,
+                                                         counted_bytes[c])))
     return out
 
 
-def repair(audit: Any, action: tuple) -> tuple[bool, str]:
-    if action[0] == "offload_task":
-        audit.fcall("mc_fsck_offload_task", action[1], action[2], action[3])
-        return True, ""
-    if action[0] == "disk_used":
-        applied, value = audit.fcall("mc_fsck_disk_used", *action[1:])
-        return (True, "") if applied == 1 else (False, f"not repaired: used_bytes moved to {value} (or the disk "
-                                                       "was remounted) since fsck read it; rerun fsck")
-    applied = audit.fcall("mc_fsck_offload_inflight", *action[1:])
-    return (True, "") if applied == 1 else (False, "not repaired: the count moved since fsck read it; rerun fsck")
+
+class Offload(Checker):
+    name = "offload"
+    kinds = KINDS
+    actions = (OffloadTask, OffloadInflight, DiskUsed)
+
+    def fingerprint(self, audit: Any, k: Any) -> tuple:
+        return disk_fingerprint(audit, k)
+
+    def see_object(self, audit: Any, ps: _Pass, obj: ObjectRead) -> None:
+        if not isinstance(obj.h, Exception) and b"offload_client" in obj.h:
+            ps.offload_tasks.add(obj.tenant + b":" + obj.key)
+
+    def settle(self, audit: Any, ps: _Pass, fp: tuple) -> None:
+        ps.aggregate += disk_used_findings(audit, ps.shard, fp, ps.disk_bytes)
+
+    def shard(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
+        return offload_findings(audit, shard, ps.offload_tasks)

@@ -11,17 +11,121 @@
 A step still in an outbox is no drift: a child whose link waits is not reported unlisted, a
 child whose unlink waits is not reported a phantom.
 A node's keys against their objects, its counters and its unit's tier are audited with the
-groups' checks (the node is the composite unit r:<tenant>:<hash>, see fsck.check_group).
+groups' checks (the node is the composite unit r:<tenant>:<hash>, see groups.check_group).
 Repairs go through the index's own idempotent, seq-ordered steps (mc_radix_probe then
 mc_radix_apply), so a repair racing a live writer can only leave a phantom, never drop a link."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from .keys import node_shard
-from .radix import DEFAULT_GRACE_MS, parse_outbox_entry
+from ..keys import node_shard
+from ..radix import DEFAULT_GRACE_MS, parse_outbox_entry
+from .base import (
+    CRITICAL,
+    ERROR,
+    SCAN_COUNT,
+    WARNING,
+    Action,
+    Checker,
+    Finding,
+    Kind,
+    _Pass,
+)
 
-SCAN_COUNT = 1000
+
+@dataclass(frozen=True)
+class RadixIndex(Action):
+    """List (or unlist) a node in P:rnodes as its record says (mc_fsck_radix_index)."""
+    tenant: bytes
+    node: bytes
+    order = 1
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        audit.fcall("mc_fsck_radix_index", self.shard, self.tenant, self.node)
+        return True, ""
+
+
+@dataclass(frozen=True)
+class RadixOutbox(Action):
+    """Drop a malformed outbox entry (mc_radix_ack)."""
+    entry: bytes
+    order = 6
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        audit.fcall("mc_radix_ack", self.shard, self.entry)
+        return True, ""
+
+
+@dataclass(frozen=True)
+class RadixEmpty(Action):
+    """Reconcile the shard's radix nodes: empty ones past the grace period go."""
+    order = 7
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        cursor = 0
+        while True:
+            cursor, _, _ = audit.master.reconcile_radix(self.shard, DEFAULT_GRACE_MS, cursor)
+            if cursor == 0:
+                return True, ""
+
+
+@dataclass(frozen=True)
+class RadixLink(Action):
+    """node (on this shard) is a live child its parent does not list: deliver the link."""
+    tenant: bytes
+    node: bytes
+    parent: bytes
+    order = 6
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        child, parent, pshard = self.node, self.parent, node_shard(self.parent, audit.t.count)
+        alive, seq = audit.fcall("mc_radix_probe", self.shard, self.tenant, child, parent)
+        if not alive:
+            return False, "not repaired: the child is gone since fsck read it"
+        return _deliver(audit, b"link", seq, pshard, self.tenant, parent, child)
+
+
+@dataclass(frozen=True)
+class RadixUnlink(Action):
+    """node (on this shard) lists a child that is gone: deliver the unlink."""
+    tenant: bytes
+    node: bytes
+    child: bytes
+    order = 6
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        child, parent, pshard = self.child, self.node, self.shard
+        alive, seq = audit.fcall("mc_radix_probe", node_shard(child, audit.t.count), self.tenant, child, parent)
+        if alive:
+            return False, "not repaired: the child exists again"
+        return _deliver(audit, b"unlink", seq, pshard, self.tenant, parent, child)
+
+
+def _deliver(audit: Any, op: bytes, seq: int, pshard: int, tenant: bytes, parent: bytes, child: bytes) -> tuple[bool, str]:
+    entry = b"%s %d %d %s %d %s%s" % (op, seq, pshard, tenant, len(parent), parent, child)
+    audit.fcall("mc_radix_apply", pshard, entry)
+    return True, ""
+
+
+KINDS: dict[str, Kind] = {
+    "radix_index": Kind(ERROR, True, "P:rnodes differs from the shard's node records"),
+    "radix_child_unlisted": Kind(CRITICAL, True, "a node's parent does not list it (and no link is pending): the "
+                                                 "parent could be evicted under it"),
+    "radix_phantom_child": Kind(WARNING, True, "a node lists a child that is gone or has another parent (protected "
+                                               "too long)"),
+    "radix_empty_node": Kind(WARNING, True, "a node with neither keys nor children past the grace period"),
+    "radix_outbox": Kind(ERROR, True, "a malformed outbox entry"),
+}
+
+
+class Radix(Checker):
+    name = "radix"
+    kinds = KINDS
+    actions = (RadixIndex, RadixLink, RadixUnlink, RadixOutbox, RadixEmpty)
+
+    def shard(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
+        return radix_findings(audit, shard) if audit.radix_present(shard) else []
 
 
 def _records(audit: Any, shard: int) -> set[tuple[bytes, bytes]]:
@@ -51,7 +155,7 @@ def _pending_unlinks(audit: Any) -> set[tuple[bytes, bytes, bytes]]:
     return audit.radix_pending
 
 
-def radix_findings(audit: Any, shard: int) -> list:
+def radix_findings(audit: Any, shard: int) -> list[Finding]:
     k, r, shards = audit.keys(shard), audit.r, audit.t.count
     out = []
     records = _records(audit, shard)
@@ -63,7 +167,7 @@ def radix_findings(audit: Any, shard: int) -> list:
         out.append(audit.finding("radix_index", shard, (tenant + b":" + h).decode(errors="replace"),
                                  "listed" if (tenant, h) in records else "absent",
                                  "absent" if (tenant, h) in records else "listed",
-                                 ("radix_index", shard, tenant, h)))
+                                 RadixIndex(shard, tenant, h)))
     now = int(audit.t.call("mc_now", shard))
     for tenant, h in sorted(records):
         pipe = audit.t.pipeline(shard, transaction=False)
@@ -78,18 +182,18 @@ def radix_findings(audit: Any, shard: int) -> list:
             pk = audit.keys(node_shard(parent, shards))
             if r.zscore(pk.radix_kids(tenant, parent), h) is None:
                 out.append(audit.finding("radix_child_unlisted", shard, subject, f"listed by parent {parent.decode(errors='replace')}",
-                                         "not listed", ("radix_link", shard, tenant, h, parent)))
+                                         "not listed", RadixLink(shard, tenant, h, parent)))
         for kid in kids:
             if (tenant, h, kid) in _pending_unlinks(audit):
                 continue
             kk = audit.keys(node_shard(kid, shards))
             if r.hget(kk.radix_node(tenant, kid), "parent") != h:
                 out.append(audit.finding("radix_phantom_child", shard, f"{subject} child {kid.decode(errors='replace')}",
-                                         "a live child", "gone or another parent's", ("radix_unlink", shard, tenant, h, kid)))
+                                         "a live child", "gone or another parent's", RadixUnlink(shard, tenant, h, kid)))
         empty = not kids and int(rec.get(b"members", 0) or 0) == 0 and rec.get(b"draining") != b"1"
         if empty and int(rec.get(b"created", 0)) + DEFAULT_GRACE_MS <= now:
             out.append(audit.finding("radix_empty_node", shard, subject, "keys or children", "neither",
-                                     ("radix_empty", shard)))
+                                     RadixEmpty(shard)))
     for entry, _ in r.zscan_iter(k.radix_outbox, count=SCAN_COUNT):
         try:
             op, _, pshard, tenant, parent, _ = parse_outbox_entry(entry)
@@ -98,37 +202,6 @@ def radix_findings(audit: Any, shard: int) -> list:
             ok = False
         if not ok:
             out.append(audit.finding("radix_outbox", shard, entry.decode(errors="replace"), "a well-formed entry",
-                                     "malformed", ("radix_outbox", shard, entry)))
+                                     "malformed", RadixOutbox(shard, entry)))
     return out
 
-
-def repair_radix(audit: Any, action: tuple) -> tuple[bool, str]:
-    kind, shard = action[0], action[1]
-    shards = audit.t.count
-    if kind == "radix_index":
-        audit.fcall("mc_fsck_radix_index", shard, action[2], action[3])
-    elif kind == "radix_outbox":
-        audit.fcall("mc_radix_ack", shard, action[2])
-    elif kind == "radix_empty":
-        cursor = 0
-        while True:
-            cursor, _, _ = audit.master.reconcile_radix(shard, DEFAULT_GRACE_MS, cursor)
-            if cursor == 0:
-                break
-    elif kind in ("radix_link", "radix_unlink"):
-        tenant, node, other = action[2], action[3], action[4]
-        if kind == "radix_link":  # node (here) is a live child its parent (other) does not list
-            child, parent, pshard = node, other, node_shard(other, shards)
-            alive, seq = audit.fcall("mc_radix_probe", shard, tenant, child, parent)
-            if not alive:
-                return False, "not repaired: the child is gone since fsck read it"
-            op = b"link"
-        else:  # node (here) lists a child (other) that is gone
-            child, parent, pshard = other, node, shard
-            alive, seq = audit.fcall("mc_radix_probe", node_shard(child, shards), tenant, child, parent)
-            if alive:
-                return False, "not repaired: the child exists again"
-            op = b"unlink"
-        entry = b"%s %d %d %s %d %s%s" % (op, seq, pshard, tenant, len(parent), parent, child)
-        audit.fcall("mc_radix_apply", pshard, entry)
-    return True, ""

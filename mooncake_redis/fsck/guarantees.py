@@ -1,0 +1,85 @@
+"""Guarantees (explicit context caching): the guaranteed bytes of each tenant, on the shard
+(P:gtenants) and on each segment (its g:<tenant> fields), against the live replicas of the
+tenant's guaranteed objects, and the prefix sets (P:gpfx:<tenant>:<prefix>) against the
+guaranteed objects of each prefix. The per-object P:guaranteed entry is checked with the object
+(objects.py); the shard's total is a shard counter (counters.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .base import ERROR, WARNING, Action, Checker, Kind, ObjectRead, _d, _int, _Pass
+from .objects import Place
+
+
+@dataclass(frozen=True)
+class Guaranteed(Action):
+    """Compare-and-add of guaranteed-bytes counts (mc_fsck_guaranteed): (segment or b"" for the
+    tenant's shard total, tenant, value read, delta) quadruples."""
+    quads: tuple
+    order = 4
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        replies = audit.fcall("mc_fsck_guaranteed", self.shard, *(x for q in self.quads for x in q))
+        if not all(r[0] for r in replies):
+            return False, "not repaired: a guaranteed-bytes count moved since fsck read it; rerun fsck"
+        return True, ""
+
+
+KINDS: dict[str, Kind] = {
+    "tenant_guaranteed_bytes": Kind(ERROR, True, "a tenant's P:gtenants entry differs from its guaranteed objects' "
+                                                 "live replicas"),
+    "segment_guaranteed_bytes": Kind(ERROR, True, "a segment's g:<tenant> field differs from the tenant's guaranteed "
+                                                  "replicas on it"),
+    "guarantee_prefix_missing": Kind(ERROR, True, "a guaranteed object is missing from its prefix's P:gpfx set"),
+    "guarantee_prefix_stray": Kind(WARNING, True, "a P:gpfx set holds a key that is not a guaranteed object of that "
+                                                  "prefix"),
+}
+
+
+class Guarantees(Checker):
+    name = "guarantees"
+    kinds = KINDS
+    actions = (Guaranteed,)
+
+    def fingerprint(self, audit: Any, k: Any) -> tuple:
+        return (audit.r.zcard(k.guaranteed),)
+
+    def see_object(self, audit: Any, ps: _Pass, obj: ObjectRead) -> None:
+        h = obj.h
+        if not isinstance(h, Exception) and b"guaranteed_until" in h:
+            ps.guarantee_prefix[(obj.tenant, h.get(b"prefix", obj.key))].add(obj.key)
+
+    def end(self, audit: Any, ps: _Pass) -> None:
+        check_books(audit, ps)
+
+
+def check_books(audit: Any, ps: _Pass) -> None:
+    shard, segs = ps.shard, ps.segs
+    k = audit.keys(shard)
+    have: dict[tuple[bytes, bytes], int] = {(b"", t): _int(v) or 0 for t, v in audit.r.hgetall(k.guaranteed_tenants).items()}
+    for name, seg in segs.items():
+        have.update({(name, t): v or 0 for t, v in seg.guaranteed.items()})
+    quads = []
+    for where in sorted(set(have) | set(ps.guaranteed)):
+        want, found = ps.guaranteed.get(where, 0), have.get(where, 0)
+        if want != found:
+            quads.append((where[0], where[1], found, want - found))
+    action = Guaranteed(shard, tuple(quads)) if quads else None
+    for seg, tenant, found, delta in quads:
+        kind, subject = (("tenant_guaranteed_bytes", f"P:gtenants {_d(tenant)}") if seg == b"" else
+                         ("segment_guaranteed_bytes", f"segment {_d(seg)} g:{_d(tenant)}"))
+        ps.aggregate.append(audit.finding(kind, shard, subject, found + delta, found, action))
+    prefix = k.prefix("guarantee_prefix")
+    seen: dict[tuple[bytes, bytes], set] = {}
+    for set_key in audit.scan(shard, prefix + b"*"):
+        tenant, _, pfx = set_key[len(prefix):].partition(b":")
+        seen[(tenant, pfx)] = set(audit.r.smembers(set_key))
+    for (tenant, pfx) in sorted(set(seen) | set(ps.guarantee_prefix)):
+        want, found = ps.guarantee_prefix.get((tenant, pfx), set()), seen.get((tenant, pfx), set())
+        for key in sorted(want - found):
+            ps.aggregate.append(audit.finding("guarantee_prefix_missing", shard, _d(tenant + b":" + key),
+                                             f"in P:gpfx {_d(pfx)}", "absent", Place(shard, tenant, key)))
+        for key in sorted(found - want):
+            ps.aggregate.append(audit.finding("guarantee_prefix_stray", shard, _d(tenant + b":" + key),
+                                             f"not in P:gpfx {_d(pfx)}", "present", Place(shard, tenant, key, pfx)))

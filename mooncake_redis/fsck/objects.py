@@ -1,0 +1,283 @@
+"""Objects and their placement: each object hash, read atomically with its index entries
+(processing, candidate tier and deadline entries, guarantee), against the rules: well-formed
+fields, the processing index, the tier the evictability rule (mc_unit_state, in Lua only) names,
+and at least one live replica. The object pass also gathers, for the other checkers, every live
+extent (segments), guaranteed bytes (guarantees) and live disk bytes (offload); afterwards the
+units and processing entries no object accounted for are re-read and judged."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import wire
+from ..keys import K
+from .base import (
+    _ID_RE,
+    _REP_RE,
+    _UNIT_RE,
+    ERROR,
+    WARNING,
+    Action,
+    Checker,
+    Finding,
+    Kind,
+    ObjectRead,
+    _d,
+    _int,
+    _Pass,
+    _score,
+)
+
+
+@dataclass(frozen=True)
+class Place(Action):
+    """Re-place one object (mc_fsck_place): its processing, tier, deadline, guarantee and prefix
+    entries re-derived from its hash inside the call (prefix: a P:gpfx set to leave)."""
+    tenant: bytes
+    key: bytes
+    prefix: bytes | None = None
+    order = 0
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        audit.fcall("mc_fsck_place", self.shard, self.tenant, self.key,
+                    *(() if self.prefix is None else (self.prefix,)))
+        return True, ""
+
+
+@dataclass(frozen=True)
+class Unit(Action):
+    """Re-place (or drop) one unit named in the tiers (mc_fsck_unit)."""
+    unit: bytes
+    order = 0
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        audit.fcall("mc_fsck_unit", self.shard, self.unit)
+        return True, ""
+
+
+@dataclass(frozen=True)
+class Sweep(Action):
+    """Delete an object none of whose replicas is live (mc_sweep_replicas)."""
+    tenant: bytes
+    key: bytes
+    order = 5
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        audit.fcall("mc_sweep_replicas", self.shard, *wire.head(wire.KEY, tenant=self.tenant), self.key)
+        return True, ""
+
+
+KINDS: dict[str, Kind] = {
+    "bad_object": Kind(ERROR, False, "an object hash with missing or malformed fields"),
+    "no_live_replica": Kind(WARNING, True, "an object whose replicas are all on unmounted segments, and no sweep "
+                                           "is owed (P:sweep_pending unset)"),
+    "processing_missing": Kind(ERROR, True, "a processing object is not in P:processing"),
+    "processing_score": Kind(ERROR, True, "the P:processing score differs from put_started"),
+    "processing_stale": Kind(ERROR, True, "P:processing holds an object that is complete or missing"),
+    "unit_missing": Kind(ERROR, True, "an evictable unit is in no candidate tier"),
+    "unit_wrong_tier": Kind(ERROR, True, "a unit sits in the wrong tier for its soft pin"),
+    "unit_in_both_tiers": Kind(ERROR, True, "a unit sits in both candidate tiers"),
+    "unit_score": Kind(ERROR, True, "a unit's tier score differs from its lease_until"),
+    "soft_deadline": Kind(ERROR, True, "a soft-tier unit without the right P:deadline:soft_pin entry"),
+    "stray_deadline": Kind(WARNING, True, "a P:deadline:soft_pin entry for a unit not in the soft tier"),
+    "stray_unit": Kind(ERROR, True, "a unit in the tiers that must not be there (missing, protected or grouped object)"),
+    "guarantee_index": Kind(ERROR, True, "an object's P:guaranteed entry differs from its guaranteed_until"),
+    "retention_deadline": Kind(ERROR, True, "a P:deadline:retention entry differs from its group's retained_until record"),
+}
+
+
+def compare_unit(audit: Any, shard: int, unit: bytes, st: list, now: int, action: Action | None) -> list[Finding]:
+    """Compare a unit's index entries with what the evictability rule says they should be.
+    `st` is mc_unit_state's reply ({why, expected, actual, deadline indexes}): the rule
+    itself lives in Lua only. A due deadline entry means the sweep has not re-placed the unit
+    yet: its tier may lag behind the rule, and that is not drift."""
+    why, exp_flat, act_flat, dl, sweep_due = st
+    expected = {exp_flat[i]: exp_flat[i + 1] for i in range(0, len(exp_flat), 2)}
+    actual = {act_flat[i]: _score(act_flat[i + 1]) for i in range(0, len(act_flat), 2)}
+    deadlines = set(dl)
+    u, why = _d(unit), _d(why) or "evictable"
+    exp_t = {i: v for i, v in expected.items() if i not in deadlines}
+    act_t = {i: v for i, v in actual.items() if i not in deadlines}
+    due = sweep_due == 1 or any(actual[i] <= now for i in deadlines if i in actual)
+    show = lambda d: ", ".join(f"{_d(i)}@{v}" for i, v in sorted(d.items())) or "absent"
+    if not expected and actual:
+        return [audit.finding("stray_unit", shard, u, f"absent ({why})", show(actual), action)]
+    out = []
+    if exp_t and not act_t:
+        if not due:
+            out.append(audit.finding("unit_missing", shard, u, show(exp_t), "in no tier", action))
+    elif len(act_t) > 1:
+        out.append(audit.finding("unit_in_both_tiers", shard, u, show(exp_t), show(act_t), action))
+    elif set(act_t) != set(exp_t):
+        if not due:
+            out.append(audit.finding("unit_wrong_tier", shard, u, show(exp_t), show(act_t), action))
+    else:
+        for i, v in exp_t.items():
+            if v != b"" and _score(v) != act_t[i]:
+                out.append(audit.finding("unit_score", shard, u, f"score {_d(v)}", f"score {act_t[i]}", action))
+    for i in sorted(deadlines):
+        want, have = expected.get(i), actual.get(i)
+        if i == K["deadline_retention"].encode():  # a record's deadline: any drift is drift
+            if _int(want) != have:
+                out.append(audit.finding("retention_deadline", shard, u,
+                                        f"{_d(i)} entry {_d(want) if want else 'none'}",
+                                        "none" if have is None else have, action))
+            continue
+        if want is not None and (have is None or _score(want) != have):
+            out.append(audit.finding("soft_deadline", shard, u, f"{_d(i)} entry {_d(want)}",
+                                    "none" if have is None else have, action))
+        elif want is None and have is not None and have > now:
+            out.append(audit.finding("stray_deadline", shard, u, f"no {_d(i)} entry ({why})", have, action))
+    return out
+
+def snapshot_objects(audit: Any, shard: int, ids: list[tuple[bytes, bytes]]) -> tuple[int, list]:
+    """One MULTI: the clock, then per object its hash and its index entries (processing,
+    unit state, guarantee)."""
+    k = audit.keys(shard)
+    pipe = audit.t.pipeline(shard)
+    pipe.get(k.clock)
+    pipe.time()
+    for tenant, key in ids:
+        oid = tenant + b":" + key
+        unit = b"o:" + oid
+        pipe.hgetall(k.object(tenant, key))
+        pipe.zscore(k.processing, oid)
+        pipe.execute_command("FCALL_RO", "mc_unit_state", 1, k.P, unit)
+        pipe.zscore(k.guaranteed, oid)
+    res = pipe.execute(raise_on_error=False)
+    for i, x in enumerate(res):
+        if isinstance(x, Exception) and (i < 2 or (i - 2) % 4 in (1, 3)):
+            raise x  # only an object key of the wrong type is tolerated (reported as bad_object)
+    now = audit.clock(res)
+    return now, [res[2 + 4 * i: 6 + 4 * i] for i in range(len(ids))]
+
+def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, now: int) -> list[Finding]:
+    h, s_proc, st, s_guarantee = snap
+    oid = tenant + b":" + key
+    subject = _d(oid)
+    if isinstance(h, Exception):
+        return [audit.finding("bad_object", shard, subject, "a hash", f"{h}")]
+    unit = b"o:" + oid
+    place = Place(shard, tenant, key)
+    out: list[Finding] = []
+    if not h:
+        if s_proc is not None:
+            out.append(audit.finding("processing_stale", shard, subject, "no entry (object missing)",
+                                    f"score {_score(s_proc)}", place))
+        if s_guarantee is not None:
+            out.append(audit.finding("guarantee_index", shard, subject, "no P:guaranteed entry (object missing)",
+                                    f"score {_score(s_guarantee)}", place))
+        return out + compare_unit(audit, shard, unit, st, now, place)
+    status = h.get(b"status")
+    complete = status == b"complete"
+    bad = []
+    size = _int(h.get(b"size"))
+    if size is None or size <= 0:
+        bad.append(f"size={_d(h.get(b'size'))}")
+    if status not in (b"processing", b"complete"):
+        bad.append(f"status={_d(status)}")
+    started = _int(h.get(b"put_started"))
+    if started is None:
+        bad.append(f"put_started={_d(h.get(b'put_started'))}")
+    for f, v in h.items():
+        if f.startswith(b"rep:") and not _REP_RE.match(v):
+            bad.append(f"{_d(f)}={_d(v)}")
+    if bad:
+        out.append(audit.finding("bad_object", shard, subject, "well-formed fields", ", ".join(bad)))
+    if not complete:
+        if s_proc is None:
+            out.append(audit.finding("processing_missing", shard, subject,
+                                    f"in P:processing, score {started}", "absent", place))
+        elif started is not None and _score(s_proc) != started:
+            out.append(audit.finding("processing_score", shard, subject, f"score {started} (put_started)",
+                                    f"score {_score(s_proc)}", place))
+    elif s_proc is not None:
+        out.append(audit.finding("processing_stale", shard, subject, "no entry (object complete)",
+                                f"score {_score(s_proc)}", place))
+    want = _int(h.get(b"guaranteed_until")) if b"guaranteed_until" in h else None
+    if (want is None) != (s_guarantee is None) or (want is not None and _score(s_guarantee) != want):
+        out.append(audit.finding("guarantee_index", shard, subject,
+                                "no entry" if want is None else f"score {want} (guaranteed_until)",
+                                "absent" if s_guarantee is None else f"score {_score(s_guarantee)}", place))
+    if not isinstance(st, Exception):
+        out += compare_unit(audit, shard, unit, st, now, place)
+    return out
+
+
+class Objects(Checker):
+    name = "objects"
+    kinds = KINDS
+    actions = (Place, Unit, Sweep)
+
+    def fingerprint(self, audit: Any, k: Any) -> tuple:
+        return (audit.r.zcard(k.processing),)
+
+    def begin(self, audit: Any, ps: _Pass) -> None:
+        k = audit.keys(ps.shard)
+        ps.sweep_owed = audit.r.exists(k.sweep_pending) > 0  # a worker will drop dead replicas
+        # local disk segments: client -> mount id (a disk replica "<mount> <location>" is live on a match)
+        ps.disk_mounts = {c: int(score) for c, score in audit.zall(k.disks).items()}
+
+    def see_object(self, audit: Any, ps: _Pass, obj: ObjectRead) -> None:
+        shard, tenant, key, h = ps.shard, obj.tenant, obj.key, obj.h
+        ps.exact += check_object(audit, shard, tenant, key, obj.snap, obj.now)
+        if isinstance(h, Exception):
+            return
+        size = _int(h.get(b"size")) or 0
+        guaranteed = b"guaranteed_until" in h
+        segs = ps.segs
+        n_reps = live = 0
+        for f, v in h.items():
+            if not f.startswith(b"rep:"):
+                continue
+            n_reps += 1
+            m = _REP_RE.match(v)
+            seg = f[4:]
+            if m and seg in segs and segs[seg].mount == m.group(2):
+                live += 1
+                ps.extents[seg].append((int(m.group(1)), size, ("rep", tenant, key, seg)))
+                if guaranteed:
+                    ps.guaranteed[(seg, tenant)] += size
+                    ps.guaranteed[(b"", tenant)] += size
+        for f, v in h.items():  # a live disk replica keeps the object readable
+            if f.startswith(b"disk:") and ps.disk_mounts.get(f[5:]) == _int(v.split(b" ", 1)[0]):
+                live += 1
+                ps.disk_bytes[f[5:]] += size
+        if live == 0 and not ps.sweep_owed:
+            ps.aggregate.append(audit.finding(
+                "no_live_replica", shard, _d(tenant + b":" + key), "at least one replica on a mounted segment",
+                f"{n_reps} replica(s), none live", Sweep(shard, tenant, key),
+                note="run the unmount sweep (mc_sweep_replicas)"))
+
+    def end(self, audit: Any, ps: _Pass) -> None:
+        # tiers, deadline index, processing index: what no scanned object accounts for
+        k = audit.keys(ps.shard)
+        for index in k.unit_indexes + (k.deadline_retention,):
+            ps.units |= set(audit.zall(index))
+        ps.processing = set(audit.zall(k.processing))
+
+    def confirm(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
+        """Units and processing entries no scanned object accounts for: re-read, then judged."""
+        findings: list[Finding] = []
+        recheck: set[tuple[bytes, bytes]] = set()
+        for unit in sorted(ps.units):
+            m = _UNIT_RE.match(unit)
+            if not m:
+                findings.append(audit.finding("stray_unit", shard, _d(unit), "absent (not a unit)", "present",
+                                              Unit(shard, unit)))
+            elif m.group(1) == b"o" and m.group(2) + b":" + m.group(3) not in ps.ids:
+                recheck.add((m.group(2), m.group(3)))
+        for oid in sorted(ps.processing - ps.ids):
+            m = _ID_RE.match(oid)
+            if not m:
+                findings.append(audit.finding("processing_stale", shard, _d(oid), "no entry (not an object id)",
+                                              "present", None))
+            else:
+                recheck.add((m.group(1), m.group(2)))
+        todo = sorted(recheck)
+        for i in range(0, len(todo), audit.batch):
+            part = todo[i:i + audit.batch]
+            now, snaps = snapshot_objects(audit, shard, part)
+            for (tenant, key), snap in zip(part, snaps):
+                findings += check_object(audit, shard, tenant, key, snap, now)
+        return findings
