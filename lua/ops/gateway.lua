@@ -7,6 +7,8 @@
 --   P:gwmeta hash: the transfer engine's HTTP metadata (key -> value, opaque to the store).
 --   P:gateways zset: gateway id -> heartbeat deadline ms; P:gateway:<id> hash: rpc, metadata.
 -- Clients without a segment (readers) register on every shard with gw_register_client.
+-- fsck audits the segment keys (mooncake_redis/fsck/gateway.py) and repairs them with
+-- mc_fsck_gateway (below).
 
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
@@ -64,6 +66,12 @@ local function gw_segment_forget(P, args)
   return gw_drop_segment(P, call.opts.name, false)
 end
 
+-- The rule gw_reap and fsck share: a recorded segment is mounted while its P:seg:<name> exists
+-- on shard 0.
+local function gw_mounted(P, name)
+  return redis.call('EXISTS', P .. K.segment .. name) == 1
+end
+
 -- gw_reap. KEYS: P (shard 0). ARGV: max (1-1024). Looks at up to `max` recorded segments, the
 -- least recently looked at first: one no longer mounted (its client expired, or a crash between
 -- an unmount and its forget) loses its facts and its transfer-engine metadata
@@ -75,7 +83,7 @@ local function gw_reap(P, args)
   local now = now_ms(P)
   local reaped = 0
   for _, name in ipairs(redis.call('ZRANGEBYSCORE', P .. K.gw_segments, '-inf', S(now), 'LIMIT', 0, max)) do
-    if redis.call('EXISTS', P .. K.segment .. name) == 1 then
+    if gw_mounted(P, name) then
       redis.call('ZADD', P .. K.gw_segments, S(now + 1), name)
     else
       reaped = reaped + gw_drop_segment(P, name, true)
@@ -156,6 +164,61 @@ local function gw_heartbeat(P, args)
   return E.OK
 end
 
+-- mc_fsck_gateway. KEYS: P (shard 0). ARGV: op, then its arguments; every argument is checked
+-- before anything is written, and each op re-derives what it writes from the keys it reads:
+--   'segment', name: from P:gwseg:<name> as it is now: with a record, P:gwsegids maps its uuid
+--     to name and P:gwsegs lists name (added with score now, so gw_reap looks at it soon); a
+--     uuid that P:gwsegids maps to another segment whose record holds that uuid too is left
+--     alone (reply 'conflict'). Without a record, name leaves P:gwsegs. Reply: writes done.
+--   'uuid', uuid: a P:gwsegids entry whose segment has no record, or a record with another uuid,
+--     is deleted. Reply: 1 deleted, 0 left alone.
+--   'reap', name: gw_reap's rule for one segment: not mounted, it is forgotten with its
+--     transfer-engine metadata. Reply: 1 reaped, 0 left alone (mounted, or not recorded).
+--   'unmounted', name...: (1-256 names) writes nothing; reply: the names that are not mounted
+--     (gw_mounted), so fsck asks the rule instead of re-deriving it.
+local function fsck_gateway(P, args)
+  local op, n = args[1], #args
+  if op == 'unmounted' then
+    if n < 2 or n > 257 then return fail(E.INVALID_PARAMS, "'unmounted' takes 1-256 names") end
+    for i = 2, n do
+      if not valid_name(args[i], 1024) then return fail(E.INVALID_PARAMS, 'name must be 1-1024 bytes') end
+    end
+    local out = {}
+    for i = 2, n do
+      if not gw_mounted(P, args[i]) then out[#out + 1] = args[i] end
+    end
+    return out
+  end
+  if n ~= 2 then return fail(E.INVALID_PARAMS, 'expected op and one argument') end
+  local arg = args[2]
+  if op == 'uuid' then
+    if not valid_name(arg, 64) then return fail(E.INVALID_PARAMS, 'uuid must be 1-64 bytes') end
+    local name = redis.call('HGET', P .. K.gw_segment_ids, arg)
+    if not name or redis.call('HGET', P .. K.gw_segment .. name, 'uuid') == arg then return 0 end
+    return redis.call('HDEL', P .. K.gw_segment_ids, arg)
+  end
+  if not valid_name(arg, 1024) then return fail(E.INVALID_PARAMS, 'name must be 1-1024 bytes') end
+  if op == 'reap' then
+    if gw_mounted(P, arg) then return 0 end
+    return gw_drop_segment(P, arg, true)
+  end
+  if op ~= 'segment' then return fail(E.INVALID_PARAMS, "op must be 'segment', 'uuid', 'reap' or 'unmounted'") end
+  local uuid = redis.call('HGET', P .. K.gw_segment .. arg, 'uuid')
+  if not uuid then return redis.call('ZREM', P .. K.gw_segments, arg) end
+  local writes = 0
+  local holder = redis.call('HGET', P .. K.gw_segment_ids, uuid)
+  if holder ~= arg then
+    if holder and redis.call('HGET', P .. K.gw_segment .. holder, 'uuid') == uuid then return 'conflict' end
+    redis.call('HSET', P .. K.gw_segment_ids, uuid, arg)
+    writes = 1
+  end
+  if not redis.call('ZSCORE', P .. K.gw_segments, arg) then
+    redis.call('ZADD', P .. K.gw_segments, S(now_ms(P)), arg)
+    writes = writes + 1
+  end
+  return writes
+end
+
 register('mc_gw_segment_record', {}, gw_segment_record)
 register('mc_gw_segment_forget', {}, gw_segment_forget)
 register('mc_gw_reap', {}, gw_reap)
@@ -163,3 +226,4 @@ register('mc_gw_metadata_put', {}, gw_metadata_put)
 register('mc_gw_metadata_delete', {}, gw_metadata_delete)
 register('mc_gw_register_client', {}, gw_register_client)
 register('mc_gw_heartbeat', {}, gw_heartbeat)
+register('mc_fsck_gateway', {}, fsck_gateway)

@@ -9,8 +9,8 @@ object hashes, shard by shard, and reports every difference as a `Finding`
 through the mc_fsck_* functions of lua/ops/fsck.lua (and mc_sweep_replicas).
 
 The checks are made by checkers (checkers.CHECKERS, one module each): objects, segments and
-their allocator, guarantees, the shard counters, groups, retention, the radix index and the SSD
-offload tier. Each declares its kinds, its repair actions
+their allocator, guarantees, the shard counters, groups, retention, the radix index, the SSD
+offload tier and the Mooncake gateway's records. Each declares its kinds, its repair actions
 (typed records with their order) and the hooks of a pass it takes part in (base.Checker).
 
 It runs on a live store and never blocks Redis for long: object keys are SCANned, read in bounded

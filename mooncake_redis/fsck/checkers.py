@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .base import Checker, Kind
 from .counters import ShardCounters
+from .gateway import Gateway
 from .groups import Groups
 from .guarantees import Guarantees
 from .objects import Objects
@@ -23,6 +24,7 @@ CHECKERS: tuple[Checker, ...] = (
     Retention(),      # group retention counts
     Radix(),          # the radix index
     Offload(),        # the SSD offload tier
+    Gateway(),        # the Mooncake wire gateway's segment records (shard 0)
 )
 
 
