@@ -1,4 +1,4 @@
--- fsck repairs. The audit itself runs outside Redis (mooncake_redis/fsck.py): it SCANs a shard's
+-- fsck repairs. The audit itself runs outside Redis (the mooncake_redis/fsck package): it SCANs a shard's
 -- object hashes in bounded batches, recomputes the derived state (counters, segment bytes, free
 -- lists, candidate tiers, processing index, group records) and calls these functions to fix the
 -- drift it found. Each function touches one shard, does bounded work, and re-derives what it writes
