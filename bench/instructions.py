@@ -634,8 +634,8 @@ SLACK_MS = 3_600_000  # kv_lease_slack while re-reads are measured: every lease 
 
 def _within_slack(server: CallgrindValkey, master: Master, r: redis.Redis, n: int, batch_calls: int, key_at,
                   window_of, operations: dict, out) -> dict:
-    """The reads again, each key read a second time within kv_lease_slack (README "Reads that
-    write nothing"): a pass that renews every lease to now + ttl + SLACK_MS, then the measured
+    """The reads again, each key read a second time within kv_lease_slack (docs/configuration.md, "Reads
+    that write nothing"): a pass that renews every lease to now + ttl + SLACK_MS, then the measured
     pass over the same keys, which writes nothing. Beside the renewing reads measured above."""
     reads = {"exist_key": (lambda: [master.exist_key(key_at(j)) for j in range(n)], n),
              "get_replica_list": (lambda: [master.get_replica_list(key_at(j)) for j in range(n)], n),

@@ -1,5 +1,5 @@
 """A plain-Python model of the store under the replay's `lru` policy, written from the store's
-documented rules (README "Eviction", lua/ops/put_start.lua, lua/ops/evict.lua), not from its
+documented rules (docs/keys.md, eviction units; docs/protocol.md, mc_evict; lua/ops/put_start.lua, lua/ops/evict.lua), not from its
 code paths: `mooncake-redis replay --check` runs it beside the store and reports how far the
 two are apart.
 
@@ -137,7 +137,7 @@ def model_lru(requests: list[Request], capacity_blocks: int, block_bytes: int = 
 
 
 class RadixShardModel(ShardModel):
-    """A shard under the radix policy (README "Radix index"): a block's node is a unit
+    """A shard under the radix policy (docs/radix.md): a block's node is a unit
     r:<tenant>:<hash>; a block is a candidate only while no stored block names it as its parent
     (children counted per parent whether the parent is stored or not: a parent not stored is a
     shell), and when its last child goes it is a candidate at once (one shard: the cascade

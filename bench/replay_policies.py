@@ -50,8 +50,8 @@ class Policy:
 
 
 class Lru(Policy):
-    """Plain leases. Its knob lease_slack_ms is the store's kv_lease_slack (README "Reads that
-    write nothing"): a read renews a lease only when it falls short of the TTL, to TTL + slack."""
+    """Plain leases. Its knob lease_slack_ms is the store's kv_lease_slack (docs/configuration.md, "Reads
+    that write nothing"): a read renews a lease only when it falls short of the TTL, to TTL + slack."""
 
     name = "lru"
     KNOBS = {"lease_slack_ms": 0}

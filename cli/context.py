@@ -159,7 +159,7 @@ def metrics_options(command):
                            help="Address the metrics endpoint listens on.")(command)
     return click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
                         help="Serve the store's Prometheus metrics on this port (GET /metrics); "
-                             "names in the README.")(command)
+                             "names in docs/operations.md.")(command)
 
 
 @contextlib.contextmanager

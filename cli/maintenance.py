@@ -132,7 +132,7 @@ def metrics_cmd(opts: Opts, port: int | None, addr: str) -> None:
     """The store's Prometheus metrics (text exposition format): per shard capacity, used bytes,
     objects, puts in progress, held extents, clients, segments, eviction candidates per tier,
     and the workers' counters (evictions, discarded puts, expired clients, passes). Names and
-    meanings: README. Read-only."""
+    meanings: docs/operations.md. Read-only."""
     from mooncake_redis.metrics import exposition
 
     master = open_existing(opts)

@@ -86,7 +86,7 @@ class MasterConfig:
     default_kv_soft_pin_ttl: int = 30 * 60 * 1000
     max_kv_soft_pin_ttl: int = 24 * 3600 * 1000
     # A small headroom: puts evict what they need (evict_on_put), so the background loop only
-    # keeps most puts from having to (README, "Why the watermarks default to 0.99 / 0.01").
+    # keeps most puts from having to (docs/configuration.md, "Why the watermarks default to 0.99 / 0.01").
     eviction_high_watermark_ratio: float = 0.99
     eviction_ratio: float = 0.01
     allow_evict_soft_pinned_objects: bool = True

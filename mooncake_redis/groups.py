@@ -60,8 +60,8 @@ class GroupsApi(ApiBase):
         """Retain each group until now + ttl_ms (store clock), or keep a later deadline it already
         has. Per group, in input order: the deadline in effect after the call (absolute ms), or
         INVALID_PARAMS (a bad group id) / RETENTION_LIMIT_EXCEEDED (admitting it would pass
-        max_retained_groups or max_retained_groups_per_tenant: see the README for the per-shard
-        shares). Each group is admitted or refused on its own. A ttl_ms <= 0 or above
+        max_retained_groups or max_retained_groups_per_tenant: see docs/group-retention.md for the
+        per-shard shares). Each group is admitted or refused on its own. A ttl_ms <= 0 or above
         max_group_retention raises MasterError(INVALID_PARAMS)."""
         _check_int(ttl_ms, "ttl_ms", 1, self.config.max_group_retention)
         _check_tenant(tenant_id)

@@ -25,7 +25,7 @@ DEFAULT_KEY_PATTERN = r"^([0-9a-f]{64})(?:_|$)"
 LEGACY_KEY_PATTERN = r"^([0-9a-f]{32,128})(?:_|$)"
 PREFIX_KEY_RE = re.compile(DEFAULT_KEY_PATTERN.encode())
 
-# Key suffixes after the shard key P, named as in Lua's K table (the README's key schema table).
+# Key suffixes after the shard key P, named as in Lua's K table (the key schema table of docs/keys.md).
 K: dict[str, str] = {
     "config": ":config", "clock": ":clock", "mount_seq": ":mount_seq",
     "segment": ":seg:", "segments": ":segs", "free": ":free:", "free_by_off": ":by_off", "free_by_size": ":by_size",

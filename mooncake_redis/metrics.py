@@ -7,7 +7,7 @@ index sizes (one pipelined read of O(1) commands per shard), and the workers' `*
 counters of `<P>:metrics` (published after every pass by any worker), and the SSD offload tier
 (each client's disk and queues, and the offload counters, as `mooncake-redis status` reads
 them). A worker process adds its own pass durations (`mooncake_worker_pass_duration_seconds`).
-The names and labels are listed in METRICS and in the README.
+The names and labels are listed in METRICS and in docs/operations.md (Metrics).
 """
 from __future__ import annotations
 

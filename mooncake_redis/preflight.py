@@ -81,7 +81,7 @@ def _check_acl(client: redis.Redis, namespace: str) -> None:
         if "unknown" in why.lower():  # a server without ACLs (before Redis 6)
             return
         log.warning("cannot check this Redis user's permissions (ACL WHOAMI refused); a user lacking a "
-                    "command the functions run makes calls fail half way (see README, Running against "
+                    "command the functions run makes calls fail half way (see docs/operations.md, Running against "
                     "your own Redis)")
         return
     user = user.decode() if isinstance(user, bytes) else user
@@ -103,4 +103,4 @@ def _check_acl(client: redis.Redis, namespace: str) -> None:
     if denied:
         raise MasterError(ErrorCode.INTERNAL_ERROR,
                           f"Redis user {user!r} may not run what a master of namespace {namespace!r} needs "
-                          f"(see README, Running against your own Redis): " + "; ".join(dict.fromkeys(denied)))
+                          f"(see docs/operations.md, Running against your own Redis): " + "; ".join(dict.fromkeys(denied)))

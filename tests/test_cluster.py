@@ -231,7 +231,7 @@ def test_worker_and_calls_carry_on_through_a_slot_migration(valkey_cluster):
             assert readable(m, mine + new)
 
         carry_on("before")
-        # no call of the store may run from here to the MIGRATE (see the README: a function that
+        # no call of the store may run from here to the MIGRATE (see docs/operations.md: a function that
         # touches a key missing on the source of a migrating slot fails half way)
         dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
         src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)

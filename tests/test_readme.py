@@ -1,5 +1,6 @@
-"""The README's examples run as printed: every ```python and ```sh block, in order, in a
-directory where `mooncake-redis serve` runs (default data directory ./mooncake-data)."""
+"""The examples of the README and of docs/*.md run as printed: every ```python and ```sh block of
+a file, in order, in a directory where `mooncake-redis serve` runs (default data directory
+./mooncake-data). A block that is not to be run says what it is (```text, ```yaml)."""
 from __future__ import annotations
 
 import os
@@ -19,16 +20,44 @@ RUN_TIMEOUT_S = 60.0
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 
 
-def readme_blocks(lang: str | None = None) -> list[tuple[str, str]]:
-    blocks = [(m.group(1), m.group(2)) for m in FENCE.finditer((REPO / "README.md").read_text())]
+RUNNABLE = ("python", "sh")
+DOCS = ["README.md"] + sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))
+
+
+def readme_blocks(lang: str | None = None, doc: str = "README.md") -> list[tuple[str, str]]:
+    blocks = [(m.group(1), m.group(2)) for m in FENCE.finditer((REPO / doc).read_text())]
     return [b for b in blocks if lang is None or b[0] == lang]
 
 
 def test_the_readme_has_runnable_examples():
     langs = [lang for lang, _ in readme_blocks()]
     assert langs.count("python") >= 1 and langs.count("sh") >= 1, langs
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_block_is_run_or_marked(doc):
     # every fenced block is run, or says what it is not (a transcript, a file's text)
-    assert set(langs) <= {"python", "sh", "text", "yaml"}, langs
+    langs = [lang for lang, _ in readme_blocks(doc=doc)]
+    assert set(langs) <= {*RUNNABLE, "text", "yaml"}, (doc, langs)
+
+
+# What each file's examples print, beside succeeding.
+EXPECTED = {
+    # the Python example printed the lease and one replica of 512 KiB
+    "README.md": [r"^10000 \[\('node-a/seg0', \d+, 524288\)\]$",
+                  # the shell examples found the store and the object
+                  r"1 mounted", r"req42/block7"],
+    # a member written after the retention is covered by it
+    "docs/group-retention.md": [r"^1 retained True\n2$"],
+    "docs/guarantees.md": [r"^4096 \d+\n\[1\]$"],
+    "docs/radix.md": [r"^2\nTrue has_children"],
+    "docs/cache-control.md": [r"pages hit; \d+ keys guaranteed"],
+}
+RUN_DOCS = [d for d in DOCS if any(lang in RUNNABLE for lang, _ in readme_blocks(doc=d))]
+
+
+def test_the_docs_with_examples_have_expected_outputs():
+    assert set(EXPECTED) == set(RUN_DOCS), RUN_DOCS
 
 
 def _env(tmp: Path) -> dict:
@@ -71,10 +100,11 @@ def serving(tmp_path):
 
 
 @pytest.mark.slow
-def test_readme_examples_run_as_printed_against_serve(serving):
+@pytest.mark.parametrize("doc", RUN_DOCS)
+def test_examples_run_as_printed_against_serve(serving, doc):
     cwd, env = serving
     outputs = []
-    for lang, code in readme_blocks():
+    for lang, code in readme_blocks(doc=doc):
         if lang == "python":
             argv = [sys.executable, "-c", code]
         elif lang == "sh":
@@ -82,13 +112,9 @@ def test_readme_examples_run_as_printed_against_serve(serving):
         else:
             continue
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-        assert done.returncode == 0, f"README {lang} block failed ({done.returncode}):\n{code}\n" \
+        assert done.returncode == 0, f"{doc} {lang} block failed ({done.returncode}):\n{code}\n" \
                                      f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
         outputs.append(done.stdout)
     text = "\n".join(outputs)
-    # the Python example printed the lease and one replica of 512 KiB
-    assert re.search(r"^10000 \[\('node-a/seg0', \d+, 524288\)\]$", text, re.M), text
-    # the shell examples found the store and the object
-    assert "1 mounted" in text and "req42/block7" in text, text
-    # the group retention example: a member written after the retention is covered by it
-    assert re.search(r"^1 retained True\n2$", text, re.M), text
+    for pattern in EXPECTED[doc]:
+        assert re.search(pattern, text, re.M), (doc, pattern, text)

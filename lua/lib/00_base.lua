@@ -2,7 +2,7 @@
 -- Every function receives KEYS[1] = the shard key P ("<ns>:{<ns>:<shard>}"); all other
 -- keys of the call are P .. ":<suffix>" and so live in the same hash slot.
 
--- The key schema: every key of shard P is P followed by one of these suffixes (the README's key
+-- The key schema: every key of shard P is P followed by one of these suffixes (docs/keys.md's key
 -- schema table; mooncake_redis/keys.py holds the same table and a test checks that they agree).
 local K = {
   config = ':config', clock = ':clock', mount_seq = ':mount_seq',
