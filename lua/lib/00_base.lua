@@ -339,6 +339,12 @@ local function open_shard(keys, wanted)
   return P, cfg
 end
 
+-- The flags of a function whose writes only free memory (removal, eviction, unmount, sweeps,
+-- expiry, the worker's claim) or rewrite values already there (the leases of reads, pings):
+-- Redis runs it even at maxmemory (noeviction), so a full store still serves reads and can
+-- free itself while it refuses puts.
+local FREES = { 'allow-oom' }
+
 -- Register a function of one shard: fn(P, args, cfg) runs only after open_shard passed.
 -- `names` are the config fields it reads; flags e.g. { 'no-writes' }.
 local function register(name, names, fn, flags)
@@ -358,5 +364,5 @@ return {
   K = K, E = E, fail = fail, S = S, MAX_INT = MAX_INT, int_arg = int_arg, now_ms = now_ms,
   config_value = config_value, shard_share = shard_share, valid_tenant = valid_tenant,
   valid_name = valid_name, HEAD_CACHE_MAX = HEAD_CACHE_MAX, parse_call = parse_call,
-  row_of = row_of, register = register,
+  row_of = row_of, register = register, FREES = FREES,
 }

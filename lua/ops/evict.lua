@@ -10,7 +10,7 @@
 --   "idle" (nothing to do), "target" (reached), "more" (call again), "blocked" (no evictable unit).
 
 local E, fail, S, int_arg, now_ms = Base.E, Base.fail, Base.S, Base.int_arg, Base.now_ms
-local register = Base.register
+local register, FREES = Base.register, Base.FREES
 local DRAINING, sweep_deadlines = Units.DRAINING, Units.sweep_deadlines
 local next_candidate, evict_unit = Evict.next_candidate, Evict.evict_unit
 
@@ -53,4 +53,4 @@ local function evict(P, args, cfg)
 end
 
 register('mc_evict', { 'eviction_high_watermark_ratio', 'eviction_ratio', 'allow_evict_soft_pinned_objects',
-  'allow_evict_retained_groups' }, evict)
+  'allow_evict_retained_groups' }, evict, FREES)

@@ -12,7 +12,7 @@
 
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
-local parse_call, register = Base.parse_call, Base.register
+local parse_call, register, FREES = Base.parse_call, Base.register, Base.FREES
 
 -- gw_segment_record. KEYS: P (shard 0). ARGV: options uuid, name, client_id, endpoint, protocol,
 -- base, size (all required). Reply: 0. Called after the segment is mounted; a new uuid for the
@@ -220,10 +220,10 @@ local function fsck_gateway(P, args)
 end
 
 register('mc_gw_segment_record', {}, gw_segment_record)
-register('mc_gw_segment_forget', {}, gw_segment_forget)
-register('mc_gw_reap', {}, gw_reap)
+register('mc_gw_segment_forget', {}, gw_segment_forget, FREES)
+register('mc_gw_reap', {}, gw_reap, FREES)
 register('mc_gw_metadata_put', {}, gw_metadata_put)
-register('mc_gw_metadata_delete', {}, gw_metadata_delete)
+register('mc_gw_metadata_delete', {}, gw_metadata_delete, FREES)
 register('mc_gw_register_client', {}, gw_register_client)
 register('mc_gw_heartbeat', {}, gw_heartbeat)
 register('mc_fsck_gateway', {}, fsck_gateway)

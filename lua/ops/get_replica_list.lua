@@ -11,6 +11,7 @@
 -- (with_disk=0 then answers it with no replica).   exist_key reply, per key: 1 or 0.
 
 local E, fail, S, int_arg, register = Base.E, Base.fail, Base.S, Base.int_arg, Base.register
+local FREES = Base.FREES
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
 local keys_spec, load_object = Object.keys_spec, Object.load_object
 local live_replicas = Object.live_replicas
@@ -96,6 +97,6 @@ end
 local function exist_reply(live) return live and 1 or 0 end
 
 register('mc_get_replica_list', { 'default_kv_lease_ttl', 'kv_lease_slack', 'max_guaranteed_ttl' },
-  function(P, args, cfg) return batch_read(P, args, cfg, GET_SPEC, replica_reply) end)
+  function(P, args, cfg) return batch_read(P, args, cfg, GET_SPEC, replica_reply) end, FREES)
 register('mc_exist_key', { 'default_kv_lease_ttl', 'kv_lease_slack' },
-  function(P, args, cfg) return batch_read(P, args, cfg, EXIST_SPEC, exist_reply) end)
+  function(P, args, cfg) return batch_read(P, args, cfg, EXIST_SPEC, exist_reply) end, FREES)

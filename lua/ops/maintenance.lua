@@ -34,7 +34,7 @@
 
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
-local register = Base.register
+local register, FREES = Base.register, Base.FREES
 local drop_segment, hold_until = Alloc.drop_segment, Alloc.hold_until
 local release_held = Alloc.release_held
 local obj_key, load_object = Object.obj_key, Object.load_object
@@ -140,8 +140,8 @@ local function release_claim(P, args)
   return 1
 end
 
-register('mc_discard_puts', { 'put_start_discard_timeout', 'put_start_release_timeout' }, discard_puts)
-register('mc_expire_clients', { 'client_ttl', 'put_start_release_timeout' }, expire_clients)
-register('mc_sweep_done', {}, sweep_done)
-register('mc_claim', {}, claim)
-register('mc_release_claim', {}, release_claim)
+register('mc_discard_puts', { 'put_start_discard_timeout', 'put_start_release_timeout' }, discard_puts, FREES)
+register('mc_expire_clients', { 'client_ttl', 'put_start_release_timeout' }, expire_clients, FREES)
+register('mc_sweep_done', {}, sweep_done, FREES)
+register('mc_claim', {}, claim, FREES)
+register('mc_release_claim', {}, release_claim, FREES)

@@ -50,7 +50,7 @@
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, shard_share = Base.int_arg, Base.now_ms, Base.shard_share
 local valid_tenant, valid_name, parse_call = Base.valid_tenant, Base.valid_name, Base.parse_call
-local row_of, register = Base.row_of, Base.register
+local row_of, register, FREES = Base.row_of, Base.register, Base.FREES
 local obj_key, obj_id, MAX_KEYS_PER_CALL = Object.obj_key, Object.obj_id, Object.MAX_KEYS_PER_CALL
 local object_call, per_row, load_object = Object.object_call, Object.per_row, Object.load_object
 local live_replicas = Object.live_replicas
@@ -374,11 +374,11 @@ end
 
 local OFFLOAD_CFG = { 'offload_queue_limit', 'offload_task_timeout', 'offload_max_attempts' }
 register('mc_mount_local_disk', {}, mount_local_disk)
-register('mc_unmount_local_disk', {}, unmount_local_disk)
+register('mc_unmount_local_disk', {}, unmount_local_disk, FREES)
 register('mc_report_ssd_capacity', {}, report_ssd_capacity)
 register('mc_offload_heartbeat', OFFLOAD_CFG, heartbeat)
 register('mc_offload_done', OFFLOAD_CFG, offload_done)
-register('mc_offload_sweep', OFFLOAD_CFG, sweep_offload_tasks)
+register('mc_offload_sweep', OFFLOAD_CFG, sweep_offload_tasks, FREES)
 register('mc_disk_removal_heartbeat', { 'offload_task_timeout' }, removal_heartbeat)
 register('mc_disk_removal_ack', {}, removal_ack)
 register('mc_disk_referenced', {}, disk_referenced, { 'no-writes' })

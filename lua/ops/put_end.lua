@@ -6,7 +6,7 @@
 -- (enqueue_offload, lua/lib/45_offload.lua) with its priority as of that moment.
 
 local K, E, fail, S, valid_name = Base.K, Base.E, Base.fail, Base.S, Base.valid_name
-local register = Base.register
+local register, FREES = Base.register, Base.FREES
 local obj_key, obj_id, object_call = Object.obj_key, Object.obj_id, Object.object_call
 local per_row, keys_spec, load_object = Object.per_row, Object.keys_spec, Object.load_object
 local ever_soft_pinned, place_object = Units.ever_soft_pinned, Units.place_object
@@ -81,4 +81,4 @@ end
 
 register('mc_put_end', { 'offload_on_put', 'offload_queue_limit' },
   function(P, args, cfg) return batch_writer_op(P, args, end_one, cfg, END_SPEC) end)
-register('mc_put_revoke', {}, function(P, args) return batch_writer_op(P, args, revoke_one) end)
+register('mc_put_revoke', {}, function(P, args) return batch_writer_op(P, args, revoke_one) end, FREES)

@@ -9,7 +9,7 @@
 
 local K, E, fail, MAX_INT, int_arg = Base.K, Base.E, Base.fail, Base.MAX_INT, Base.int_arg
 local now_ms, valid_tenant, valid_name = Base.now_ms, Base.valid_tenant, Base.valid_name
-local row_of, register = Base.row_of, Base.register
+local row_of, register, FREES = Base.row_of, Base.register, Base.FREES
 local grp_members_key, MAX_KEYS_PER_CALL = Object.grp_members_key, Object.MAX_KEYS_PER_CALL
 local object_call, per_row = Object.object_call, Object.per_row
 local unit_state = Units.unit_state
@@ -92,7 +92,7 @@ register('mc_radix_apply', {}, function(P, args)
     end
   end
   return reply
-end)
+end, FREES)
 
 -- mc_radix_ack. KEYS: P (the child's shard). ARGV: outbox entries applied on their parent's
 --   shard (at most 1024). Drops them from the outbox; a link's node stops waiting for it.
@@ -111,7 +111,7 @@ register('mc_radix_ack', {}, function(P, args)
     end
   end
   return dropped
-end)
+end, FREES)
 
 -- mc_radix_probe (read-only). KEYS: P (the child's shard). ARGV: tenant, child, parent.
 --   Reply: {alive, seq}: alive is 1 when node child exists here with that parent; seq is this

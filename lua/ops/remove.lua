@@ -4,7 +4,7 @@
 -- KEYS: P.  ARGV: options tenant, force (0|1, default 0); fields key.
 -- Reply: one code per key (0 = removed).
 
-local E, fail, register = Base.E, Base.fail, Base.register
+local E, fail, register, FREES = Base.E, Base.fail, Base.register, Base.FREES
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
 local keys_spec, load_object, lease_until = Object.keys_spec, Object.load_object, Object.lease_until
 local delete_object = Units.delete_object
@@ -32,4 +32,4 @@ local function remove(P, args)
   end)
 end
 
-register('mc_remove', {}, remove)
+register('mc_remove', {}, remove, FREES)

@@ -5,7 +5,7 @@
 
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
-local parse_call, register = Base.parse_call, Base.register
+local parse_call, register, FREES = Base.parse_call, Base.register, Base.FREES
 local free_keys, add_free, drop_segment = Alloc.free_keys, Alloc.add_free, Alloc.drop_segment
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
 local keys_spec, load_object = Object.keys_spec, Object.load_object
@@ -123,6 +123,6 @@ local function ping(P, args)
 end
 
 register('mc_mount_segment', {}, mount_segment)
-register('mc_unmount_segment', {}, unmount_segment)
-register('mc_sweep_replicas', {}, sweep_replicas)
-register('mc_ping', {}, ping)
+register('mc_unmount_segment', {}, unmount_segment, FREES)
+register('mc_sweep_replicas', {}, sweep_replicas, FREES)
+register('mc_ping', {}, ping, FREES)
