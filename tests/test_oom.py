@@ -61,9 +61,7 @@ def test_exactly_the_freeing_functions_run_at_oom(valkey):
     master = Master.connect(valkey.url, MasterConfig(namespace="oomflags"))
     try:
         [library] = master.redis.execute_command("FUNCTION", "LIST", "LIBRARYNAME", "mooncake")
-        functions = dict(zip(library[::2], library[1::2]))[b"functions"]
-        flags = {dict(zip(f[::2], f[1::2]))[b"name"].decode(): {x.decode() for x in dict(zip(f[::2], f[1::2]))[b"flags"]}
-                 for f in functions}
+        flags = {f[b"name"].decode(): {x.decode() for x in f[b"flags"]} for f in library[b"functions"]}
         assert {name for name, f in flags.items() if "allow-oom" in f} == FREES  # as the function contract lists them
     finally:
         master.close()
