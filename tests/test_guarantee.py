@@ -264,6 +264,23 @@ def test_the_limit_counts_every_replica(new_master):
     assert_books(m)
 
 
+def test_a_guaranteed_put_past_the_limit_evicts_nothing(new_master):
+    """The limit counts every replica asked for before evict-on-put frees room for the key."""
+    m = new_master(guaranteed_capacity_ratio=0.5)
+    mount(m, "a", 1000)
+    mount(m, "b", 1000)
+    k, *fill = keys_on_shard(m, 0, 3)
+    for key in fill:
+        put(m, key, 500, config=ReplicateConfig(replica_num=2))  # both segments full, all evictable
+    objects = m.usage().objects
+    with raises_code(ErrorCode.GUARANTEED_CAPACITY_EXCEEDED):  # 2 x 600 > 1000, the shard's limit
+        m.put_start(WRITER, k, 600, ReplicateConfig(replica_num=2, guaranteed_ttl_ms=TTL))
+    assert m.usage().objects == objects and not any(gone(m, key) for key in fill)  # nothing was evicted
+    put(m, k, 600, config=ReplicateConfig(replica_num=1, guaranteed_ttl_ms=TTL))  # one replica fits the limit
+    assert guaranteed_bytes(m, 0) == 600
+    assert_books(m)
+
+
 def test_ratio_zero_turns_guarantees_off(new_master):
     m = new_master(guaranteed_capacity_ratio=0)
     mount(m, "seg", 4096)

@@ -27,7 +27,7 @@ local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, valid_tenant = Base.int_arg, Base.now_ms, Base.valid_tenant
 local valid_name, parse_call, row_of = Base.valid_name, Base.parse_call, Base.row_of
 local register = Base.register
-local alloc_extent, free_extent, mount_of = Alloc.alloc_extent, Alloc.free_extent, Alloc.mount_of
+local alloc_extent, mount_of = Alloc.alloc_extent, Alloc.mount_of
 local hold_until, release_held = Alloc.hold_until, Alloc.release_held
 local obj_key, obj_id, load_object = Object.obj_key, Object.obj_id, Object.load_object
 local replicas_of = Object.replicas_of
@@ -126,10 +126,6 @@ local function guarantee_allowed(P, a, bytes, cfg)
   return guarantee_room(P, a.tenant, bytes, cfg) and 'yes' or (a.fallback and 'no' or 'refused')
 end
 
-local function undo_allocation(P, got, size)
-  for _, r in ipairs(got) do free_extent(P, r.seg, r.off, size) end
-end
-
 local function put_one(P, a, row, size, now, cfg, by_free)
   local key, prefix = row.key, row.prefix
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
@@ -161,7 +157,9 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     -- an abandoned put: preempt it, keeping its space until the release timeout
     delete_object(P, a.tenant, key, okey, old, hold_until(P, old.writer, started, cfg.put_start_release_timeout), now)
   end
-  local guaranteed = a.guarantee_ttl > 0 and guarantee_allowed(P, a, size, cfg) -- one replica at least
+  -- every replica asked for counts against the limit, checked before evict-on-put may evict
+  -- anything for this key (fewer replicas allocated then hold fewer bytes than were allowed)
+  local guaranteed = a.guarantee_ttl > 0 and guarantee_allowed(P, a, size * a.replica_num, cfg)
   if guaranteed == 'refused' then return E.GUARANTEED_CAPACITY_EXCEEDED end
   -- the node is linked to its parent before evict-on-put runs, so that the parent (on this
   -- shard) is no longer a candidate for the room this key needs; a refused key takes it back
@@ -171,12 +169,6 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     if fits then redis.call('HSET', P, 'put_failed', S(now)) end -- tells the eviction workers to start
     if node then radix_settle(P, a.tenant, node, now, 0) end
     return E.NO_AVAILABLE_HANDLE
-  end
-  if guaranteed == 'yes' and #got > 1 then guaranteed = guarantee_allowed(P, a, size * #got, cfg) end
-  if guaranteed == 'refused' then
-    undo_allocation(P, got, size)
-    if node then radix_settle(P, a.tenant, node, now, 0) end
-    return E.GUARANTEED_CAPACITY_EXCEEDED
   end
   local guaranteed_until = guaranteed == 'yes' and now + a.guarantee_ttl or nil
   -- default-valued fields are left out (no soft pin, no hard pin): fewer fields for every read
