@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mooncake_redis import ErrorCode, ReplicateConfig
+from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
 from mooncake_redis.config import SoftPinAction
 from mooncake_redis.fsck import fsck
 from mooncake_redis.keys import shard_of
@@ -361,3 +361,21 @@ def test_fsck_audits_tasks_in_flight_and_repairs_them(new_master):
     assert refs(m, "a") == 0
     m.redis.hdel(kb.object("default", "b"), "task_refs")  # a task without its reference: reported only
     assert "offload_task_ref" in [f.kind for f in fsck(m).findings]
+
+
+def test_only_the_task_releases_its_own_reference(new_master):
+    """A caller's release_task_ref cannot take the reference an offload task in flight holds:
+    the object stays protected until the task ends."""
+    m = offload_master(new_master)
+    k = keys_on_shard(m, 0, 1)[0]
+    put(m, k)
+    assert heartbeat_keys(m) == [(k, "low")] and refs(m, k) == 1  # handed out: the task's reference
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.release_task_ref(k)
+    assert refs(m, k) == 1
+    assert m.add_task_ref(k) == 2 and m.release_task_ref(k) == 1  # a caller's own reference comes and goes
+    with pytest.raises(MasterError) as removed:
+        m.remove(k)
+    assert removed.value.code == ErrorCode.OBJECT_HAS_REPLICATION_TASK
+    m.notify_offload_success(DISK, [k], ["/disk/k"])  # the task ends: its reference goes with it
+    assert refs(m, k) == 0

@@ -4,7 +4,9 @@
 -- ends (or fails).
 -- KEYS: P.  ARGV: options tenant, delta (1 | -1, required); fields key.
 -- Reply: per key, the object's reference count after the change, or a code:
---   OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY (put in progress), INVALID_PARAMS (would go below 0).
+--   OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY (put in progress), INVALID_PARAMS (would go below 0,
+--   or below the one reference an offload task in flight holds: only the task itself, through
+--   mc_offload_done or the sweep of its deadline, releases that one).
 -- The count is returned as an array {count} so that 0 is not mistaken for the OK code.
 
 local E, fail, register = Base.E, Base.fail, Base.register
@@ -18,6 +20,8 @@ local function task_ref_one(P, tenant, key, delta, now)
   local o = load_object(okey)
   if not o or being_evicted(P, tenant, o) then return E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
+  local held = o.offload_client and 1 or 0 -- the reference of the offload task in flight
+  if delta < 0 and (tonumber(o.task_refs) or 0) + delta < held then return E.INVALID_PARAMS end
   local refs = add_task_refs(P, tenant, key, okey, o, delta, now)
   if not refs then return E.INVALID_PARAMS end
   return { refs }
