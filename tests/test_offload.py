@@ -379,3 +379,26 @@ def test_only_the_task_releases_its_own_reference(new_master):
     assert removed.value.code == ErrorCode.OBJECT_HAS_REPLICATION_TASK
     m.notify_offload_success(DISK, [k], ["/disk/k"])  # the task ends: its reference goes with it
     assert refs(m, k) == 0
+
+
+def test_a_high_task_back_from_flight_is_never_dropped(new_master, shards):
+    """At the boundary: the queue and its overflow are full of HIGH entries when a HIGH task
+    times out. It waits in the overflow past its share (it adds no entry: it left the in-flight
+    index) and is handed out again; fsck counts only entries never handed out against the share."""
+    m = offload_master(new_master, offload_queue_limit=2 * shards, offload_task_timeout=5_000)  # share 2
+    first, *rest = keys_on_shard(m, 0, 5)
+    put(m, first, config=HIGH)
+    assert heartbeat_keys(m, 1) == [(first, "high")]  # in flight
+    for key in rest[:4]:
+        put(m, key, config=HIGH)  # 2 in the queue, 2 in the overflow: both full
+    assert m.offload_counters()["dropped_high"] == 0
+    m.advance_clock(5_000)
+    assert m.redeliver_offload_tasks() == {"timed_out": 1, "requeued": 1, "dropped": 0}
+    assert m.offload_counters()["dropped_high"] == 0
+    assert fsck(m).ok
+    handed: list = []
+    while batch := heartbeat_keys(m):  # at most a share in flight at a time
+        handed += batch
+        m.notify_offload_success(DISK, [k for k, _ in batch], [f"/disk/{k}" for k, _ in batch])
+    assert sorted(handed) == sorted((k, "high") for k in [first, *rest[:4]])  # nothing lost
+    assert fsck(m).ok

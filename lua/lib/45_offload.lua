@@ -58,8 +58,14 @@ local function count_dropped(P, rank) redis.call('HINCRBY', P, 'offload_dropped_
 -- Queue an entry for `client` under the bounds. A full queue: a HIGH entry displaces the newest
 -- LOW, then NORMAL entry (the queue's highest score), else waits in the overflow, else is
 -- dropped and counted; a NORMAL or LOW entry is dropped and counted. An entry already queued
--- keeps its place (it moves up only to a better rank). Returns what happened.
-local function offload_push(P, client, id, score, share)
+-- keeps its place (it moves up only to a better rank). A HIGH task `returning` from flight
+-- (failed or timed out) is never dropped: it goes back to the overflow even past its share.
+-- That is bounded: it moves from the in-flight index back to a queue, so it adds no entry, and a
+-- client has at most a share in flight (mc_offload_heartbeat's budget): the overflow holds at
+-- most a share of entries never handed out plus a share back from flight (fsck counts only the
+-- former against the share).
+-- Returns what happened.
+local function offload_push(P, client, id, score, share, returning)
   local queue, overflow = P .. K.offload_queue .. client, P .. K.offload_overflow .. client
   local rank = offload_rank(score)
   local cur = tonumber(redis.call('ZSCORE', queue, id))
@@ -83,7 +89,7 @@ local function offload_push(P, client, id, score, share)
     redis.call('ZADD', queue, S(score), id)
     return 'displaced'
   end
-  if redis.call('ZCARD', overflow) < share then
+  if returning or redis.call('ZCARD', overflow) < share then
     redis.call('ZADD', overflow, S(score), id)
     return 'overflow'
   end
@@ -142,7 +148,7 @@ local function requeue_offload(P, client, id, score, attempts, cfg)
     count_dropped(P, rank)
     return 'dropped'
   end
-  return offload_push(P, client, id, score, shard_share(P, cfg.offload_queue_limit, cfg.shards))
+  return offload_push(P, client, id, score, shard_share(P, cfg.offload_queue_limit, cfg.shards), rank == 0)
 end
 
 -- An object that lost its last memory replica but has a live disk replica: it leaves its group

@@ -71,8 +71,8 @@ KINDS: dict[str, Kind] = {
                             "(the next mc_offload_sweep after its deadline drops it)"),
     "offload_inflight_count": Kind(ERROR, True, "a client's P:disk:<client>.inflight or inflight_bytes differs from "
                                "its tasks in flight"),
-    "offload_queue_over_share": Kind(ERROR, False, "a client's offload queue, overflow or removal queue holds more "
-                                 "than the shard's share"),
+    "offload_queue_over_share": Kind(ERROR, False, "a client's offload queue, overflow (its entries never handed "
+                                 "out) or removal queue holds more than the shard's share"),
     "disk_used_bytes": Kind(ERROR, True, "a client's P:disk:<client>.used_bytes differs from its live disk replicas"),
     "disk_removal_malformed": Kind(WARNING, False, "a P:diskrm:<client> entry that is not '<tenant> <#key> <key> "
                                "<location>' (the next mc_disk_removal_heartbeat drops it)"),
@@ -131,7 +131,7 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
     for c in clients:
         pipe.hmget(k.disk(c), "mount", "inflight", "inflight_bytes")
         pipe.zcard(k.offload_queue(c))
-        pipe.zcard(k.offload_overflow(c))
+        pipe.zrange(k.offload_overflow(c), 0, -1)
         pipe.zrange(k.disk_removals(c), 0, removal_share)  # a share's worth: enough to see it overflow
     ids = sorted(set(index) | set(seen_in_flight))
     pipe.zrange(k.offload_inflight, 0, -1)
@@ -139,9 +139,18 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
         tenant, _, key = oid.partition(b":")
         pipe.hmget(k.object(tenant, key), "offload_client", "offload_mount", "task_refs", "size")
     res = pipe.execute()
+    # HIGH tasks back from flight may wait in the overflow past its share (lua/lib/45_offload.lua,
+    # offload_push): only entries never handed out count against it
+    overflows = [res[4 * i + 2] for i in range(len(clients))]
+    pipe = audit.t.pipeline(shard)
+    for oid in (oid for entries in overflows for oid in entries):
+        tenant, _, key = oid.partition(b":")
+        pipe.hget(k.object(tenant, key), "offload_attempts")
+    attempts = iter(pipe.execute())
     disks, at = {}, 0
-    for c in clients:
-        (mount, inflight, inflight_bytes), queued, overflow, removals = res[at:at + 4]
+    for c, entries in zip(clients, overflows):
+        (mount, inflight, inflight_bytes), queued, _, removals = res[at:at + 4]
+        overflow = sum(1 for _ in entries if next(attempts) is None)
         at += 4
         disks[c] = (mount, int(inflight or 0), int(inflight_bytes or 0))
         name = c.decode(errors="replace")
