@@ -23,6 +23,14 @@ def _as_key(key: Any) -> bytes:
     raise MasterError(ErrorCode.INVALID_PARAMS, f"key must be str or bytes, not {type(key).__name__}")
 
 
+def _as_keys(values: Any, what: str = "keys") -> list[bytes]:
+    """A list of keys (str or bytes each); a str or bytes itself is refused, not taken as its
+    characters."""
+    if isinstance(values, (str, bytes, bytearray)) or not hasattr(values, "__iter__"):
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a list, not {type(values).__name__}")
+    return [_as_key(v) for v in values]
+
+
 def _check_tenant(tenant_id: Any) -> str:
     if not isinstance(tenant_id, str) or not NAME_RE.fullmatch(tenant_id):
         raise MasterError(ErrorCode.INVALID_PARAMS, "tenant_id must match [A-Za-z0-9_.-]{1,64}")

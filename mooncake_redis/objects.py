@@ -14,7 +14,7 @@ from .keys import prefix_of
 from .transport import BATCH_CHUNK
 from .api import ApiBase
 from .steps import Blocking, Steps
-from .checks import _as_key, _check_bool, _check_int, _check_name, _check_tenant, _code
+from .checks import _as_key, _as_keys, _check_bool, _check_int, _check_name, _check_tenant, _code
 
 Result = Any  # a value, or an ErrorCode
 
@@ -90,7 +90,7 @@ class ObjectsApi(ApiBase):
         if len(keys) != len(sizes):
             raise MasterError(ErrorCode.INVALID_PARAMS, "keys and sizes differ in length")
         head = self._put_head(client_id, tenant_id, config)
-        bkeys = [_as_key(k) for k in keys]
+        bkeys = _as_keys(keys)
         out: list[Result] = [None] * len(bkeys)
         todo = []
         for i, (key, size) in enumerate(zip(bkeys, sizes)):
@@ -123,7 +123,7 @@ class ObjectsApi(ApiBase):
         """mc_put_end or mc_put_revoke of each key, as steps: each key's code."""
         _check_name(client_id, "client_id")
         _check_tenant(tenant_id)
-        bkeys = [_as_key(k) for k in keys]
+        bkeys = _as_keys(keys)
         if checksums is None:
             head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id)
             replies = yield from self.transport.batch_steps(fn, head, [(k,) for k in bkeys], bkeys)
@@ -164,7 +164,7 @@ class ObjectsApi(ApiBase):
 
     def _read_steps(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> Steps[list[Any]]:
         _check_tenant(tenant_id)
-        bkeys = [_as_key(k) for k in keys]
+        bkeys = _as_keys(keys)
         with_disk = 1 if fn == "mc_get_replica_list" else None  # replies carry disk replicas and the checksum
         head = wire.head(wire.KEY, tenant=tenant_id, guaranteed_ttl_ms=self._guarantee_ttl(guaranteed_ttl_ms) or None,
                          with_disk=with_disk)
@@ -232,7 +232,7 @@ class ObjectsApi(ApiBase):
                            tenant_id: str = "default") -> Steps[list[ErrorCode]]:
         _check_tenant(tenant_id)
         _check_bool(force, "force")
-        return (yield from self._remove_steps([_as_key(k) for k in keys], force, tenant_id))
+        return (yield from self._remove_steps(_as_keys(keys), force, tenant_id))
 
     def _remove_matching(self, keep: Callable[[bytes], bool], force: bool, tenant_id: str) -> int:
         _check_tenant(tenant_id)
@@ -267,7 +267,7 @@ class ObjectsApi(ApiBase):
         per prefix hash, how many objects had an active guarantee that ended. Cost: O(objects of
         the prefix) on each shard, never a scan."""
         _check_tenant(tenant_id)
-        prefixes = [_as_key(p) for p in prefix_hashes]
+        prefixes = _as_keys(prefix_hashes, "prefix_hashes")
         for p in prefixes:
             if not 1 <= len(p) <= 256:
                 raise MasterError(ErrorCode.INVALID_PARAMS, "a prefix hash must be 1-256 bytes")

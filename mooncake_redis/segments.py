@@ -52,6 +52,7 @@ class SegmentsApi(ApiBase):
         bounded mc_sweep_replicas calls), then clear the shard's sweep marker unless another
         unmount happened meanwhile. `on_batch(objects scanned)` returning False stops early and
         leaves the marker set, so a worker sweeps again later. Returns objects deleted."""
+        _check_int(shard, "shard", 0, self.shards - 1)
         token = self.transport.run([("GET", self.transport.keys[shard].sweep_pending)])[0] or b""
         deleted = scanned = 0
         for tenant, keys in self.transport.scan_objects(shard):

@@ -287,3 +287,27 @@ def test_raw_function_calls_with_garbage_arguments(m):
     whole_call_error("mc_put_end", 1, p0, 1, "client_id", "", 1, "key", "busy")
     whole_call_error("mc_put_end", 1, p0, 0, 1, "key", "busy")
     assert m.usage() == usage and store_snapshot(m) == before
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.batch_put_start("w", "ab", [1, 1]),
+    lambda m: m.batch_put_end("w", "ab"),
+    lambda m: m.batch_put_revoke("w", b"ab"),
+    lambda m: m.batch_exist_key("ab"),
+    lambda m: m.batch_get_replica_list(b"ab"),
+    lambda m: m.batch_remove("ab"),
+    lambda m: m.expire_guaranteed("ab"),
+    lambda m: m.retain_groups("ab", 1000),
+], ids=["batch_put_start", "batch_put_end", "batch_put_revoke", "batch_exist_key", "batch_get_replica_list",
+        "batch_remove", "expire_guaranteed", "retain_groups"])
+def test_a_str_where_a_list_is_expected_is_refused(master, call):
+    """Not taken as a list of one-character keys."""
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        call(master)
+
+
+def test_a_shard_beyond_the_store_is_refused(master):
+    for call in (lambda: master.sweep_shard(master.shards), lambda: master.sweep_shard(-1),
+                 lambda: master.evict_step(master.shards)):
+        with raises_code(ErrorCode.INVALID_PARAMS):
+            call()
