@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -36,11 +37,19 @@ def status(url: str, namespace: str) -> dict:
 
 @contextlib.contextmanager
 def listening(port: int):
-    """Something else listening on 127.0.0.1:port (or already there)."""
+    """Hold 127.0.0.1:port listening meanwhile (another process holding it first is waited out,
+    so that the port cannot come free during the block)."""
+    deadline = time.monotonic() + 30
     with socket.socket() as s:
-        with contextlib.suppress(OSError):
-            s.bind(("127.0.0.1", port))
-            s.listen()
+        while True:
+            try:
+                s.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.skip(f"port {port} is held by another process")
+                time.sleep(0.05)  # waiting for a port to come free, not for a deadline
+        s.listen()
         yield
 
 
@@ -92,6 +101,7 @@ def banner(proc: subprocess.Popen) -> list[str]:
     return lines
 
 
+@pytest.mark.xdist_group("gateway_default_ports")
 def test_serve_starts_a_gateway_and_leaves_out_a_default_port_that_is_taken(tmp_path):
     metadata = free_port()
     with listening(50051):  # the default RPC port, taken

@@ -100,6 +100,7 @@ def serving(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("gateway_default_ports")  # serve as printed binds 50051 and 8080 when free
 @pytest.mark.parametrize("doc", RUN_DOCS)
 def test_examples_run_as_printed_against_serve(serving, doc):
     cwd, env = serving

@@ -39,7 +39,9 @@ class Serve:
     def __init__(self, tmp: Path, data_dir: Path, *args: str):
         self.data_dir = data_dir
         self.err_path = tmp / f"serve-{time.monotonic_ns()}.err"
-        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "serve", "--data-dir", str(data_dir), *args],
+        # --no-gateway: these tests are about the private Valkey (tests/test_gateway_cli.py has serve's gateway)
+        self.proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "serve", "--data-dir", str(data_dir),
+                                      "--no-gateway", *args],
                                      cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=open(self.err_path, "w"),
                                      text=True)
         self.lines: queue.Queue = queue.Queue()
@@ -112,7 +114,8 @@ def unauthenticated_ping(port: int) -> bytes:
 
 def serve_once(tmp: Path, data: Path, *args: str) -> subprocess.CompletedProcess:
     """A `serve` expected to fail at start."""
-    return subprocess.run([sys.executable, "-m", "mooncake_redis.cli", "serve", "--data-dir", str(data), *args],
+    return subprocess.run([sys.executable, "-m", "mooncake_redis.cli", "serve", "--data-dir", str(data), "--no-gateway",
+                           *args],
                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=START_TIMEOUT_S)
 
 
