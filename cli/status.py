@@ -36,9 +36,7 @@ def _status_report(opts: Opts) -> dict:
     try:
         usage = master.usage()
         segments = master.segments()
-        per_shard = master.transport.run([c for k in master.transport.keys for c in (
-            ("ZCARD", k.processing), ("ZCARD", k.held), ("GET", k.clock), ("ZCARD", k.tier_ordinary),
-            ("ZCARD", k.tier_soft), ("GET", k.worker), ("HGETALL", k.metrics))])
+        stats = master.shard_stats()
         secs, micros = primary_clients(master.redis)[0].time()
         nodes = [master.transport.node_name(s) or None for s in range(master.shards)]
         running = server_library(master.redis)
@@ -48,19 +46,19 @@ def _status_report(opts: Opts) -> dict:
         gateways = GatewayStore(master).gateways()
     finally:
         master.close()
-    rows = [per_shard[i:i + 7] for i in range(0, len(per_shard), 7)]
-    clocks = [int(r[2]) if r[2] is not None else None for r in rows]
+    clocks = [st.clock_ms for st in stats]
     now = clocks[0] if clocks[0] is not None else secs * 1000 + micros // 1000  # the store clock
     shards = []
-    for s, (processing, held, _clock, ordinary, soft, claim, metrics) in zip(usage.shards, rows):
-        m = {text(k): text(v) for k, v in metrics.items()}
+    for s, st in zip(usage.shards, stats):
+        m = st.worker_figures
         shards.append({
             "shard": s.shard, "node": nodes[s.shard], "capacity_bytes": s.capacity_bytes, "used_bytes": s.used_bytes,
-            "objects": s.objects, "puts_in_progress": processing, "held_extents": held,
+            "objects": s.objects, "puts_in_progress": st.puts_in_progress, "held_extents": st.held_extents,
             "guaranteed_bytes": s.guaranteed_bytes, "guaranteed_limit_bytes": s.guaranteed_limit_bytes,
-            "candidates": ordinary, "soft_pinned_candidates": soft,
+            "candidates": st.candidates["ordinary"], "soft_pinned_candidates": st.candidates["soft_pinned"],
+            "candidates_by_tier": st.candidates,
             # the claim is "<worker id> <until ms>"; ids are bytes on the wire
-            "claimed_by": text(claim).rsplit(" ", 1)[0] if claim else None,
+            "claimed_by": text(st.claim).rsplit(" ", 1)[0] if st.claim else None,
             "last_pass_ms": int(m["last_pass_ms"]) if "last_pass_ms" in m else None,
             **{name: int(m.get(name, 0)) for name in WORKER_TOTALS}})
     return {
@@ -137,13 +135,14 @@ def _print_status(r: dict) -> None:
         out(line)
     out("")
     now = r["clock"]["now_ms"]
-    rows = [[s["shard"], s["candidates"], s["soft_pinned_candidates"], s["claimed_by"] or "-",
+    rows = [[s["shard"], s["candidates"], s["soft_pinned_candidates"], s["candidates_by_tier"]["retained"],
+             s["candidates_by_tier"]["soft_pinned_retained"], s["claimed_by"] or "-",
              span(now - s["last_pass_ms"]) + " ago" if s["last_pass_ms"] is not None else "never",
              s["evicted_objects_total"], human(s["evicted_bytes_total"]), s["discarded_puts_total"],
              s["clients_expired_total"]] for s in r["shards"]]
     out("eviction and workers")
-    for line in table(["shard", "candidates", "soft-pinned", "claimed by", "last pass", "evicted",
-                       "evicted bytes", "discarded puts", "clients expired"], rows, left=4):
+    for line in table(["shard", "candidates", "soft-pinned", "retained", "retained soft-pinned", "claimed by",
+                       "last pass", "evicted", "evicted bytes", "discarded puts", "clients expired"], rows, left=6):
         out("  " + line)
     off = r["offload"]
     if off["clients"] or any(off["counters"].values()):

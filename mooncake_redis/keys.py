@@ -50,6 +50,10 @@ K.update({"disk": ":disk:", "disks": ":disks", "offload_queue": ":offq:", "offlo
 K.update({"gw_segment": ":gwseg:", "gw_segment_ids": ":gwsegids", "gw_segments": ":gwsegs",
           "gw_metadata": ":gwmeta", "gateways": ":gateways", "gateway": ":gateway:"})
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
+# The eviction candidate tiers in eviction order (Lua's Units.TIERS): the name status and the
+# metrics give each, and its key in K.
+TIERS = (("ordinary", "tier_ordinary"), ("soft_pinned", "tier_soft"), ("retained", "tier_retained"),
+         ("soft_pinned_retained", "tier_soft_retained"))
 
 _KB = {name: suffix.encode() for name, suffix in K.items()}
 
@@ -83,7 +87,6 @@ class ShardKeys:
         self.guaranteed = P + _KB["guaranteed"]
         self.guaranteed_tenants = P + _KB["guaranteed_tenants"]
         self.metrics = P + _KB["metrics"]
-        self.tiers = (self.tier_ordinary, self.tier_soft)  # eviction candidates, evicted in this order
         # every index an eviction unit can sit in
         self.unit_indexes = (self.tier_ordinary, self.tier_soft, self.deadline_soft_pin, self.draining)
         # group retention: the fallback level's other tiers, the retention records' deadline index
@@ -91,7 +94,7 @@ class ShardKeys:
         self.tier_soft_retained = P + _KB["tier_soft_retained"]
         self.deadline_retention = P + _KB["deadline_retention"]
         self.retained_tenants = P + _KB["retained_tenants"]
-        self.tiers += (self.tier_retained, self.tier_soft_retained)
+        self.tiers = tuple(getattr(self, attr) for _, attr in TIERS)  # eviction candidates, in eviction order
         self.unit_indexes += (self.tier_retained, self.tier_soft_retained)
         # the radix index: every node of the shard, the outbox of cross-shard steps
         self.radix_nodes = P + _KB["radix_nodes"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from .models import EvictionReport, EvictionStep, ShardUsage, Usage
+from .keys import TIERS
+from .models import EvictionReport, EvictionStep, ShardStats, ShardUsage, Usage
 from .api import ApiBase
 from .checks import _check_int
 
@@ -24,6 +25,27 @@ class MaintenanceApi(ApiBase):
         return Usage(sum(s.used_bytes for s in per), sum(s.capacity_bytes for s in per),
                      sum(s.objects for s in per), per, sum(s.guaranteed_bytes for s in per),
                      sum(s.guaranteed_limit_bytes for s in per))
+
+    def shard_stats(self) -> list[ShardStats]:
+        """Every shard's figures in one round trip (a pipeline; on a cluster, per node)."""
+        per_shard = []
+        for k in self.transport.keys:
+            per_shard += [("HMGET", k.P, "capacity_bytes", "used_bytes", "objects", "guaranteed_bytes"),
+                          *(("ZCARD", key) for key in (k.processing, k.held, k.clients, k.segments, k.draining,
+                                                      k.guaranteed, *k.tiers)),
+                          ("GET", k.clock), ("GET", k.worker), ("HGETALL", k.metrics)]
+        replies = self.transport.run(per_shard)
+        width = len(per_shard) // len(self.transport.keys)
+        out = []
+        for shard in range(len(self.transport.keys)):
+            row = replies[shard * width:(shard + 1) * width]
+            counters, zcards, (clock, claim, figures) = row[0], row[1:-3], row[-3:]
+            out.append(ShardStats(shard, *(int(v or 0) for v in counters), *zcards[:6],
+                                  candidates={name: n for (name, _), n in zip(TIERS, zcards[6:])},
+                                  clock_ms=int(clock) if clock is not None else None, claim=claim,
+                                  worker_figures={k.decode(errors="replace"): v.decode(errors="replace")
+                                                  for k, v in figures.items()}))
+        return out
 
     # ---- eviction --------------------------------------------------------------------
     def evict_step(self, shard: int, max_units: int = EVICT_STEP_UNITS) -> EvictionStep:

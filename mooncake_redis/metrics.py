@@ -29,26 +29,20 @@ log = logging.getLogger(__name__)
 
 PREFIX = "mooncake_"
 
-# per-shard gauges: name -> (help, how to read it: a ShardKeys attribute for ZCARD, or a field of P)
+# per-shard gauges: name -> (help, the ShardStats attribute it shows)
 SHARD_GAUGES = {
-    "capacity_bytes": ("Bytes of the shard's slices of all mounted segments.", ("field", "capacity_bytes")),
-    "used_bytes": ("Bytes allocated on the shard (complete objects, puts in progress, held extents).",
-                   ("field", "used_bytes")),
-    "objects": ("Objects on the shard (complete and in progress).", ("field", "objects")),
-    "puts_in_progress": ("Puts started and not yet ended or revoked.", ("zcard", "processing")),
-    "held_extents": ("Extents of preempted or discarded puts, held until their release time.", ("zcard", "held")),
-    "clients": ("Clients known to the shard (mounted, not expired).", ("zcard", "clients")),
-    "segments": ("Segments mounted on the shard.", ("zcard", "segments")),
-    "groups_draining": ("Groups whose eviction is under way.", ("zcard", "draining")),
+    "capacity_bytes": ("Bytes of the shard's slices of all mounted segments.", "capacity_bytes"),
+    "used_bytes": ("Bytes allocated on the shard (complete objects, puts in progress, held extents).", "used_bytes"),
+    "objects": ("Objects on the shard (complete and in progress).", "objects"),
+    "puts_in_progress": ("Puts started and not yet ended or revoked.", "puts_in_progress"),
+    "held_extents": ("Extents of preempted or discarded puts, held until their release time.", "held_extents"),
+    "clients": ("Clients known to the shard (mounted, not expired).", "clients"),
+    "segments": ("Segments mounted on the shard.", "segments"),
+    "groups_draining": ("Groups whose eviction is under way.", "groups_draining"),
     "guaranteed_bytes": ("Bytes of live replicas of guaranteed objects (explicit context caching).",
-                         ("field", "guaranteed_bytes")),
-    "guaranteed_objects": ("Objects with a guarantee not yet swept (P:guaranteed).", ("zcard", "guaranteed")),
+                         "guaranteed_bytes"),
+    "guaranteed_objects": ("Objects with a guarantee not yet swept (P:guaranteed).", "guaranteed_objects"),
 }
-# the gauges read with ZCARD: name -> ShardKeys attribute; with HMGET: name -> field of P
-ZCARDS = {name: attr for name, (_, (kind, attr)) in SHARD_GAUGES.items() if kind == "zcard"}
-FIELDS = {name: field for name, (_, (kind, field)) in SHARD_GAUGES.items() if kind == "field"}
-# eviction candidates per tier (label tier)
-TIERS = {"ordinary": "tier_ordinary", "soft_pinned": "tier_soft"}
 
 # the SSD offload tier, per client with a local disk (label client), summed over the shards as
 # `mooncake-redis status` shows them (OffloadApi.offload_clients): name -> (help, attribute)
@@ -100,20 +94,11 @@ class StoreCollector(Collector):
             yield from self._worker_families()
 
     def _read(self) -> list:
-        t = self.master.transport
-        commands = []
-        for k in t.keys:
-            commands += [("HMGET", k.P, *FIELDS.values()), ("HGETALL", k.metrics), ("EXISTS", k.clock)]
-            commands += [("ZCARD", getattr(k, attr)) for attr in [*ZCARDS.values(), *TIERS.values()]]
-        replies = t.run(commands)
-        per_shard = 3 + len(ZCARDS) + len(TIERS)
-        zcards = list(ZCARDS)
-
         gauges = {name: GaugeMetricFamily(f"{PREFIX}shard_{name}", text, labels=["shard"])
                   for name, (text, _) in SHARD_GAUGES.items()}
         candidates = GaugeMetricFamily(f"{PREFIX}shard_eviction_candidates",
-                                       "Eviction units in a candidate tier (ordinary first, then soft-pinned).",
-                                       labels=["shard", "tier"])
+                                       "Eviction units in a candidate tier (in eviction order: ordinary, "
+                                       "soft_pinned, retained, soft_pinned_retained).", labels=["shard", "tier"])
         frozen = GaugeMetricFamily(f"{PREFIX}shard_clock_frozen",
                                    "1 if the shard's clock test hook is set (never in production).", labels=["shard"])
         last_pass = GaugeMetricFamily(f"{PREFIX}shard_last_worker_pass_timestamp_seconds",
@@ -124,18 +109,14 @@ class StoreCollector(Collector):
                                              f"Sum over all workers' passes: {attr.replace('_', ' ')}.",
                                              labels=["shard"])
                   for field, attr in _TOTALS.items()}
-        for shard in range(len(t.keys)):
-            row = replies[shard * per_shard:(shard + 1) * per_shard]
-            values, metrics, clock = row[0], row[1], row[2]
-            label = [str(shard)]
-            for name, value in zip(FIELDS, values):
-                gauges[name].add_metric(label, int(value or 0))
-            for name, value in zip(zcards, row[3:3 + len(zcards)]):
-                gauges[name].add_metric(label, value)
-            for tier, value in zip(TIERS, row[3 + len(zcards):]):
-                candidates.add_metric([str(shard), tier], value)
-            frozen.add_metric(label, int(clock))
-            m = {k.decode(errors="replace"): int(v) for k, v in metrics.items() if v.lstrip(b"-").isdigit()}
+        for stats in self.master.shard_stats():
+            label = [str(stats.shard)]
+            for name, (_, attr) in SHARD_GAUGES.items():
+                gauges[name].add_metric(label, getattr(stats, attr))
+            for tier, n in stats.candidates.items():
+                candidates.add_metric([str(stats.shard), tier], n)
+            frozen.add_metric(label, int(stats.clock_ms is not None))
+            m = {k: int(v) for k, v in stats.worker_figures.items() if v.lstrip("-").isdigit()}
             if "last_pass_ms" in m:
                 last_pass.add_metric(label, m["last_pass_ms"] / 1000)
             passes.add_metric(label, m.get("passes_total", 0))

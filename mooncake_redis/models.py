@@ -66,6 +66,27 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ShardStats:
+    """One shard's figures, read at one moment (MaintenanceApi.shard_stats): what `status`, the
+    metrics and the benchmarks show."""
+    shard: int
+    capacity_bytes: int
+    used_bytes: int
+    objects: int
+    guaranteed_bytes: int
+    puts_in_progress: int          # P:processing
+    held_extents: int              # P:held
+    clients: int                   # P:clients
+    segments: int                  # P:segs
+    groups_draining: int           # P:evict:draining
+    guaranteed_objects: int        # P:guaranteed
+    candidates: dict[str, int]     # eviction units per tier (keys.TIERS names), every tier
+    clock_ms: int | None           # the clock test hook's value, None when not frozen
+    claim: bytes | None            # P:worker: "<worker id> <until ms>"
+    worker_figures: dict[str, str] = field(default_factory=dict)  # P:metrics, the workers' figures
+
+
+@dataclass(frozen=True)
 class EvictionStep:
     """One mc_evict call on one shard."""
     shard: int

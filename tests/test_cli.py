@@ -62,7 +62,7 @@ def test_status_json(store, valkey):
     assert sum(s["used_bytes"] for s in doc["shards"]) == 2 * 4096 + 100
     assert set(doc["shards"][0]) == {
         "shard", "node", "capacity_bytes", "used_bytes", "objects", "puts_in_progress", "held_extents", "candidates",
-        "guaranteed_bytes", "guaranteed_limit_bytes", "soft_pinned_candidates", "claimed_by", "last_pass_ms", "evicted_objects_total", "evicted_bytes_total",
+        "guaranteed_bytes", "guaranteed_limit_bytes", "soft_pinned_candidates", "candidates_by_tier", "claimed_by", "last_pass_ms", "evicted_objects_total", "evicted_bytes_total",
         "discarded_puts_total", "clients_expired_total"}
     assert {s["client"] for s in doc["segments"]} == {"client-1"}
     assert [(s["name"], s["size_bytes"]) for s in doc["segments"]] == [("seg-a", 1 << 20), ("seg-b", 1 << 20)]
