@@ -155,8 +155,8 @@ class MetricsAddress:
 
 def metrics_options(command):
     """--metrics-port and --metrics-addr: serve Prometheus metrics (GET /metrics)."""
-    command = click.option("--metrics-addr", default="0.0.0.0", show_default=True,
-                           help="Address the metrics endpoint listens on.")(command)
+    command = click.option("--metrics-addr", default="127.0.0.1", show_default=True,
+                           help="Address the metrics endpoint listens on (0.0.0.0: every interface).")(command)
     return click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
                         help="Serve the store's Prometheus metrics on this port (GET /metrics); "
                              "names in docs/operations.md.")(command)

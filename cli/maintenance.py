@@ -125,7 +125,8 @@ def fsck_cmd(opts: Opts, repair: bool, as_json: bool) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=None,
               help="Serve the metrics on this port (GET /metrics) until SIGINT/SIGTERM, instead of "
                    "printing them once.")
-@click.option("--addr", default="0.0.0.0", show_default=True, help="Address to listen on with --port.")
+@click.option("--addr", default="127.0.0.1", show_default=True,
+              help="Address to listen on with --port (0.0.0.0: every interface).")
 @log_options
 @click.pass_obj
 def metrics_cmd(opts: Opts, port: int | None, addr: str) -> None:

@@ -170,7 +170,7 @@ def exposition(master: "Master", worker: "Worker | None" = None) -> str:
     return generate_latest(registry_for(master, worker)).decode()
 
 
-def serve_metrics(master: "Master", port: int, addr: str = "0.0.0.0", worker: "Worker | None" = None):
+def serve_metrics(master: "Master", port: int, addr: str = "127.0.0.1", worker: "Worker | None" = None):
     """Serve /metrics on addr:port from a background thread; returns the HTTP server (call
     .shutdown() to stop it)."""
     from prometheus_client import start_http_server

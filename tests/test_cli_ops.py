@@ -222,3 +222,9 @@ def test_progress_printer_on_a_terminal(monkeypatch):
     show(10)
     show.done()
     assert tty.getvalue() == "\r  5 objects checked\r  10 objects checked\n"
+
+
+def test_metrics_endpoints_listen_on_loopback_by_default():
+    for command, option in ((["metrics"], "--addr"), (["serve"], "--metrics-addr"), (["worker"], "--metrics-addr")):
+        text = " ".join(run(*command, "--help").stdout.split())
+        assert f"{option} TEXT Address" in text and "[default: 127.0.0.1]" in text, command
