@@ -6,73 +6,27 @@ a mixin over the one shard transport (`Master.transport`, mooncake_redis.transpo
 Worker, fsck and the CLI share too."""
 from __future__ import annotations
 
-import math
-import threading
-from typing import Any
-
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from .checks import _check_bool
-from .cluster import cluster_from_url, is_cluster_url
 from .clock import ClockApi
 from .config import MasterConfig
 from .errors import ErrorCode, MasterError
-from .functions import check_schema, load, run, stored_config
 from .groups import GroupsApi
 from .keys import ShardKeys, compile_key_pattern
+from .library import check_schema, load, stored_config
 from .radix import RadixApi
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
 from .offload import OffloadApi
 from .preflight import check_server
 from .segments import SegmentsApi
-from .transport import Shards
+from .transport import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Shards, client_from_url, run
 
 __all__ = ["Master", "EVICT_STEP_UNITS"]  # EVICT_STEP_UNITS: the default of evict_step and the worker
 
-CONNECT_TIMEOUT_S = 5.0  # default: seconds to open a connection
-SOCKET_TIMEOUT_S = 10.0  # default: seconds to wait for a reply (a function call takes well under 1 ms)
-
-_memory_servers: dict[str, Any] = {}
-_memory_lock = threading.Lock()
-
-
-def client_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
-                    connect_timeout: float | None = CONNECT_TIMEOUT_S) -> redis.Redis:
-    """A client for `url`; memory://<name> is an in-process fakeredis server, and
-    redis+cluster://host:port[,host:port...] a Redis Cluster (mooncake_redis.cluster). Timeouts are
-    seconds (None: wait forever); redis-py never resends a command by itself, since a resent
-    FCALL could run twice."""
-    for value, what in ((socket_timeout, "socket_timeout"), (connect_timeout, "connect_timeout")):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not 0 < value < math.inf):
-            raise MasterError(ErrorCode.INVALID_PARAMS, f"{what} must be a positive number of seconds or None")
-    if not isinstance(url, str):
-        raise MasterError(ErrorCode.INVALID_PARAMS, "url must be a str")
-    if is_cluster_url(url):
-        try:
-            return cluster_from_url(url, socket_timeout, connect_timeout)
-        except ValueError as exc:
-            raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise MasterError(ErrorCode.OUTCOME_UNKNOWN, f"no node of the cluster answered: {exc}") from None
-    if url.startswith("memory://"):
-        try:
-            import fakeredis
-        except ImportError:
-            raise MasterError(ErrorCode.INVALID_PARAMS, "memory:// URLs need fakeredis: "
-                              "pip install 'mooncake-redis[memory]'") from None
-        name = url[len("memory://"):] or "default"
-        with _memory_lock:
-            server = _memory_servers.setdefault(name, fakeredis.FakeServer())
-        return fakeredis.FakeRedis(server=server)
-    try:
-        return redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
-                                    retry=Retry(NoBackoff(), 0))
-    except ValueError as exc:
-        raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
+# master.client_from_url (cli/, bench/) and its old name _redis_from_url: transport.client_from_url
+_redis_from_url = client_from_url
 
 
 class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi):

@@ -14,10 +14,11 @@ import re
 
 import redis
 
-from .cluster import primary_clients
 from .errors import ErrorCode, MasterError
-from .functions import library_source, run
 from .keys import shard_key
+from .library import library_source
+from .transport import run
+from .transport.cluster import primary_clients
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import pytest
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig
-from mooncake_redis.cluster import primary_clients
+from mooncake_redis.transport.cluster import primary_clients
 from mooncake_redis.keys import ShardKeys, segment_slice, shard_of
 
 T0 = 1_700_000_000_000  # the frozen store clock every test starts at
@@ -30,7 +30,7 @@ def examples(full: int) -> int:
 
 def flush(url: str) -> None:
     """Empty a test server (every primary of a cluster)."""
-    from mooncake_redis.master import client_from_url
+    from mooncake_redis.transport import client_from_url
 
     client = client_from_url(url)
     try:

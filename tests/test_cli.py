@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from mooncake_redis import Master, MasterConfig, ReplicateConfig, SoftPinAction
-from mooncake_redis.functions import LIBRARY_PROTOCOL, library_source
+from mooncake_redis.library import LIBRARY_PROTOCOL, library_source
 from mooncake_redis.keys import shard_key, shard_of
 from mooncake_redis.server import free_port
 

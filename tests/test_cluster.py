@@ -15,7 +15,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
-from mooncake_redis.cluster import primary_clients, slot_of
+from mooncake_redis.transport.cluster import primary_clients, slot_of
 from mooncake_redis.fsck import fsck
 from mooncake_redis.server import EmbeddedCluster
 from mooncake_redis.worker import Worker

@@ -10,7 +10,7 @@ from helpers import (OWNER, T0, WATERMARKS, WRITER, all_shard_keys, code_of, key
                      shard_of_key, slice_of, store_snapshot, watched_silence)
 from mooncake_redis import ErrorCode, Master, MasterConfig, ReplicateConfig
 from mooncake_redis.fsck import fsck
-from mooncake_redis.functions import library_source
+from mooncake_redis.library import library_source
 from mooncake_redis.server import EmbeddedValkey
 from mooncake_redis.worker import Worker
 

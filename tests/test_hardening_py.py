@@ -21,7 +21,7 @@ from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, Replica
 from mooncake_redis.cli.main import cli
 from mooncake_redis.fsck import fsck
 from mooncake_redis.config import INT_RANGES
-from mooncake_redis.functions import library_source, lua_dir
+from mooncake_redis.library import library_source, lua_dir
 from mooncake_redis.keys import ShardKeys
 from mooncake_redis.server import EmbeddedValkey, free_port
 from mooncake_redis.worker import Worker
@@ -342,10 +342,10 @@ def test_every_call_path_reloads_a_flushed_library(valkey):
 def test_a_library_that_will_not_load_is_an_error_not_a_recursion(valkey, monkeypatch):
     redis.Redis.from_url(valkey.url).flushall()
     m = Master.connect(valkey.url, MasterConfig(shards=1))
-    import mooncake_redis.functions
+    import mooncake_redis.library
     import mooncake_redis.master
 
-    monkeypatch.setattr(mooncake_redis.functions, "ensure_loaded", lambda *a, **k: "x")
+    monkeypatch.setattr(mooncake_redis.library, "ensure_loaded", lambda *a, **k: "x")
     monkeypatch.setattr(mooncake_redis.master, "ensure_loaded", lambda *a, **k: "x", raising=False)
     _flush_functions(m)
     with raises_code(ErrorCode.INTERNAL_ERROR):
@@ -468,7 +468,7 @@ def test_passwords_are_never_printed(url, command):
 
 def test_a_loading_server_is_unavailable_not_an_internal_error():
     """LOADING (and BUSY, MASTERDOWN, ...) mean the call did not run: a retryable code."""
-    from mooncake_redis.functions import error_of
+    from mooncake_redis.transport import error_of
 
     assert error_of(redis.BusyLoadingError("Valkey is loading the dataset in memory")).code == ErrorCode.UNAVAILABLE
     assert error_of(redis.ResponseError("BUSY Valkey is busy running a script.")).code == ErrorCode.UNAVAILABLE

@@ -1,4 +1,4 @@
-"""The assembled Lua library (mooncake_redis/functions.py `assemble`) on a real Valkey and a real
+"""The assembled Lua library (mooncake_redis/library.py `assemble`) on a real Valkey and a real
 Redis 7: it keeps room to grow under Lua 5.1's 200 locals a function, in the main chunk and in the
 scope of every lua/ file, and an error inside it names lua/<file>:<line>, whether FUNCTION LOAD
 fails or a function fails at run time."""
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from mooncake_redis import functions
+from mooncake_redis import library
 from mooncake_redis.errors import MasterError
 from mooncake_redis.server import EmbeddedValkey
+from mooncake_redis.transport import run
 
 REDIS_SERVER = shutil.which("redis-server")
 HEADROOM = 30  # locals every scope must still have room for
@@ -37,7 +38,7 @@ def client(server):
     c.close()
 
 
-def load(client, lib: functions.Library) -> str | None:
+def load(client, lib: library.Library) -> str | None:
     """None when FUNCTION LOAD took the library, else the server's error."""
     try:
         client.execute_command("FUNCTION", "LOAD", "REPLACE", lib.source)
@@ -47,12 +48,12 @@ def load(client, lib: functions.Library) -> str | None:
 
 
 def scopes() -> list[str]:
-    lua = functions.lua_dir()
+    lua = library.lua_dir()
     return ["main"] + [f"lua/{p.parent.name}/{p.name}" for d in ("lib", "ops") for p in sorted((lua / d).glob("*.lua"))]
 
 
 def test_the_library_loads_with_spare_locals_in_every_scope(client):
-    error = load(client, functions.assemble(functions.lua_dir(), spare_locals=HEADROOM))
+    error = load(client, library.assemble(library.lua_dir(), spare_locals=HEADROOM))
     assert error is None, (f"the library has no room for {HEADROOM} more locals in some scope: {error} "
                            "(split the file, or move locals into a module table)")
 
@@ -60,11 +61,11 @@ def test_the_library_loads_with_spare_locals_in_every_scope(client):
 def test_too_many_locals_fail_to_load_and_name_the_scope(client):
     """The check above can fail: 200 spare locals in an ops file's scope do not load, and the
     error names that file."""
-    lib = functions.assemble(functions.lua_dir(), spare_locals=LUA_MAX_LOCALS, spare_scopes={"lua/ops/put_end.lua"})
+    lib = library.assemble(library.lua_dir(), spare_locals=LUA_MAX_LOCALS, spare_scopes={"lua/ops/put_end.lua"})
     error = load(client, lib)
     assert error is not None and "more than 200 local variables" in error
     assert "main function" not in error  # the file's own function, not the main chunk
-    assert functions.locate_lines(error, lib) != error
+    assert library.locate_lines(error, lib) != error
 
 
 def headroom(client, scope: str) -> int:
@@ -72,7 +73,7 @@ def headroom(client, scope: str) -> int:
     lo, hi = 0, LUA_MAX_LOCALS  # lo loads, hi does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        ok = load(client, functions.assemble(functions.lua_dir(), spare_locals=mid, spare_scopes={scope})) is None
+        ok = load(client, library.assemble(library.lua_dir(), spare_locals=mid, spare_scopes={scope})) is None
         lo, hi = (mid, hi) if ok else (lo, mid)
     return lo
 
@@ -89,7 +90,7 @@ def test_locals_of_every_scope(client, server):
         print(f"  {n:4d}  {scope}")
     assert counts["main"] <= 20, f"the main chunk has {counts['main']} locals: a module table per lua/lib file"
     assert all(n <= LUA_MAX_LOCALS - HEADROOM for n in counts.values()), counts
-    load(client, functions.library())
+    load(client, library.library())
 
 
 # ---- errors name lua/<file>:<line> ---------------------------------------------------------
@@ -108,14 +109,14 @@ end)
 
 @pytest.fixture
 def lua_copy(tmp_path, monkeypatch):
-    """A copy of lua/ that the package builds its library from (functions.lua_dir patched)."""
+    """A copy of lua/ that the package builds its library from (library.lua_dir patched)."""
     lua = tmp_path / "lua"
-    shutil.copytree(functions.lua_dir(), lua)
-    monkeypatch.setattr(functions, "lua_dir", lambda: lua)
-    functions.library.cache_clear()
+    shutil.copytree(library.lua_dir(), lua)
+    monkeypatch.setattr(library, "lua_dir", lambda: lua)
+    library.library.cache_clear()
     yield lua
     monkeypatch.undo()
-    functions.library.cache_clear()
+    library.library.cache_clear()
 
 
 def line_of(path: Path, text: str) -> int:
@@ -127,7 +128,7 @@ def test_a_library_that_fails_to_load_names_the_file_and_line(client, lua_copy):
     broken.write_text(broken.read_text().replace("local function check_writer(o, client)",
                                                  "local function check_writer(o, client) x = = 1", 1))
     with pytest.raises(MasterError) as err:
-        functions.load(client)
+        library.load(client)
     line = line_of(broken, "x = = 1")
     assert f"lua/ops/put_end.lua:{line}: unexpected symbol near '='" in str(err.value)
     assert "user_function" not in str(err.value)
@@ -136,25 +137,25 @@ def test_a_library_that_fails_to_load_names_the_file_and_line(client, lua_copy):
 def test_a_runtime_error_names_the_file_and_line(client, lua_copy):
     test_ops = lua_copy / "ops" / "zz_test.lua"
     test_ops.write_text(TEST_OPS)
-    functions.load(client)
+    library.load(client)
     P = "ns:{ns:0}"
     client.hset(f"{P}:config", "shards", "1")
     with pytest.raises(MasterError) as err:
-        functions.run(client, [["FCALL", "mc_test_boom", 1, P]])
+        run(client, [["FCALL", "mc_test_boom", 1, P]])
     line = line_of(test_ops, "error('boom')")
     assert re.search(rf"lua/ops/zz_test\.lua:{line}: boom\b", str(err.value)), str(err.value)
     assert "user_function" not in str(err.value)
     # an error inside a module names the module's file (the innermost line)
     with pytest.raises(MasterError) as err:
-        functions.run(client, [["FCALL", "mc_test_nil", 1, P]])
+        run(client, [["FCALL", "mc_test_nil", 1, P]])
     assert re.search(r"lua/lib/00_base\.lua:\d+: attempt to perform arithmetic", str(err.value)), str(err.value)
     assert "user_function" not in str(err.value)
 
 
 def test_locate_lines_leaves_other_text_alone():
-    lib = functions.library()
-    assert functions.locate_lines("no line here", lib) == "no line here"
-    assert functions.locate_lines("user_function:1: x", lib) == "user_function:1: x"  # the #! line
-    assert functions.locate_lines("user_function:999999: x", lib) == "user_function:999999: x"
+    lib = library.library()
+    assert library.locate_lines("no line here", lib) == "no line here"
+    assert library.locate_lines("user_function:1: x", lib) == "user_function:1: x"  # the #! line
+    assert library.locate_lines("user_function:999999: x", lib) == "user_function:999999: x"
     n = lib.origins.index(("lua/ops/put_end.lua", 1)) + 1
-    assert functions.locate_lines(f"user_function:{n + 4}: x", lib) == "lua/ops/put_end.lua:5: x"
+    assert library.locate_lines(f"user_function:{n + 4}: x", lib) == "lua/ops/put_end.lua:5: x"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mooncake_redis import ErrorCode, Master, MasterError
-from mooncake_redis.functions import library_source
+from mooncake_redis.library import library_source
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ["pyproject.toml", "README.md", "mooncake_redis", "cli", "bench", "lua"]
@@ -65,14 +65,14 @@ def test_the_wheel_runs_from_its_own_files(wheel, tmp_path):
         import sys
         sys.path.insert(0, {str(unpacked)!r})
         import mooncake_redis
-        from mooncake_redis import Master, functions
+        from mooncake_redis import Master, library
         from mooncake_redis.cli.main import cli
         from mooncake_redis.bench.ops import main
         assert mooncake_redis.__file__.startswith({str(unpacked)!r}), mooncake_redis.__file__
-        assert str(functions.lua_dir()).startswith({str(unpacked)!r}), functions.lua_dir()
+        assert str(library.lua_dir()).startswith({str(unpacked)!r}), library.lua_dir()
         assert sys.modules["mooncake_redis.cli.main"].__file__.startswith({str(unpacked)!r})
         m = Master.connect("memory://wheel")
-        assert functions.server_library(m.redis)[0] == {library_source()[1]!r}
+        assert library.server_library(m.redis)[0] == {library_source()[1]!r}
         print("ok")
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)

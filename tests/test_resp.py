@@ -1,5 +1,5 @@
-"""The lean transport (mooncake_redis.resp): function calls to a plain server on a socket of our
-own. It must keep functions.run's semantics exactly: the same replies (values and Python types),
+"""The lean transport (mooncake_redis.transport.resp): function calls to a plain server on a socket of our
+own. It must keep transport.run's semantics exactly: the same replies (values and Python types),
 the same MasterErrors, the reload on "Function not found", OUTCOME_UNKNOWN on a lost reply."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from helpers import T0, mount, put, raises_code
-from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, resp
-from mooncake_redis.functions import run
+from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
+from mooncake_redis.transport import resp, run
 from mooncake_redis.server import EmbeddedValkey
 
 # A library of the tests' own, beside `mooncake`: replies of every shape a function can give.
@@ -94,7 +94,7 @@ def outcome(client, commands, raise_on_error):
 
 
 def both_paths(client, commands, monkeypatch, raise_on_error=True):
-    """functions.run's outcome through the lean transport and through redis-py."""
+    """transport.run's outcome through the lean transport and through redis-py."""
     lean = outcome(client, commands, raise_on_error)
     with monkeypatch.context() as mp:
         mp.setattr(resp, "lean_for", lambda *a: None)
@@ -156,7 +156,7 @@ def test_bad_argument_types_are_invalid_params_and_nothing_is_sent(client, bad, 
 def test_other_commands_and_clients_keep_redis_py(server, valkey_cluster):
     import fakeredis
 
-    from mooncake_redis.master import client_from_url
+    from mooncake_redis.transport import client_from_url
 
     fcall = [("FCALL_RO", "mc_version", 0)]
     plain = redis.Redis.from_url(server.url)
@@ -169,7 +169,7 @@ def test_other_commands_and_clients_keep_redis_py(server, valkey_cluster):
     assert resp.lean_for(redis.Redis.from_url(server.url, single_connection_client=True), fcall) is None
     cluster = client_from_url(valkey_cluster.url)
     try:
-        assert run(cluster, fcall)[0]  # functions.run sends cluster clients by cluster.send
+        assert run(cluster, fcall)[0]  # transport.run sends cluster clients by cluster.send
     finally:
         cluster.close()
 

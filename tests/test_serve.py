@@ -20,7 +20,7 @@ import redis
 import mooncake_redis.server as server_module
 from mooncake_redis import Master
 from mooncake_redis.cli.main import safe_url
-from mooncake_redis.functions import server_library
+from mooncake_redis.library import server_library
 from mooncake_redis.server import EmbeddedValkey, free_port
 
 from helpers import run_cli as run

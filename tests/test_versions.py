@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from helpers import raises_code
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.cli.main import cli
-from mooncake_redis.functions import (LIBRARY_PROTOCOL, SCHEMA_FIELD, SCHEMA_VERSION, library_source,
-                                      server_library)
+from mooncake_redis.library import (LIBRARY_PROTOCOL, SCHEMA_FIELD, SCHEMA_VERSION, library_source,
+                                    server_library)
 from mooncake_redis.keys import shard_key
 
 CONFIG = f"{shard_key('mc', 0)}:config"

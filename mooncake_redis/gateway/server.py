@@ -3,7 +3,7 @@ metadata on another, Prometheus metrics on a third, a heartbeat in the store.
 
 Each connection reads frames in a loop; every request becomes a task and its reply frame is
 written in request order. The event loop frames, decodes, runs the hot path's steps (their Redis calls on one pipelined
-connection, mooncake_redis.resp_async) and writes; the other handlers run on the thread pool,
+connection, mooncake_redis.transport.resp_async) and writes; the other handlers run on the thread pool,
 so nothing in the loop blocks. A request
 the gateway cannot serve gets an answer at once: an RPC the client release registers but this
 gateway does not serve gets Mooncake's UNSUPPORTED error (or coro_rpc's function_not_registered
@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ..errors import MasterError
 from ..master import Master
-from ..resp_async import for_shards
+from ..transport.resp_async import for_shards
 from ..steps import Blocking
 from . import frames, schema
 from .codec import CodecError, Err, decode, encode

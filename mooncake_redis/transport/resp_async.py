@@ -1,11 +1,11 @@
-"""The lean transport for an asyncio event loop: the commands of every caller on one connection,
-written as they come and answered in order, so that the calls of all of a gateway's requests
-are pipelined into Redis with no thread in between.
+"""The asyncio pipelined path, the lean transport for an event loop (the Mooncake gateway's):
+the commands of every caller on one connection, written as they come and answered in order, so
+that the calls of all of a gateway's requests are pipelined into Redis with no thread in between.
 
-What it shares with the blocking transport (mooncake_redis.resp, functions.run): the opening of
+What it shares with the blocking transport (transport.resp, send.run): the opening of
 a connection (redis-py's Connection with the client's own kwargs, in a thread), the encoding
 (resp.pack), the reply parser (hiredis, redis-py's error classes), and the meaning of every
-reply: error replies become MasterError as functions.finish makes them, a lost reply is
+reply: error replies become MasterError as replies.finish makes them, a lost reply is
 OUTCOME_UNKNOWN, "Function not found" loads the library (on a thread) and sends again.
 Only plain clients (resp.lean_for) without min_replicas_ack take this path (`for_shards`)."""
 from __future__ import annotations
@@ -19,9 +19,9 @@ import hiredis
 import redis
 from redis._parsers import BaseParser
 
+from ..errors import ErrorCode, MasterError
 from . import resp
-from .errors import ErrorCode, MasterError
-from .functions import finish, load, missing_functions, no_reply
+from .replies import finish, missing_functions, no_reply, reload
 
 READ_SIZE = 65536
 
@@ -116,12 +116,12 @@ class AsyncLean:
         return replies
 
     async def run(self, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> list[Any]:
-        """As functions.run, awaited."""
+        """As send.run, awaited."""
         try:
             replies = await self.send(commands)
             missing = missing_functions(replies)
             if missing:
-                await asyncio.to_thread(load, self.client)
+                await asyncio.to_thread(reload, self.client)
                 for i, reply in zip(missing, await self.send([commands[i] for i in missing])):
                     replies[i] = reply
         except redis.AuthenticationError as exc:

@@ -1,11 +1,11 @@
-"""The shard transport: the one way the package reaches a store's shards.
+"""Shard routing: `Shards`, the one way the package reaches a store's shards.
 
 `Shards` holds the Redis client, the namespace, the shard count and every shard's keys
 (`ShardKeys`). Master, Worker, fsck and the CLI share one (`master.transport`). Everything it
-sends goes through functions.run: the library is reloaded once on "Function not found", error
+sends goes through transport.send.run: the library is reloaded once on "Function not found", error
 replies and lost replies become MasterError. Every command is addressed to one shard (a function
 call carries its shard key, a SCAN or a pipeline names its shard), so on Redis Cluster
-(mooncake_redis.cluster) each reaches the node that serves its shard's slot, batches grouped
+(transport.cluster) each reaches the node that serves its shard's slot, batches grouped
 and pipelined per node. With `wait` (min_replicas_ack), writes are followed by WAIT.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any, Iterator, Sequence
 
 import redis
 
+from ..config import NAME_RE
+from ..keys import ShardKeys, shard_of
+from ..steps import Steps, drive
 from . import cluster, resp
-from .config import NAME_RE
-from .functions import run
-from .keys import ShardKeys, shard_of
-from .steps import Steps, drive
+from .send import run
 
 # Keys per FCALL, by function: sized so one call stays well under a millisecond of server time
 # (a put_start allocates, a read touches a few fields). Larger batches become several calls.
@@ -45,7 +45,7 @@ class Shards:
 
     # ---- commands --------------------------------------------------------------------
     def run(self, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> list[Any]:
-        """Run commands (several: one pipeline, no MULTI); replies in order (functions.run)."""
+        """Run commands (several: one pipeline, no MULTI); replies in order (send.run)."""
         return run(self.redis, commands, raise_on_error, self.wait)
 
     def command(self, fn: str, shard: int, *args: Any) -> tuple:
