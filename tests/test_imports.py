@@ -197,3 +197,17 @@ def test_the_walk_finds_a_cycle(tmp_path):
 @pytest.mark.parametrize("name", sorted(n for n in modules() if not n.endswith(".__main__")))  # __main__ runs
 def test_every_module_imports(name):
     importlib.import_module(name)
+
+
+def test_the_old_import_paths_are_the_new_objects():
+    """functions, resp, cluster and master._redis_from_url: kept for cli/ and bench/."""
+    from mooncake_redis import cluster, functions, library, master, resp, transport
+    from mooncake_redis.transport import cluster as transport_cluster
+    from mooncake_redis.transport import replies
+    from mooncake_redis.transport import resp as transport_resp
+
+    assert master._redis_from_url is transport.client_from_url
+    assert functions.run is transport.run and functions.error_of is transport.error_of
+    assert functions.library_source is library.library_source and functions.FUNCTION_MISSING is replies.FUNCTION_MISSING
+    assert resp.lean_for is transport_resp.lean_for and cluster.primary_clients is transport_cluster.primary_clients
+    assert replies._library is library  # installed when the library module is imported
