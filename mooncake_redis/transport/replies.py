@@ -15,6 +15,9 @@ from ..errors import ErrorCode, MasterError, parse_error_reply
 
 FUNCTION_MISSING = "Function not found"  # the reply to an FCALL when the library is not loaded
 
+# Error replies (LOADING is a ConnectionError in redis-py, but a reply: the command did not run).
+ERROR_REPLIES = (redis.ResponseError, redis.BusyLoadingError)
+
 
 class Library(Protocol):
     """What the transport needs of the library (mooncake_redis.library is one)."""
@@ -54,10 +57,6 @@ def finish(replies: list[Any], raise_on_error: bool = True) -> list[Any]:
             if raise_on_error:
                 raise replies[i]
     return replies
-
-
-# Error replies (LOADING is a ConnectionError in redis-py, but a reply: the command did not run).
-ERROR_REPLIES = (redis.ResponseError, redis.BusyLoadingError)
 
 
 # Error replies that say the server did not run the command now, and may later.

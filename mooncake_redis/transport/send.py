@@ -42,7 +42,6 @@ def run(client: redis.Redis, commands: Sequence[Sequence[Any]], raise_on_error: 
     return finish(replies, raise_on_error)
 
 
-
 def _send(client: redis.Redis, commands: Sequence[Sequence[Any]], wait: tuple[int, int] | None) -> list[Any]:
     if cluster.is_cluster(client):
         return cluster.send(client, commands, wait)
