@@ -15,7 +15,7 @@ import pytest
 from mooncake_redis.cli.main import cli
 from mooncake_redis.config import MasterConfig
 from mooncake_redis.errors import ErrorCode
-from mooncake_redis.functions import library_source
+from mooncake_redis.library import library_source
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
