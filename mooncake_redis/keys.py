@@ -35,20 +35,20 @@ K: dict[str, str] = {
     "deadline_soft_pin": ":deadline:soft_pin", "sweep_pending": ":sweep_pending", "worker": ":worker",
     "guaranteed": ":guaranteed", "guaranteed_tenants": ":gtenants", "guarantee_prefix": ":gpfx:",
     "metrics": ":metrics",  # Python only: the workers' counters (not master state)
+    # the radix index (lua/lib/32_radix.lua)
+    "radix_node": ":rnode:", "radix_keys": ":rkeys:", "radix_kids": ":rkids:", "radix_nodes": ":rnodes",
+    "radix_outbox": ":routbox",
+    # group retention: its tiers, its deadline index, its per-tenant counts
+    "tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft_retained",
+    "deadline_retention": ":deadline:retention", "retained_tenants": ":retained_tenants",
+    # SSD offload: local disk segments, per-client queues (and HIGH overflow), tasks in flight,
+    # files to remove
+    "disk": ":disk:", "disks": ":disks", "offload_queue": ":offq:", "offload_overflow": ":offover:",
+    "offload_inflight": ":offload_inflight", "disk_removals": ":diskrm:",
+    # the Mooncake wire gateway: segment facts, the transfer engine's metadata, the gateways serving
+    "gw_segment": ":gwseg:", "gw_segment_ids": ":gwsegids", "gw_segments": ":gwsegs", "gw_metadata": ":gwmeta",
+    "gateways": ":gateways", "gateway": ":gateway:",
 }
-# the radix index (lua/lib/32_radix.lua)
-K.update({"radix_node": ":rnode:", "radix_keys": ":rkeys:", "radix_kids": ":rkids:",
-          "radix_nodes": ":rnodes", "radix_outbox": ":routbox"})
-# group retention: its tiers, its deadline index, its per-tenant counts
-K.update({"tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft_retained",
-          "deadline_retention": ":deadline:retention", "retained_tenants": ":retained_tenants"})
-# SSD offload: local disk segments, per-client queues (and HIGH overflow), tasks in flight, files
-# to remove
-K.update({"disk": ":disk:", "disks": ":disks", "offload_queue": ":offq:", "offload_overflow": ":offover:",
-          "offload_inflight": ":offload_inflight", "disk_removals": ":diskrm:"})
-# the Mooncake wire gateway: segment facts, the transfer engine's metadata, the gateways serving
-K.update({"gw_segment": ":gwseg:", "gw_segment_ids": ":gwsegids", "gw_segments": ":gwsegs",
-          "gw_metadata": ":gwmeta", "gateways": ":gateways", "gateway": ":gateway:"})
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
 # The eviction candidate tiers in eviction order (Lua's Units.TIERS): the name status and the
 # metrics give each, and its key in K.

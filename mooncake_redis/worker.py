@@ -249,10 +249,6 @@ class Worker:
         self.radix_grace_ms = RADIX_GRACE_MS
 
     # ---- claims ----------------------------------------------------------------------
-    def claim_all(self) -> dict[int, int]:
-        """Try to claim every shard; returns {shard: store clock ms} for the shards we hold."""
-        return {shard: now for shard, (now, _) in self._claim_all().items()}
-
     def _claim_all(self) -> dict[int, tuple[int, bytes | None]]:
         """{shard: (store clock ms, sweep_pending marker)} for the shards we hold."""
         t = self.transport
