@@ -25,12 +25,13 @@ from typing import Any, Callable, TextIO
 
 import redis
 
-from .common import cpu_model
-from . import replay
-from .replay import DEFAULT_TRACE, Progress, Request, leading_run, load_trace  # noqa: F401  (this module's API)
-from .replay_policies import Lru
 from mooncake_redis import MasterConfig
 from mooncake_redis.server import private_valkey
+
+from . import replay
+from .common import cpu_model
+from .replay import DEFAULT_TRACE, Progress, Request, leading_run, load_trace  # noqa: F401  (this module's API)
+from .replay_policies import Lru
 
 BLOCK_BYTES = replay.BLOCK_BYTES
 CAPACITY_BLOCKS = replay.CAPACITY_BLOCKS
@@ -98,7 +99,8 @@ def main(trace: str | os.PathLike | None = None, limit_requests: int | None = No
             f"blocks, {res['trace_seconds']:,.0f} s of trace time; an infinite cache would hit at most "
             f"{res['infinite_cache_hit_rate']:.2f}% (the repeated references)")
         out(f"store    {capacity_blocks:,} blocks of {block_bytes:,} B (one segment of "
-            f"{capacity_blocks * block_bytes:,} B = {capacity_blocks * block_bytes / 2**20:,.1f} MiB), shards 1, default config (high watermark "
+            f"{capacity_blocks * block_bytes:,} B = {capacity_blocks * block_bytes / 2**20:,.1f} MiB), shards 1, "
+            f"default config (high watermark "
             f"{MasterConfig.eviction_high_watermark_ratio:.2f}, eviction to "
             f"{MasterConfig.eviction_high_watermark_ratio - MasterConfig.eviction_ratio:.2f}, "
             f"lease {MasterConfig.default_kv_lease_ttl} ms), store clock frozen at the trace's timestamps")

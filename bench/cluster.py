@@ -22,7 +22,6 @@ import os
 import random
 import time
 
-
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.cluster import primary_clients
 from mooncake_redis.server import EmbeddedCluster, private_valkey

@@ -45,10 +45,10 @@ from typing import Any
 
 import redis
 
-from .common import WIDE_WATERMARKS, cpu_model, url_or_private_valkey
-from mooncake_redis import wire
-from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
+from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, wire
 from mooncake_redis.master import EVICT_STEP_UNITS
+
+from .common import WIDE_WATERMARKS, cpu_model, url_or_private_valkey
 
 NAMESPACE = "bevict"
 CLIENT = "bench-evict"

@@ -27,8 +27,8 @@ import redis
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.server import free_port, private_valkey, stop_process
 
-from .mooncake import MooncakeMaster, find_mooncake
 from .common import cpu_model
+from .mooncake import MooncakeMaster, find_mooncake
 
 OPERATIONS = ("put", "is_exist", "batch_is_exist", "get", "remove")
 REPEATS = 3

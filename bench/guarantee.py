@@ -121,7 +121,8 @@ def figures(url: str, r: redis.Redis, n: int, repeats: int, out,
             m.close()
         res[f"expire_guaranteed_{objects}_us"], res[f"expire_guaranteed_{objects}_server_us"] = wall, srv
         out(f"{'expire_guaranteed x64':<22} {wall:>8,.1f} us/call   server {srv:.1f} us/FCALL   "
-            f"in a store of {objects:,} guaranteed objects (median of {min(EXPIRE_CALLS, objects // PREFIX_KEYS)} calls)")
+            f"in a store of {objects:,} guaranteed objects "
+            f"(median of {min(EXPIRE_CALLS, objects // PREFIX_KEYS)} calls)")
     if len(sizes) >= 2:
         lo, hi = sizes[0], sizes[-1]
         res["expire_guaranteed_size_ratio"] = res[f"expire_guaranteed_{hi}_us"] / res[f"expire_guaranteed_{lo}_us"]

@@ -53,11 +53,12 @@ from typing import Any, Callable
 
 import redis
 
-from .common import cpu_model
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
 from mooncake_redis.keys import K, ShardKeys, shard_key
 from mooncake_redis.server import EmbeddedValkey, valkey_binary
+
+from .common import cpu_model
 
 INSTALL = "apt-get install valgrind"
 NAMESPACE = "bench"
@@ -657,7 +658,8 @@ def _within_slack(server: CallgrindValkey, master: Master, r: redis.Redis, n: in
             calls = sum(w.commands.values()) / units
             figures[name] = {"instructions": within, "renewing_instructions": renewing, "ratio": within / renewing,
                              "redis_calls": calls, "writes": sum(w.commands.get(c, 0) for c in ("hset", "zadd"))}
-            out(f"  {labels[name]:<{width}}{_fmt(renewing):>10}{_fmt(within):>10}{within / renewing:>17.2f}{calls:>13.2f}")
+            out(f"  {labels[name]:<{width}}{_fmt(renewing):>10}{_fmt(within):>10}"
+                f"{within / renewing:>17.2f}{calls:>13.2f}")
     finally:
         r.hset(KEYS.config, "kv_lease_slack", 0)
     return figures

@@ -45,12 +45,13 @@ from typing import Any, Callable
 
 import redis
 
-from .common import cpu_model
-from .instructions import LIBRARY as FLOOR_LIBRARY
-from .ops import BATCH, CLIENT, FCALLS, REPEATS, Placement, _fmt, _measure, put_pairs
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.functions import server_library
 from mooncake_redis.server import free_port, private_valkey, stop_process
+
+from .common import cpu_model
+from .instructions import LIBRARY as FLOOR_LIBRARY
+from .ops import BATCH, CLIENT, FCALLS, REPEATS, Placement, _fmt, _measure, put_pairs
 
 INSTALL = "pip install 'mooncake-redis[mooncake]'"
 NAMESPACE = "bench"
@@ -274,7 +275,8 @@ def _our_cases(master: Master, n: int, read_keys: list[str], windows: list[list[
             ("get_replica_list", FCALLS, gets), ("remove", FCALLS, removes)]
 
 
-def _floor_cases(master: Master, n: int, read_keys: list[str], windows: list[list[str]]) -> list[tuple[str, tuple, Run]]:
+def _floor_cases(master: Master, n: int, read_keys: list[str],
+                 windows: list[list[str]]) -> list[tuple[str, tuple, Run]]:
     """The design's floor on our side, through the same transport (functions.run, the lean path):
     a no-op FCALL, and the functions of bench instructions' library `mcbench` that make exactly
     the redis.calls of our reads and nothing else (no argument parsing, no checks, no logic)."""

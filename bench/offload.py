@@ -110,7 +110,8 @@ def _put_vs_copy(url: str, seg_dir: str, size: int, count: int, out) -> dict:
                 checksum_of(data)
 
         def batches(prefix):
-            return [[f"{prefix}-{i}" for i in range(start, min(count, start + BATCH))] for start in range(0, count, BATCH)]
+            return [[f"{prefix}-{i}" for i in range(start, min(count, start + BATCH))]
+                    for start in range(0, count, BATCH)]
 
         def master_only(rep):
             for keys in batches(f"m{rep}"):

@@ -4,7 +4,8 @@ Measures the Master API (put_start+put_end, get_replica_list, exist_key, batch_e
 remove) next to baselines measured in the same run, which it cannot beat: a no-op FCALL round
 trip on a plain socket (pre-encoded RESP, no client library), the same no-op through redis-py,
 the same no-op through functions.run (the lean transport, mooncake_redis/resp.py, that every
-Master call takes on a plain server) and a pipelined HGET of the same keys; and the memory one stored object costs. Every figure
+Master call takes on a plain server) and a pipelined HGET of the same keys; and the memory one
+stored object costs. Every figure
 comes with the server's time per call and per key (INFO commandstats deltas around its loop).
 See docs/bench.md.
 
@@ -26,12 +27,13 @@ from typing import Any, Callable
 
 import redis
 
-from .common import cpu_model, delete_keys, url_or_private_valkey
-from .guarantee import figures as guarantee_figures
-from .retention import figures as retention_figures
 from mooncake_redis import Master, MasterConfig, resp
 from mooncake_redis.functions import server_library
 from mooncake_redis.keys import object_key, shard_of
+
+from .common import cpu_model, delete_keys, url_or_private_valkey
+from .guarantee import figures as guarantee_figures
+from .retention import figures as retention_figures
 
 NAMESPACE = "bench"
 CLIENT = "bench-client"
@@ -367,7 +369,8 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
         return n
 
     cases = [("raw_noop", FCALLS, raw_noop)] if raw else []
-    cases += [("noop", FCALLS, noop), ("lean_noop", FCALLS, lean_noop), ("put", FCALLS, puts), ("get_replica_list", FCALLS, gets),
+    cases += [("noop", FCALLS, noop), ("lean_noop", FCALLS, lean_noop), ("put", FCALLS, puts),
+              ("get_replica_list", FCALLS, gets),
               ("exist_key", FCALLS, exists), ("hget", ("hget",), hget_pipelined),
               ("batch_exist_key", FCALLS, batch_exists), ("remove", FCALLS, removes)]
     try:
@@ -404,7 +407,8 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
     base = m["hget"]
     res["hget_pipelined_keys_per_s"], res["hget_pipelined_calls_per_s"] = base["rate"], base["rate"] / BATCH
     res["hget_server_us"] = base["server_us"]
-    out(f"{'pipelined HGET x' + str(BATCH):<22}{_fmt(base['rate']):>10} keys/s ({_fmt(base['rate'] / BATCH)} calls/s)   "
+    out(f"{'pipelined HGET x' + str(BATCH):<22}{_fmt(base['rate']):>10} keys/s "
+        f"({_fmt(base['rate'] / BATCH)} calls/s)   "
         f"HGET <object key> size of the batch_exist_key keys, one pipeline per {BATCH}"
         + (f"   server {base['server_us']:.1f} us/HGET" if base["server_us"] is not None else ""))
 

@@ -1,5 +1,6 @@
 """A plain-Python model of the store under the replay's `lru` policy, written from the store's
-documented rules (docs/keys.md, eviction units; docs/protocol.md, mc_evict; lua/ops/put_start.lua, lua/ops/evict.lua), not from its
+documented rules (docs/keys.md, eviction units; docs/protocol.md, mc_evict; lua/ops/put_start.lua,
+lua/ops/evict.lua), not from its
 code paths: `mooncake-redis replay --check` runs it beside the store and reports how far the
 two are apart.
 
@@ -24,7 +25,7 @@ import math
 from mooncake_redis import ErrorCode, MasterConfig
 from mooncake_redis.keys import segment_slice, shard_of
 
-from .replay import BLOCK_BYTES, BLOCK_TOKENS, TENANT, T0, Chains, Request, Stats, leading_run
+from .replay import BLOCK_BYTES, BLOCK_TOKENS, T0, TENANT, Chains, Request, Stats, leading_run
 from .replay_policies import Lru, Radix
 
 

@@ -93,7 +93,8 @@ def bench_mooncake(opts: Opts, n: int, as_json: bool) -> None:
     """Our master against Mooncake's C++ master (mooncake_master), interleaved in the same run:
     one Python client each on loopback, medians of 3 rounds (bench/mooncake.py). Both run on
     private servers started here. Needs pip install 'mooncake-redis[mooncake]'."""
-    from mooncake_redis.bench.mooncake import MooncakeUnavailable, main as mooncake_main
+    from mooncake_redis.bench.mooncake import MooncakeUnavailable
+    from mooncake_redis.bench.mooncake import main as mooncake_main
 
     _private_bench(opts, "mooncake", lambda out: mooncake_main(n=n, out=out), as_json, (MooncakeUnavailable,))
 
@@ -125,7 +126,8 @@ def bench_instructions(opts: Opts, n: int, aof: bool, as_json: bool) -> None:
     callgrind (exact, unlike wall-clock figures), beside a no-op FCALL, a plain HGETALL and
     each operation's floor: a function making the same Redis calls and nothing else
     (bench/instructions.py). Runs on a private Valkey under valgrind (apt-get install valgrind)."""
-    from mooncake_redis.bench.instructions import CallgrindUnavailable, main as instructions_main
+    from mooncake_redis.bench.instructions import CallgrindUnavailable
+    from mooncake_redis.bench.instructions import main as instructions_main
 
     _private_bench(opts, "instructions", lambda out: instructions_main(n=n, out=out, aof=aof), as_json,
                    (CallgrindUnavailable,))

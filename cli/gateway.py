@@ -57,7 +57,8 @@ def serve_listeners(ctx: click.Context, host: str, rpc_port: int, metadata_port:
             option = "--" + name.replace("_", "-")
             if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
                 raise CliError(f"{option} {port}: the port is taken on {host}")
-            note(f"  gateway: port {port} on {host} is taken; no {name.split('_')[0]} listener ({option} to choose one)")
+            note(f"  gateway: port {port} on {host} is taken; "
+                 f"no {name.split('_')[0]} listener ({option} to choose one)")
             ports[name] = 0
     if not any(ports.values()):
         return None

@@ -35,7 +35,8 @@ def node_report(info: RadixNodeInfo) -> dict:
 def node_lines(r: dict) -> list[str]:
     why = r["why"] or "evictable (a leaf with no protection)"
     lines = [f"node         {r['node']}", f"tenant       {r['tenant']}", f"shard        {r['shard']}",
-             f"parent       {r['parent'] or 'none (a root)'}" + ("  (link still in the outbox)" if r["link_pending"] else ""),
+             f"parent       {r['parent'] or 'none (a root)'}"
+             + ("  (link still in the outbox)" if r["link_pending"] else ""),
              f"state        {'shell (no keys)' if r['shell'] else 'has keys'}; eviction: {why}",
              f"children     {len(r['children'])}"]
     lines += [f"  {c}" for c in r["children"]]

@@ -172,7 +172,8 @@ def plot(res: dict, path: Path) -> None:
                    "(e.g. guaranteed+retained). Repeatable; default: every one alone.")
 @click.option("--knob", "knob_args", multiple=True, metavar="POLICY.KNOB=VALUE",
               help="Tune a policy's rule, e.g. guaranteed.requests=3 (repeatable; knobs in docs/replay.md).")
-@click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True, help="Shard count of each store.")
+@click.option("--shards", type=click.IntRange(1, 16384), default=1, show_default=True,
+              help="Shard count of each store.")
 @click.option("--limit-requests", type=click.IntRange(1), default=None, help="Replay only the first K requests.")
 @click.option("--sweep", default=None, metavar="N1,N2,...",
               help="Replay at each of these capacities (blocks) instead of one.")
@@ -200,7 +201,8 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
         raise click.UsageError("pass --capacity-blocks or --capacity-tokens, not both")
     sizes = _sweep(sweep)
     if sizes is not None and (capacity_blocks is not None or capacity_tokens is not None):
-        raise click.UsageError("--sweep gives the capacities: it cannot be used with --capacity-blocks/--capacity-tokens")
+        raise click.UsageError("--sweep gives the capacities: "
+                               "it cannot be used with --capacity-blocks/--capacity-tokens")
     if capacity_tokens is not None:
         capacity_blocks = capacity_tokens // block_tokens
         if capacity_blocks < 1:

@@ -16,12 +16,29 @@ from click.core import ParameterSource
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.cluster import is_cluster_url
 from mooncake_redis.functions import LIBRARY_NAME, library_source
-from mooncake_redis.server import (PASSWORD_FILE, URL_FILE, EmbeddedCluster, PrivateValkey, start_private_valkey,
-                                   write_private)
+from mooncake_redis.server import (
+    PASSWORD_FILE,
+    URL_FILE,
+    EmbeddedCluster,
+    PrivateValkey,
+    start_private_valkey,
+    write_private,
+)
 from mooncake_redis.worker import Worker, stop_on_signals
 
-from .context import (DATA_DIR_ENV, DEFAULT_DATA_DIR, MetricsAddress, Opts, metrics_endpoint, metrics_options,
-                      redis_client, run_background, safe_url, stored_config, valkey_cli_binary)
+from .context import (
+    DATA_DIR_ENV,
+    DEFAULT_DATA_DIR,
+    MetricsAddress,
+    Opts,
+    metrics_endpoint,
+    metrics_options,
+    redis_client,
+    run_background,
+    safe_url,
+    stored_config,
+    valkey_cli_binary,
+)
 from .gateway import gateway_options, serve_listeners, start_gateway
 from .logs import log_options
 from .output import CliError

@@ -2,9 +2,9 @@
 else the server's TIME; tests freeze and advance it instead of sleeping."""
 from __future__ import annotations
 
-from .errors import ErrorCode, MasterError
 from .api import ApiBase
 from .checks import _check_int
+from .errors import ErrorCode, MasterError
 
 
 class ClockApi(ApiBase):

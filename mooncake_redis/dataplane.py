@@ -140,7 +140,8 @@ class LocalClient:
                 last = exc
                 continue
             if result.checksum is not None and checksum_of(data) != result.checksum:
-                last = ChecksumMismatch(f"{key!r}: {r.kind} replica {r.segment or r.location} does not match its checksum")
+                last = ChecksumMismatch(
+                    f"{key!r}: {r.kind} replica {r.segment or r.location} does not match its checksum")
                 continue
             return data
         if last is not None:

@@ -27,9 +27,11 @@ class ErrorCode(IntEnum):
     # This project's own codes, clear of Mooncake's ranges (-1 to -1799 so far).
     OUTCOME_UNKNOWN = -10000  # no reply (timeout, lost connection): the call may or may not have run
     UNAVAILABLE = -10001      # the server did not run the call now (loading its data, busy, failing over): retry
-    GUARANTEED_CAPACITY_EXCEEDED = -10002  # a guaranteed put would pass the shard's or the tenant's guaranteed-bytes limit
+    # a guaranteed put would pass the shard's or the tenant's guaranteed-bytes limit
+    GUARANTEED_CAPACITY_EXCEEDED = -10002
     RETENTION_LIMIT_EXCEEDED = -10003  # retain_groups: admitting the group would pass a retained-groups limit
-    RADIX_LINK_PENDING = -10010  # put_end: the key's radix node is not yet listed by its parent on another shard (drain the outbox, retry)
+    # put_end: the key's radix node is not yet listed by its parent on another shard (drain the outbox, retry)
+    RADIX_LINK_PENDING = -10010
 
 
 class MasterError(Exception):

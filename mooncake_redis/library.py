@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
-import sys
 from typing import Any, Collection, NamedTuple
 
 import redis

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from .keys import TIERS
-from .models import EvictionReport, EvictionStep, ShardStats, ShardUsage, Usage
 from .api import ApiBase
 from .checks import _check_int
+from .keys import TIERS
+from .models import EvictionReport, EvictionStep, ShardStats, ShardUsage, Usage
 
 EVICT_STEP_UNITS = 16  # units per eviction step (about 25-40 us of server time each)
 

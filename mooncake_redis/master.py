@@ -15,11 +15,11 @@ from .errors import ErrorCode, MasterError
 from .groups import GroupsApi
 from .keys import ShardKeys, compile_key_pattern
 from .library import check_schema, load, stored_config
-from .radix import RadixApi
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
 from .offload import OffloadApi
 from .preflight import check_server
+from .radix import RadixApi
 from .segments import SegmentsApi
 from .transport import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Shards, client_from_url, run
 

@@ -7,14 +7,14 @@ import re
 from typing import Any, Callable, Sequence
 
 from . import wire
+from .api import ApiBase
+from .checks import _as_key, _as_keys, _check_bool, _check_int, _check_name, _check_tenant, _code
 from .config import ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
-from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus
 from .keys import prefix_of
-from .transport import BATCH_CHUNK
-from .api import ApiBase
+from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus
 from .steps import Blocking, Steps
-from .checks import _as_key, _as_keys, _check_bool, _check_int, _check_name, _check_tenant, _code
+from .transport import BATCH_CHUNK
 
 Result = Any  # a value, or an ErrorCode
 
@@ -101,7 +101,8 @@ class ObjectsApi(ApiBase):
             else:
                 todo.append(i)
         guaranteed = config is not None and config.guaranteed_ttl_ms > 0  # rows carry the prefix hash
-        rows = self._put_rows([bkeys[i] for i in todo], [sizes[i] for i in todo], config or ReplicateConfig(), guaranteed)
+        rows = self._put_rows([bkeys[i] for i in todo], [sizes[i] for i in todo], config or ReplicateConfig(),
+                              guaranteed)
         replies = yield from self.transport.batch_steps("mc_put_start", head, rows, [bkeys[i] for i in todo])
         if rows and config is not None and self._radix_put(config) and config.parent_block_hash is not None:
             pshard = rows[0][-1]  # links to a parent on another shard: deliver them now
@@ -217,7 +218,8 @@ class ObjectsApi(ApiBase):
 
     def _remove_steps(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> Steps[list[ErrorCode]]:
         head = wire.head(wire.KEY, tenant=tenant_id, force=int(force))
-        return [ErrorCode(r) for r in (yield from self.transport.batch_steps("mc_remove", head, [(k,) for k in keys], keys))]
+        replies = yield from self.transport.batch_steps("mc_remove", head, [(k,) for k in keys], keys)
+        return [ErrorCode(r) for r in replies]
 
     def remove(self, key: Any, force: bool = False, tenant_id: str = "default") -> None:
         _check_tenant(tenant_id)
@@ -330,7 +332,8 @@ class ObjectsApi(ApiBase):
                     for name, value in sorted(f.items()) if name.startswith("rep:") and name[4:] in live_set]
         pin = int(f.get("soft_pin_until", 0))  # task_refs shows in .fields while nonzero
         guaranteed = int(f.get("guaranteed_until", 0))
-        return ObjectInfo(guaranteed_until_ms=guaranteed if guaranteed > int(now) else None,key=bkey, tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
+        return ObjectInfo(guaranteed_until_ms=guaranteed if guaranteed > int(now) else None, key=bkey,
+                          tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
                           put_started_ms=int(f["put_started"]), lease_until_ms=int(lease),
                           soft_pin_until_ms=pin or None, hard_pinned=f.get("hard_pin") == "1",
                           group_id=f.get("group"), replicas=replicas, fields=f)

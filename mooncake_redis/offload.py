@@ -81,7 +81,8 @@ class OffloadApi(ApiBase):
         _check_int(max_tasks, "max_tasks", 1, MAX_TASKS)
         t = self.transport
         if t.count == 1:
-            return self._tasks(t.call("mc_offload_heartbeat", 0, *wire.options(client_id=client_id, max_tasks=max_tasks)))
+            return self._tasks(t.call("mc_offload_heartbeat", 0,
+                                      *wire.options(client_id=client_id, max_tasks=max_tasks)))
         tasks: list[OffloadTask] = []
         for rank in range(len(PRIORITIES)):
             tasks += self._tasks(self._gather("mc_offload_heartbeat", "max_tasks", max_tasks - len(tasks),

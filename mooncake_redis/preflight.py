@@ -104,4 +104,5 @@ def _check_acl(client: redis.Redis, namespace: str) -> None:
     if denied:
         raise MasterError(ErrorCode.INTERNAL_ERROR,
                           f"Redis user {user!r} may not run what a master of namespace {namespace!r} needs "
-                          f"(see docs/operations.md, Running against your own Redis): " + "; ".join(dict.fromkeys(denied)))
+                          f"(see docs/operations.md, Running against your own Redis): "
+                          + "; ".join(dict.fromkeys(denied)))

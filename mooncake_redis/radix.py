@@ -88,7 +88,8 @@ class RadixApi(ApiBase):
         if code != ErrorCode.OK:
             raise MasterError(code, f"register_radix_node {prefix_hash!r}")
 
-    def batch_register_radix_nodes(self, pairs: Sequence[tuple[Any, Any]], tenant_id: str = "default") -> list[ErrorCode]:
+    def batch_register_radix_nodes(self, pairs: Sequence[tuple[Any, Any]],
+                                   tenant_id: str = "default") -> list[ErrorCode]:
         """Register (prefix_hash, parent_hash or None) pairs; per pair OK, or INVALID_PARAMS (a
         bad hash, or the node already has another parent: a chained hash has one parent)."""
         self._radix_on()
@@ -164,7 +165,8 @@ class RadixApi(ApiBase):
 
     def _nodes(self, nodes: list[bytes], tenant_id: str) -> list[tuple[list[bytes], list[bytes]]]:
         head = wire.head(("node",), tenant=tenant_id)
-        return [(list(k), list(c)) for k, c in self._batch_by_node("mc_radix_nodes", head, [(n,) for n in nodes], nodes)]
+        replies = self._batch_by_node("mc_radix_nodes", head, [(n,) for n in nodes], nodes)
+        return [(list(k), list(c)) for k, c in replies]
 
     def describe_radix_node(self, prefix_hash: Any, tenant_id: str = "default") -> RadixNodeInfo:
         """The node as stored; OBJECT_NOT_FOUND when unknown."""

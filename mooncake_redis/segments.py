@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import wire
+from .api import ApiBase
+from .checks import _check_int, _check_name
 from .errors import MasterError
 from .keys import segment_slice
-from .transport import CHUNK_OF
-from .api import ApiBase
 from .steps import Steps
-from .checks import _check_int, _check_name
+from .transport import CHUNK_OF
 
 
 class SegmentsApi(ApiBase):

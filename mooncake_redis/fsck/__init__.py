@@ -71,7 +71,8 @@ from .objects import Place, Sweep, Unit
 from .segments import Forget, SegmentUsed
 
 __all__ = ["CHECKERS", "CRITICAL", "ERROR", "GROUP_MAX_MEMBERS", "KINDS", "RADIX_MARK", "REBUILD_MAX", "SCAN_COUNT",
-           "WARNING", "WINDOW_EXTENTS", "Action", "Checker", "Counters", "Finding", "Forget", "FsckReport", "Group", "Kind",
+           "WARNING", "WINDOW_EXTENTS", "Action", "Checker", "Counters", "Finding", "Forget", "FsckReport", "Group",
+           "Kind",
            "Place", "Rebuild", "SegmentUsed", "Sweep", "Unit", "_Audit", "_Pass", "fsck"]
 
 

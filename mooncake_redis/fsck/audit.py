@@ -143,7 +143,8 @@ class _Audit:
         """Keep the aggregate findings of `second` that `first` saw identically. A repair action
         runs only if every finding it would fix was seen by both passes: a write and its undo
         during one pass (invisible to the fingerprint) does not repeat the same way in the next."""
-        key = lambda f: (f.kind, f.subject, f.expected, f.found)
+        def key(f: Finding) -> tuple:
+            return (f.kind, f.subject, f.expected, f.found)
         seen = {key(f) for f in first.aggregate}
         keep = [f for f in second.aggregate if key(f) in seen]
         unconfirmed = {f.action for f in second.aggregate if key(f) not in seen and f.action is not None}

@@ -57,7 +57,8 @@ class Guarantees(Checker):
 def check_books(audit: Any, ps: _Pass) -> None:
     shard, segs = ps.shard, ps.segs
     k = audit.keys(shard)
-    have: dict[tuple[bytes, bytes], int] = {(b"", t): _int(v) or 0 for t, v in audit.r.hgetall(k.guaranteed_tenants).items()}
+    have: dict[tuple[bytes, bytes], int] = {(b"", t): _int(v) or 0
+                                            for t, v in audit.r.hgetall(k.guaranteed_tenants).items()}
     for name, seg in segs.items():
         have.update({(name, t): v or 0 for t, v in seg.guaranteed.items()})
     quads = []

@@ -80,9 +80,11 @@ KINDS: dict[str, Kind] = {
     "unit_score": Kind(ERROR, True, "a unit's tier score differs from its lease_until"),
     "soft_deadline": Kind(ERROR, True, "a soft-tier unit without the right P:deadline:soft_pin entry"),
     "stray_deadline": Kind(WARNING, True, "a P:deadline:soft_pin entry for a unit not in the soft tier"),
-    "stray_unit": Kind(ERROR, True, "a unit in the tiers that must not be there (missing, protected or grouped object)"),
+    "stray_unit": Kind(ERROR, True,
+                       "a unit in the tiers that must not be there (missing, protected or grouped object)"),
     "guarantee_index": Kind(ERROR, True, "an object's P:guaranteed entry differs from its guaranteed_until"),
-    "retention_deadline": Kind(ERROR, True, "a P:deadline:retention entry differs from its group's retained_until record"),
+    "retention_deadline": Kind(ERROR, True,
+                               "a P:deadline:retention entry differs from its group's retained_until record"),
 }
 
 
@@ -99,7 +101,8 @@ def compare_unit(audit: Any, shard: int, unit: bytes, st: list, now: int, action
     exp_t = {i: v for i, v in expected.items() if i not in deadlines}
     act_t = {i: v for i, v in actual.items() if i not in deadlines}
     due = sweep_due == 1 or any(actual[i] <= now for i in deadlines if i in actual)
-    show = lambda d: ", ".join(f"{_d(i)}@{v}" for i, v in sorted(d.items())) or "absent"
+    def show(d: dict) -> str:
+        return ", ".join(f"{_d(i)}@{v}" for i, v in sorted(d.items())) or "absent"
     if not expected and actual:
         return [audit.finding("stray_unit", shard, u, f"absent ({why})", show(actual), action)]
     out = []

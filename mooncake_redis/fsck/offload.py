@@ -65,7 +65,8 @@ class DiskUsed(Action):
 
 
 KINDS: dict[str, Kind] = {
-    "offload_task_unindexed": Kind(ERROR, True, "an object with an offload task in flight has no P:offload_inflight entry"),
+    "offload_task_unindexed": Kind(ERROR, True,
+                                   "an object with an offload task in flight has no P:offload_inflight entry"),
     "offload_task_ref": Kind(ERROR, False, "an object with an offload task in flight holds no task reference"),
     "offload_index_stale": Kind(WARNING, False, "a P:offload_inflight entry whose object has no task in flight "
                             "(the next mc_offload_sweep after its deadline drops it)"),

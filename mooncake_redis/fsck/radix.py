@@ -102,7 +102,8 @@ class RadixUnlink(Action):
         return _deliver(audit, b"unlink", seq, pshard, self.tenant, parent, child)
 
 
-def _deliver(audit: Any, op: bytes, seq: int, pshard: int, tenant: bytes, parent: bytes, child: bytes) -> tuple[bool, str]:
+def _deliver(audit: Any, op: bytes, seq: int, pshard: int, tenant: bytes, parent: bytes,
+             child: bytes) -> tuple[bool, str]:
     entry = b"%s %d %d %s %d %s%s" % (op, seq, pshard, tenant, len(parent), parent, child)
     audit.fcall("mc_radix_apply", pshard, entry)
     return True, ""
@@ -181,15 +182,17 @@ def radix_findings(audit: Any, shard: int) -> list[Finding]:
         if parent is not None and b"link_pending" not in rec:
             pk = audit.keys(node_shard(parent, shards))
             if r.zscore(pk.radix_kids(tenant, parent), h) is None:
-                out.append(audit.finding("radix_child_unlisted", shard, subject, f"listed by parent {parent.decode(errors='replace')}",
+                out.append(audit.finding("radix_child_unlisted", shard, subject,
+                                         f"listed by parent {parent.decode(errors='replace')}",
                                          "not listed", RadixLink(shard, tenant, h, parent)))
         for kid in kids:
             if (tenant, h, kid) in _pending_unlinks(audit):
                 continue
             kk = audit.keys(node_shard(kid, shards))
             if r.hget(kk.radix_node(tenant, kid), "parent") != h:
-                out.append(audit.finding("radix_phantom_child", shard, f"{subject} child {kid.decode(errors='replace')}",
-                                         "a live child", "gone or another parent's", RadixUnlink(shard, tenant, h, kid)))
+                out.append(audit.finding("radix_phantom_child", shard,
+                                         f"{subject} child {kid.decode(errors='replace')}", "a live child",
+                                         "gone or another parent's", RadixUnlink(shard, tenant, h, kid)))
         empty = not kids and int(rec.get(b"members", 0) or 0) == 0 and rec.get(b"draining") != b"1"
         if empty and int(rec.get(b"created", 0)) + DEFAULT_GRACE_MS <= now:
             out.append(audit.finding("radix_empty_node", shard, subject, "keys or children", "neither",

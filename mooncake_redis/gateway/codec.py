@@ -26,6 +26,7 @@ import hashlib
 import struct
 from typing import Any, Callable
 
+
 class CodecError(ValueError):
     """A body that is not a valid encoding of the type (or a value that does not fit it)."""
 
@@ -367,7 +368,7 @@ def _write(s: _Src, t: Type, expr: str, code: int, ind: int):
         _write(s, t.parts[0], expr, code, ind + 1)
     elif k == "expected":
         code_var = s.var("e")
-        s.add(ind, f"if type({expr}) is Err:", f"    ap(b'\\x00')", f"    {code_var} = {expr}.code")
+        s.add(ind, f"if type({expr}) is Err:", "    ap(b'\\x00')", f"    {code_var} = {expr}.code")
         _write(s, t.parts[1], code_var, code, ind + 1)
         s.add(ind, "else:", "    ap(b'\\x01')")
         _write(s, t.parts[0], expr, code, ind + 1)

@@ -20,7 +20,7 @@ from ..config import ReplicateConfig, SoftPinAction
 from ..errors import ErrorCode, MasterError
 from ..master import Master
 from ..models import Replica, ReplicaListResult
-from ..steps import Steps, drive
+from ..steps import Steps
 from . import schema
 from .codec import Err
 from .store import GatewayStore, SegmentFacts
@@ -159,7 +159,8 @@ class Handlers:
                    if facts[r.segment] is not None and not facts[r.segment].holds(r.offset, r.size)}
         if outside:
             facts.update((yield from self.facts_steps(outside, fresh=True)))
-        return [self._one(lambda reps=reps: [self._descriptor(i, r, status, facts[r.segment]) for i, r in enumerate(reps)])
+        return [self._one(lambda reps=reps: [self._descriptor(i, r, status, facts[r.segment])
+                                             for i, r in enumerate(reps)])
                 for reps in replica_lists]
 
     def _descriptor(self, i: int, rep: Replica, status: int, facts: SegmentFacts | None) -> Any:

@@ -12,8 +12,8 @@ import re
 from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import MasterError
 from ..config import NAME_RE
+from ..errors import MasterError
 from .store import GatewayStore
 
 log = logging.getLogger("mooncake_redis.gateway")

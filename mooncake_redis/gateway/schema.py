@@ -27,8 +27,27 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple, Optional
 
-from .codec import (Type, args, boolean, expected, f64, i32, i64, optional, prepare, string,
-                    struct_, u8, u32, u64, unordered_map, uuid, variant, vector, void)
+from .codec import (
+    Type,
+    args,
+    boolean,
+    expected,
+    f64,
+    i32,
+    i64,
+    optional,
+    prepare,
+    string,
+    struct_,
+    u8,
+    u32,
+    u64,
+    unordered_map,
+    uuid,
+    variant,
+    vector,
+    void,
+)
 
 CLIENT_RELEASE = "0.3.13.post1"
 SERVICE_VERSION = "2.0.0"  # ServiceReady's answer: MOONCAKE_STORE_VERSION, unchanged since v0.3.8

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -28,8 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ..errors import MasterError
 from ..master import Master
-from ..transport.resp_async import for_shards
 from ..steps import Blocking
+from ..transport.resp_async import for_shards
 from . import frames, schema
 from .codec import CodecError, Err, decode, encode
 from .handlers import Handlers, log, mooncake_code

@@ -177,7 +177,8 @@ def send(client: RedisCluster, commands: Sequence[Sequence[Any]], wait: tuple[in
             plain = client.get_redis_connection(nodes[name])
             try:
                 out = send_plain(plain, [commands[i] for i in idx], wait, [i in asked for i in idx])
-                missing = [j for j, r in enumerate(out) if isinstance(r, redis.ResponseError) and FUNCTION_MISSING in str(r)]
+                missing = [j for j, r in enumerate(out)
+                           if isinstance(r, redis.ResponseError) and FUNCTION_MISSING in str(r)]
                 if missing:  # a new node, or a replica promoted before the library reached it
                     reload(plain)
                     for j, r in zip(missing, send_plain(plain, [commands[idx[j]] for j in missing], wait)):
