@@ -34,6 +34,7 @@ def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | No
         return _inspect_group(opts, group, tenant, as_json)
     if node is not None:
         return _inspect_node(opts, node, tenant, as_json)
+    assert key is not None  # the one given
     master = open_existing(opts)
     try:
         info = _describe_or_exit(lambda: master.describe(key, tenant),

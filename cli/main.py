@@ -53,7 +53,8 @@ class _Cli(click.Group):
         except redis.RedisError as exc:
             message = f"error from Redis: {exc}"
         except click.ClickException as exc:
-            exc.message = redact(exc.message, _url(ctx))
+            # click's stub marks message Final; redacting it in place keeps the exception's own type
+            exc.message = redact(exc.message, _url(ctx))  # type: ignore[misc]
             raise
         click.echo(redact(message, _url(ctx)), err=True)  # messages may quote the URL
         ctx.exit(2)

@@ -145,7 +145,7 @@ def metrics_cmd(opts: Opts, port: int | None, addr: str) -> None:
         previous = stop_on_signals(stop)
         try:
             with metrics_endpoint(master, MetricsAddress(port, addr)):
-                click.echo(f"metrics of {safe_url(opts.url)} namespace {master.ns} on "
+                click.echo(f"metrics of {safe_url(opts.require_url())} namespace {master.ns} on "
                            f"http://{addr}:{port}/metrics; stop with Ctrl-C or SIGTERM")
                 stop.wait()
         finally:

@@ -7,6 +7,7 @@ import sys
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timezone
 from enum import Enum
+from typing import Callable, Sequence
 
 import click
 
@@ -51,9 +52,9 @@ def pct(used: int, capacity: int) -> str:
     return f"{100.0 * used / capacity:.1f}%" if capacity else "-"
 
 
-def table(header: list[str], rows: list[list[object]], left: int = 1) -> list[str]:
+def table(header: list[str], rows: Sequence[Sequence[object]], left: int = 1) -> list[str]:
     """Plain aligned columns: the first `left` left-aligned, the rest right-aligned."""
-    cells = [[str(c) for c in row] for row in [header, *rows]]
+    cells = [list(header)] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
             for r in cells]
@@ -98,22 +99,30 @@ def text(value) -> str:
 PLAIN_PROGRESS_EVERY = 100_000  # off a terminal: one line per this many items
 
 
-def progress_printer(label: str, every: int = PLAIN_PROGRESS_EVERY):
+class Progress:
+    """A progress callback (count so far); done() ends its output."""
+
+    def __init__(self, show: Callable[[int], None], done: Callable[[], None]):
+        self.show, self.done = show, done
+
+    def __call__(self, n: int) -> None:
+        self.show(n)
+
+
+def progress_printer(label: str, every: int = PLAIN_PROGRESS_EVERY) -> Progress:
     """A progress callback (count so far) for stderr: one line rewritten in place on a terminal;
     elsewhere (a file, a pipe, a log collector) a plain line each time `every` more are done."""
     if sys.stderr.isatty():
         def show(n: int) -> None:
             click.echo(f"\r  {n} {label}", nl=False, err=True)
-        show.done = lambda: click.echo("", err=True)
-        return show
+        return Progress(show, lambda: click.echo("", err=True))
     shown = [0]
 
     def plain(n: int) -> None:
         if n // every > shown[0] // every:
             click.echo(f"  {n} {label}", err=True)
         shown[0] = n
-    plain.done = lambda: None
-    return plain
+    return Progress(plain, lambda: None)
 
 
 class CliError(click.ClickException):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import click
 
@@ -70,7 +71,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
-def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+def _table(header: list[str], rows: Sequence[Sequence[object]]) -> list[str]:
     return ["  " + line for line in table(header, rows)]
 
 
@@ -121,10 +122,10 @@ def print_report(res: dict, out=click.echo) -> None:
         out("")
         out("block hit rate by capacity")
         names = list(res["runs"][0]["policies"]) + [f"ideal {n}" for n in res["runs"][0]["ideal"]]
-        rows = [[f"{run['capacity_blocks']:,}"]
+        by_capacity = [[f"{run['capacity_blocks']:,}"]
                 + [_pct(f["block_hit_rate"]) for f in run["policies"].values()]
                 + [_pct(f["block_hit_rate"]) for f in run["ideal"].values()] for run in res["runs"]]
-        for line in _table(["capacity"] + names, rows):
+        for line in _table(["capacity"] + names, by_capacity):
             out(line)
 
 

@@ -87,8 +87,9 @@ def retain(opts: Opts, groups: tuple[str, ...], ttl: int, tenant: str) -> None:
     finally:
         master.close()
     for g, r in zip(groups, results):
-        refused = isinstance(r, ErrorCode)  # an IntEnum: check it before treating r as a deadline
-        click.echo(f"{g}  " + (f"refused: {r.name} ({int(r)})" if refused else f"retained until {iso(r)} ({r} ms)"))
+        # an IntEnum: check it before treating r as a deadline
+        click.echo(f"{g}  " + (f"refused: {r.name} ({int(r)})" if isinstance(r, ErrorCode)
+                               else f"retained until {iso(r)} ({r} ms)"))
     if any(isinstance(r, ErrorCode) for r in results):
         raise click.exceptions.Exit(1)
 

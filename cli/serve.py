@@ -133,8 +133,13 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
                 raise CliError(str(exc)) from None
             server = private.server
             url = server.url
-            # If Valkey exits on its own (crash, SHUTDOWN), stop serving too.
-            threading.Thread(target=lambda: (server.proc.wait(), stop.set()), daemon=True).start()
+            proc = server.proc
+            assert proc is not None  # started
+
+            def stop_with_valkey() -> None:  # If Valkey exits on its own (crash, SHUTDOWN), stop serving too.
+                proc.wait()
+                stop.set()
+            threading.Thread(target=stop_with_valkey, daemon=True).start()
         master = _connect_for_serve(url, opts.namespace, shards)
         version = library_source()[1]
         out = click.echo
@@ -146,8 +151,8 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
             _serve_banner(private, tool)
         elif is_cluster_url(url):  # valkey-cli takes one node, and -c to follow redirects
             first = url.partition("://")[2].rpartition("@")[2].split(",")[0].rstrip("/")
-            host, _, port = first.rpartition(":")
-            out(f"  redis-cli {tool} -c -h {host} -p {port}")
+            host, _, node_port = first.rpartition(":")
+            out(f"  redis-cli {tool} -c -h {host} -p {node_port}")
         else:
             out(f"  redis-cli {tool} -u {safe_url(url)}")
         if not no_gateway:
@@ -169,11 +174,12 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
         if master is not None:
             master.close()
         if private is not None:
-            server.stop()
+            private.server.stop()
             private.lock.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
     if server is not None and not signals:
+        assert server.proc is not None  # started
         code = server.proc.returncode
         if code != 0:
             click.echo(f"error: valkey-server exited with code {code}; see {server.data_dir}/valkey.log", err=True)

@@ -62,7 +62,7 @@ def _status_report(opts: Opts) -> dict:
             "last_pass_ms": int(m["last_pass_ms"]) if "last_pass_ms" in m else None,
             **{name: int(m.get(name, 0)) for name in WORKER_TOTALS}})
     return {
-        "store": {"url": safe_url(opts.url), "namespace": opts.namespace, "shards": len(shards)},
+        "store": {"url": safe_url(opts.require_url()), "namespace": opts.namespace, "shards": len(shards)},
         "functions": {"library": LIBRARY_NAME, "version": running[0] if running else None,
                       "protocol": running[1] if running else None,
                       "package_version": library_source()[1], "package_protocol": LIBRARY_PROTOCOL},

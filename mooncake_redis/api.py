@@ -10,7 +10,8 @@ shard transport (`self.transport`) and the store's configuration (ApiBase); Mast
 """
 from __future__ import annotations
 
-from typing import TypeVar
+import re
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from redis import Redis
 
@@ -28,6 +29,15 @@ class ApiBase:
     redis: Redis
     ns: str       # the namespace
     shards: int   # the shard count
+    key_pattern: re.Pattern  # radix_key_pattern, compiled (keys.compile_key_pattern)
+
+    if TYPE_CHECKING:
+        # What one family calls on another; Master combines them all. Declared for the type
+        # checker only: the definitions are the families' (the signatures must stay the same).
+        def node_shard(self, prefix_hash: bytes) -> int: ...  # RadixApi
+        def radix_prefix(self, key: bytes) -> bytes: ...  # RadixApi
+        def drain_radix_outbox(self, shards: Any = None, max_entries: int = ...) -> int: ...  # RadixApi
+        def sweep_shard(self, shard: int, on_batch: Callable[[int], Any] | None = None) -> int: ...  # SegmentsApi
 
     def drive(self, steps: Steps[T]) -> T:
         return drive(steps, self.transport.run)

@@ -189,7 +189,7 @@ class MasterConfig:
             if raw is None:
                 continue
             try:
-                kwargs[f.name] = _parse_stored(f.type, raw.decode())
+                kwargs[f.name] = _parse_stored(str(f.type), raw.decode())  # a str: annotations are strings here
             except (UnicodeDecodeError, ValueError):
                 raise MasterError(ErrorCode.INTERNAL_ERROR,
                                   f"{where}: field {f.name} has a corrupt value {raw!r}") from None

@@ -150,6 +150,7 @@ class LocalClient:
 
     def _read(self, r: Replica) -> bytes:
         if r.kind == "disk":
+            assert r.location is not None  # a disk replica has one
             with open(r.location, "rb") as f:
                 return f.read()
         return self.files.read(r.segment, r.offset, r.size)

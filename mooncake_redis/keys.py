@@ -88,7 +88,8 @@ class ShardKeys:
         self.guaranteed_tenants = P + _KB["guaranteed_tenants"]
         self.metrics = P + _KB["metrics"]
         # every index an eviction unit can sit in
-        self.unit_indexes = (self.tier_ordinary, self.tier_soft, self.deadline_soft_pin, self.draining)
+        self.unit_indexes: tuple[bytes, ...] = (self.tier_ordinary, self.tier_soft, self.deadline_soft_pin,
+                                                self.draining)
         # group retention: the fallback level's other tiers, the retention records' deadline index
         self.tier_retained = P + _KB["tier_retained"]
         self.tier_soft_retained = P + _KB["tier_soft_retained"]

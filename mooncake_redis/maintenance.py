@@ -40,7 +40,10 @@ class MaintenanceApi(ApiBase):
         for shard in range(len(self.transport.keys)):
             row = replies[shard * width:(shard + 1) * width]
             counters, zcards, (clock, claim, figures) = row[0], row[1:-3], row[-3:]
-            out.append(ShardStats(shard, *(int(v or 0) for v in counters), *zcards[:6],
+            capacity, used, objects, guaranteed = (int(v or 0) for v in counters)
+            busy, held, clients, segments, draining, guaranteed_objects = zcards[:6]
+            out.append(ShardStats(shard, capacity, used, objects, guaranteed, busy, held, clients, segments, draining,
+                                  guaranteed_objects,
                                   candidates={name: n for (name, _), n in zip(TIERS, zcards[6:])},
                                   clock_ms=int(clock) if clock is not None else None, claim=claim,
                                   worker_figures={k.decode(errors="replace"): v.decode(errors="replace")

@@ -91,7 +91,7 @@ class StoreCollector(Collector):
             yield up
             yield from families
         if self.worker is not None:
-            yield from self._worker_families()
+            yield from self._worker_families(self.worker)
 
     def _read(self) -> list:
         gauges = {name: GaugeMetricFamily(f"{PREFIX}shard_{name}", text, labels=["shard"])
@@ -149,8 +149,7 @@ class StoreCollector(Collector):
             events.add_metric([event], n)
         return [*gauges.values(), queued, orphaned, events]
 
-    def _worker_families(self) -> Iterator:
-        w = self.worker
+    def _worker_families(self, w: "Worker") -> Iterator:
         summary = SummaryMetricFamily(f"{PREFIX}worker_pass_duration_seconds",
                                       "Duration of this worker process's passes.", labels=["worker"])
         summary.add_metric([w.worker_id], count_value=w.pass_count, sum_value=w.pass_seconds_total)

@@ -4,7 +4,7 @@ exist_key), removal, task references and describe. Batches are one FCALL per sha
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from . import wire
 from .api import ApiBase
@@ -255,9 +255,11 @@ class ObjectsApi(ApiBase):
         except (re.error, TypeError) as exc:
             raise MasterError(ErrorCode.INVALID_PARAMS, f"bad regex: {exc}") from None
         if isinstance(pattern, str):
-            return self._remove_matching(lambda k: rx.search(k.decode("utf-8", "surrogateescape")) is not None,
+            text_rx = cast("re.Pattern[str]", rx)  # compiled from a str
+            return self._remove_matching(lambda k: text_rx.search(k.decode("utf-8", "surrogateescape")) is not None,
                                          force, tenant_id)
-        return self._remove_matching(lambda k: rx.search(k) is not None, force, tenant_id)
+        bytes_rx = cast("re.Pattern[bytes]", rx)
+        return self._remove_matching(lambda k: bytes_rx.search(k) is not None, force, tenant_id)
 
     def remove_all(self, force: bool = False, tenant_id: str = "default") -> int:
         return self._remove_matching(lambda k: True, force, tenant_id)

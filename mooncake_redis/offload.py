@@ -125,7 +125,7 @@ class OffloadApi(ApiBase):
         bkeys = [_as_key(k) for k in keys]
         if locations is None:
             head = wire.head(wire.KEY, client_id=client_id, tenant=tenant_id, result=result)
-            rows = [(k,) for k in bkeys]
+            rows: list[tuple] = [(k,) for k in bkeys]
         else:
             if len(locations) != len(bkeys):
                 raise MasterError(ErrorCode.INVALID_PARAMS, "keys and locations differ in length")
@@ -210,7 +210,7 @@ class OffloadApi(ApiBase):
         round trips: the clients, then every client's figures on every shard in one pipeline)."""
         t = self.transport
         names = sorted({c for row in t.run([("ZRANGE", k.disks, 0, -1) for k in t.keys]) for c in row})
-        commands = []
+        commands: list[tuple] = []
         for name in names:
             for k in t.keys:
                 queue, overflow = k.offload_queue(name), k.offload_overflow(name)

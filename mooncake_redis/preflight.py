@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import redis
 
@@ -49,7 +50,7 @@ def check_server(client: redis.Redis, namespace: str, require_noeviction: bool =
         _check_acl(server, namespace)
 
 
-def _reply(client: redis.Redis, *command: str) -> tuple[object, str]:
+def _reply(client: redis.Redis, *command: str) -> tuple[Any, str]:
     """(reply, "") or, when Redis refuses the command itself (NOPERM, unknown), (None, why)."""
     try:
         return run(client, [command])[0], ""

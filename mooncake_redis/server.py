@@ -110,9 +110,11 @@ class EmbeddedValkey:
         finally:
             os.close(log)
         if self.password:
+            stdin = self.proc.stdin
+            assert stdin is not None  # a PIPE when there is a password
             try:
-                self.proc.stdin.write(f"requirepass {self.password}\n".encode())
-                self.proc.stdin.close()
+                stdin.write(f"requirepass {self.password}\n".encode())
+                stdin.close()
             except BrokenPipeError:
                 pass  # it exited already: reported below
         try:
@@ -125,6 +127,8 @@ class EmbeddedValkey:
     def _wait_until_mine(self, timeout_s: float) -> None:
         """Poll until this process answers on the port (PING also waits out AOF loading); a
         PING answered by another process fails, rather than attaching to that server."""
+        proc = self.proc
+        assert proc is not None  # started
         client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=timeout_s,
                              retry=Retry(NoBackoff(), 0))  # this loop is the retry
         deadline = time.monotonic() + timeout_s
@@ -135,13 +139,13 @@ class EmbeddedValkey:
                     answering = int(client.info("server")["process_id"])
                 except redis.RedisError:  # not listening or loading yet, or a server refusing our AUTH
                     answering = None
-                if answering == self.proc.pid:
+                if answering == proc.pid:
                     return
                 if answering is not None:
                     raise RuntimeError(f"port {self.port} on 127.0.0.1 is served by another process "
                                        f"(pid {answering}), not by the valkey-server started here")
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"valkey-server exited with code {self.proc.returncode}: "
+                if proc.poll() is not None:
+                    raise RuntimeError(f"valkey-server exited with code {proc.returncode}: "
                                        f"{self._last_log_line()} (log: {self.log_path})")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"valkey-server did not answer on port {self.port} within "

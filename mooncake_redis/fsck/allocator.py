@@ -179,11 +179,12 @@ def plan_rebuild(seg: _Seg, ext: list, by_off: dict, by_size: dict) -> list[tupl
         windows[_window_of(edges, a[0])][3].append(a)
     for member, so in by_off.items():
         ss = by_size.get(member)
-        entry = (member, _score(so), None if ss is None else _score(ss))
-        if _int(member) != _score(so):
+        off = _score(so)
+        entry = (member, off, None if ss is None else _score(ss))
+        if off is None or _int(member) != off:
             windows[0][2].append(entry)  # the first call removes misfiled members
         else:
-            windows[_window_of(edges, _score(so))][2].append(entry)
+            windows[_window_of(edges, off)][2].append(entry)
     for member in by_size:
         if member not in by_off:
             windows[0][4].append(member)

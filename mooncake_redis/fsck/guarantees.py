@@ -77,10 +77,10 @@ def check_books(audit: Any, ps: _Pass) -> None:
         tenant, _, pfx = set_key[len(prefix):].partition(b":")
         seen[(tenant, pfx)] = set(audit.r.smembers(set_key))
     for (tenant, pfx) in sorted(set(seen) | set(ps.guarantee_prefix)):
-        want, found = ps.guarantee_prefix.get((tenant, pfx), set()), seen.get((tenant, pfx), set())
-        for key in sorted(want - found):
+        want, listed = ps.guarantee_prefix.get((tenant, pfx), set()), seen.get((tenant, pfx), set())
+        for key in sorted(want - listed):
             ps.aggregate.append(audit.finding("guarantee_prefix_missing", shard, _d(tenant + b":" + key),
                                              f"in P:gpfx {_d(pfx)}", "absent", Place(shard, tenant, key)))
-        for key in sorted(found - want):
+        for key in sorted(listed - want):
             ps.aggregate.append(audit.finding("guarantee_prefix_stray", shard, _d(tenant + b":" + key),
                                              f"not in P:gpfx {_d(pfx)}", "present", Place(shard, tenant, key, pfx)))

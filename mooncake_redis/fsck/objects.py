@@ -95,7 +95,7 @@ def compare_unit(audit: Any, shard: int, unit: bytes, st: list, now: int, action
     yet: its tier may lag behind the rule, and that is not drift."""
     why, exp_flat, act_flat, dl, sweep_due = st
     expected = {exp_flat[i]: exp_flat[i + 1] for i in range(0, len(exp_flat), 2)}
-    actual = {act_flat[i]: _score(act_flat[i + 1]) for i in range(0, len(act_flat), 2)}
+    actual = {act_flat[i]: int(act_flat[i + 1]) for i in range(0, len(act_flat), 2)}  # ZSCORE replies: never None
     deadlines = set(dl)
     u, why = _d(unit), _d(why) or "evictable"
     exp_t = {i: v for i, v in expected.items() if i not in deadlines}

@@ -111,8 +111,7 @@ def read_segments(audit: Any, ps: _Pass) -> None:
     k = audit.keys(shard)
     index = audit.zall(k.segments)
     prefix = k.prefix("segment")
-    names = set(index) | {key[len(prefix):] for key in audit.scan(shard, prefix + b"*")}
-    names = sorted(names)
+    names = sorted(set(index) | {key[len(prefix):] for key in audit.scan(shard, prefix + b"*")})
     pipe = audit.t.pipeline(shard, transaction=False)
     for n in names:
         pipe.hgetall(k.segment(n))

@@ -146,7 +146,7 @@ def expected(val: Type, err: Type = i32) -> Type:
     return Type(f"expected<{val.name},{err.name}>", b"\x87" + val.literal + err.literal, "expected", (val, err))
 
 
-def struct_(cls: type, **fields: Type) -> Type:
+def struct_(cls: Any, **fields: Type) -> Type:
     """A non-trivial struct (YLT_REFL'd or aggregate) read as the NamedTuple cls: its fields by
     keyword, in declaration order, which must be the NamedTuple's order."""
     if tuple(fields) != tuple(cls._fields):
@@ -206,6 +206,12 @@ def _as_bytes(v) -> bytes:
     raise CodecError(f"a string takes bytes or str, not {type(v).__name__}")
 
 
+def _fixed(t: Type) -> str:
+    """The struct format of a fixed scalar (what the runs and scalars are made of)."""
+    assert t.fixed is not None, t
+    return t.fixed
+
+
 def _runs(types: tuple[Type, ...]) -> list[list[Type]]:
     """Consecutive fixed scalars form one run (one struct call); any other field stands alone."""
     groups: list[list[Type]] = []
@@ -255,7 +261,7 @@ def _read(s: _Src, t: Type, code: int, ind: int) -> str:
                 continue
             vs = [s.var() for _ in run]
             names += vs
-            st_ = struct.Struct("<" + "".join("B" if x is boolean else x.fixed for x in run))
+            st_ = struct.Struct("<" + "".join("B" if x is boolean else _fixed(x) for x in run))
             s.add(ind, f"{', '.join(vs)}, = {s.const(st_.unpack_from, 'u')}(b, p)", f"p += {st_.size}")
             for name, x in zip(vs, run):
                 if x is boolean:  # only 0 and 1, so that decode-encode is exact
@@ -288,11 +294,11 @@ def _read(s: _Src, t: Type, code: int, ind: int) -> str:
         else:
             n = _read_length(s, code, ind, max(1, sum(x.least(code) for x in t.parts)))
             s.add(ind, f"{v} = {'[]' if k == 'vector' else '{}'}", f"for _ in range({n}):")
-            x = _read(s, el, code, ind + 1)
+            item = _read(s, el, code, ind + 1)
             if k == "vector":
-                s.add(ind + 1, f"{v}.append({x})")
+                s.add(ind + 1, f"{v}.append({item})")
             else:
-                s.add(ind + 1, f"{v}[{x}] = {_read(s, t.parts[1], code, ind + 1)}")
+                s.add(ind + 1, f"{v}[{item}] = {_read(s, t.parts[1], code, ind + 1)}")
     elif k in ("optional", "expected"):
         flag = s.var("f")
         s.add(ind, f"{flag} = b[p]", "p += 1", f"if {flag} == 1:")
@@ -321,7 +327,7 @@ def _write(s: _Src, t: Type, expr: str, code: int, ind: int):
     """Appends code writing the value `expr` (a local name) as t."""
     k = t.kind
     if k == "scalar":
-        s.add(ind, f"ap({s.const(struct.Struct('<' + t.fixed).pack, 'p')}({expr}))")
+        s.add(ind, f"ap({s.const(struct.Struct('<' + _fixed(t)).pack, 'p')}({expr}))")
     elif k == "bool":
         s.add(ind, f"ap(b'\\x01' if {expr} else b'\\x00')")
     elif k in ("struct", "args"):
@@ -333,7 +339,7 @@ def _write(s: _Src, t: Type, expr: str, code: int, ind: int):
             if run[0].fixed is None or len(run) == 1:
                 _write(s, run[0], vs[0], code, ind)
             else:
-                packer = s.const(struct.Struct("<" + "".join(x.fixed for x in run)).pack, "p")
+                packer = s.const(struct.Struct("<" + "".join(_fixed(x) for x in run)).pack, "p")
                 s.add(ind, f"ap({packer}({', '.join(vs)}))")
     elif k == "void":
         s.add(ind, f"if {expr} is not None: raise CodecError(f'expected<void> takes None, not {{{expr}!r}}')")

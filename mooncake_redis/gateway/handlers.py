@@ -14,6 +14,7 @@ import inspect
 import logging
 import time
 import uuid as uuidlib
+from functools import partial
 from typing import Any, Callable, Sequence
 
 from ..config import ReplicateConfig, SoftPinAction
@@ -147,7 +148,7 @@ class Handlers:
         if stale:
             for name, facts in zip(stale, (yield from self.store.segment_facts_steps(stale))):
                 cached[name] = self._facts[name] = (now, facts)
-        return {n: c[1] for n, c in cached.items()}
+        return {n: c[1] for n, c in cached.items() if c is not None}  # none is None now
 
     # ---- descriptors ---------------------------------------------------------------------
     def descriptors_steps(self, replica_lists: list[list[Replica]], status: int) -> Steps[list[Any]]:
@@ -156,12 +157,13 @@ class Handlers:
         names = {r.segment for reps in replica_lists for r in reps}
         facts = yield from self.facts_steps(names)
         outside = {r.segment for reps in replica_lists for r in reps
-                   if facts[r.segment] is not None and not facts[r.segment].holds(r.offset, r.size)}
+                   if (seg_facts := facts[r.segment]) is not None and not seg_facts.holds(r.offset, r.size)}
         if outside:
             facts.update((yield from self.facts_steps(outside, fresh=True)))
-        return [self._one(lambda reps=reps: [self._descriptor(i, r, status, facts[r.segment])
-                                             for i, r in enumerate(reps)])
-                for reps in replica_lists]
+
+        def descriptors(reps: list[Replica]) -> list[Any]:
+            return [self._descriptor(i, r, status, facts[r.segment]) for i, r in enumerate(reps)]
+        return [self._one(partial(descriptors, reps)) for reps in replica_lists]
 
     def _descriptor(self, i: int, rep: Replica, status: int, facts: SegmentFacts | None) -> Any:
         if facts is not None and not facts.holds(rep.offset, rep.size):
@@ -270,7 +272,7 @@ class Handlers:
         codes: list[Any] = [None] * len(metas)
         with_sum = [i for i, m in enumerate(metas) if m.object_checksum is not None]
         plain = [i for i, m in enumerate(metas) if m.object_checksum is None]
-        for idx, sums in ((plain, None), (with_sum, [self._checksum(metas[i]) for i in with_sum])):
+        for idx, sums in ((plain, None), (with_sum, [str(metas[i].object_checksum) for i in with_sum])):
             if idx:
                 ended = yield from self.master.writer_steps("mc_put_end", uuid_text(client),
                                                             [metas[i].key for i in idx], _text(tenant), sums)

@@ -230,11 +230,13 @@ class Gateway:
 
     async def _answer_steps(self, rpc: schema.Rpc, seq: int, args: tuple, literal: bool, started: float) -> bytes:
         """On the event loop: the handler's steps, every round trip on the pipelined connection."""
+        pipelined = self.pipelined
+        assert pipelined is not None  # only then are the steps answered here
         try:
             steps = getattr(self.handlers, rpc.name)(*args)
             step = next(steps)
             while True:
-                result = await (self.run(step.fn) if isinstance(step, Blocking) else self.pipelined.run(step))
+                result = await (self.run(step.fn) if isinstance(step, Blocking) else pipelined.run(step))
                 step = steps.send(result)
         except StopIteration as done:
             value = done.value

@@ -35,7 +35,8 @@ def client_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
         raise MasterError(ErrorCode.INVALID_PARAMS, "url must be a str")
     if is_cluster_url(url):
         try:
-            return cluster_from_url(url, socket_timeout, connect_timeout)
+            # a RedisCluster stands in for a Redis: the transport routes what differs (transport.cluster)
+            return cluster_from_url(url, socket_timeout, connect_timeout)  # type: ignore[return-value]
         except ValueError as exc:
             raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
         except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeGuard
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -65,7 +65,7 @@ def cluster_from_url(url: str, socket_timeout: float | None, connect_timeout: fl
         raise redis.ConnectionError(str(exc)) from None
 
 
-def is_cluster(client: Any) -> bool:
+def is_cluster(client: Any) -> TypeGuard[RedisCluster]:
     return isinstance(client, RedisCluster)
 
 
@@ -144,12 +144,12 @@ def send_plain(client: redis.Redis, commands: Sequence[Sequence[Any]], wait: tup
             pipe.execute_command("ASKING")
         where.append(len(pipe.command_stack))
         pipe.execute_command(*command)
-    waited = bool(wait) and needs_wait(commands)
+    waited = wait if wait and needs_wait(commands) else None
     if waited:
-        pipe.execute_command("WAIT", *wait)
+        pipe.execute_command("WAIT", *waited)
     out = pipe.execute(raise_on_error=False)
     if waited:
-        check_wait(out[-1], wait[0])
+        check_wait(out[-1], waited[0])
     return [out[i] for i in where]
 
 

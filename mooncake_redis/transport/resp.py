@@ -59,7 +59,8 @@ def pack(commands: Sequence[Sequence[Any]]) -> bytes:
     except TypeError:
         pass
     try:  # bytearray and memoryview: redis-py sends them as bytes
-        return b"".join([hiredis.pack_command(tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a
+        # hiredis' stub types the command as a 1-tuple; it takes any length
+        return b"".join([hiredis.pack_command(tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a  # type: ignore[arg-type]
                                                     for a in command)) for command in commands])
     except TypeError as exc:
         raise redis.DataError(str(exc)) from None
@@ -85,7 +86,7 @@ class _Connection:
 
     def __init__(self, redis_conn: redis.Connection, epoch: int):
         self.redis_conn = redis_conn
-        self.sock = redis_conn._sock
+        self.sock: socket.socket = redis_conn._sock  # type: ignore[assignment]  # redis-py: None until connected
         self.reader = hiredis.Reader(protocolError=redis.InvalidResponse, replyError=BaseParser.parse_error,
                                      notEnoughData=_NOT_ENOUGH)
         self.buf = bytearray(READ_SIZE)
@@ -107,7 +108,7 @@ class _Connection:
                 n = sock.recv_into(buf)
                 if not n:
                     raise redis.ConnectionError("Connection closed by server.")
-                reader.feed(buf, 0, n)
+                reader.feed(buf, 0, n)  # type: ignore[arg-type]  # hiredis' stub omits bytearray, which it takes
             reply = reader.gets()
         return reply
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import redis
 
@@ -123,7 +123,7 @@ class Shards:
         """host:port of the cluster node that serves `shard` ("" when not a cluster)."""
         return cluster.node_name(self.redis, self.keys[shard].P)
 
-    def spread(self, shards: Sequence[int]) -> list[int]:
+    def spread(self, shards: Iterable[int]) -> list[int]:
         """`shards` reordered so that consecutive ones are served by different nodes where
         possible (round robin over the nodes): a worker's steps then take turns on the nodes."""
         by_node: dict[str, list[int]] = defaultdict(list)
