@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import random
 import time
+from typing import Any
 
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.cluster import primary_clients
@@ -88,7 +89,7 @@ def measure(url: str, processes: int, seconds: float, keys: int, batch: int = 1)
 def main(processes: int = 4, seconds: float = 5.0, keys: int = 2000, batch: int = 1, out=print) -> dict:
     if not 1 <= batch <= keys:
         raise ValueError("batch must be between 1 and keys")
-    res = {"processes": processes, "seconds": seconds, "keys": keys, "batch": batch, "shards": SHARDS,
+    res: dict[str, Any] = {"processes": processes, "seconds": seconds, "keys": keys, "batch": batch, "shards": SHARDS,
            "cores": os.cpu_count(), "load_average_at_start": os.getloadavg()[0]}
     with private_valkey() as server:
         res["one_node"] = measure(server.url, processes, seconds, keys, batch)

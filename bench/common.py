@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import platform
-from typing import Iterator
+from typing import Any, Iterator
 
 from mooncake_redis.server import EmbeddedValkey, private_valkey
 
 # The eviction geometry of the eviction step benchmarks (not the store's defaults, 0.99 / 0.01):
 # a step starts above 90% and evicts down to 85%, room enough for many steps to take a median of.
-WIDE_WATERMARKS = {"eviction_high_watermark_ratio": 0.90, "eviction_ratio": 0.05}
+WIDE_WATERMARKS: dict[str, Any] = {"eviction_high_watermark_ratio": 0.90, "eviction_ratio": 0.05}
 
 
 def cpu_model() -> str:

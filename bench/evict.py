@@ -119,7 +119,7 @@ class SlowLog:
 
     def restore(self) -> None:
         for k, v in self.saved.items():
-            self.r.config_set(k, v)
+            self.r.config_set(k, v)  # type: ignore[arg-type]  # redis-py types config_get's values loosely
 
 
 def _longest(calls: list[tuple[bytes, int, int]], *fns: bytes) -> tuple[int, str]:
@@ -378,7 +378,7 @@ def _bench_put_over(url: str, r: redis.Redis, private: bool, seg_bytes: int, out
             slow.restore()
         u = m.usage()
         evicted = total - sum(failures.values()) - u.objects
-        res = {"segment_bytes": seg_bytes, "puts": total, "failures": sum(failures.values()),
+        res: dict[str, Any] = {"segment_bytes": seg_bytes, "puts": total, "failures": sum(failures.values()),
                "failure_codes": failures, "puts_per_s": total / secs, "seconds": secs, "evicted": evicted,
                "objects_left": u.objects, "used_ratio": u.used_bytes / u.capacity_bytes,
                "fcall_mean_us": t.per_call(), "server_us_per_put": t.usec / total, "put_max_us": longest}

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 import redis
 
@@ -36,6 +36,12 @@ NAMESPACE = "bench"
 ENV = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1", "GLOG_minloglevel": "2"}
 
 
+def _pipe(f: IO[str] | None) -> IO[str]:
+    """A pipe of a Popen started with it (typed Optional)."""
+    assert f is not None
+    return f
+
+
 def clients(master_addresses: list[str], n: int, tag: str) -> list[dict[str, float]]:
     """One client process per address, started together; their rates."""
     procs = [subprocess.Popen([sys.executable, "-m", "mooncake_redis.bench.gateway_client", addr, str(n), f"{tag}{i}"],
@@ -43,15 +49,15 @@ def clients(master_addresses: list[str], n: int, tag: str) -> list[dict[str, flo
                               text=True) for i, addr in enumerate(master_addresses)]
     try:
         for p in procs:
-            line = p.stdout.readline()
+            line = _pipe(p.stdout).readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"a client did not set up against {master_addresses}: {line.strip()}")
         for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
+            _pipe(p.stdin).write("go\n")
+            _pipe(p.stdin).flush()
         out = []
         for p in procs:
-            rates = json.loads(p.stdout.readline() or '{"error": "no output"}')
+            rates = json.loads(_pipe(p.stdout).readline() or '{"error": "no output"}')
             if "error" in rates:
                 raise RuntimeError(f"a client against {master_addresses} failed: {rates['error']}")
             out.append(rates)
@@ -59,7 +65,7 @@ def clients(master_addresses: list[str], n: int, tag: str) -> list[dict[str, flo
     finally:
         for p in procs:
             with contextlib.suppress(OSError):
-                p.stdin.close()
+                _pipe(p.stdin).close()
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
@@ -73,7 +79,7 @@ class GatewayProcess:
                                       NAMESPACE, "gateway", "--rpc-port", str(self.port), "--metadata-port", "0",
                                       "--gateway-metrics-port", str(self.metrics_port)],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.proc.stdout.readline()
+        line = _pipe(self.proc.stdout).readline()
         if not line.startswith("mooncake gateway:"):
             raise RuntimeError(f"the gateway did not start (exit {self.proc.wait()}): {line!r}")
         self.address = f"127.0.0.1:{self.port}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import redis
 
@@ -23,7 +24,7 @@ OBJ = 64                  # bytes per object: the store is never full
 PREFIX_KEYS = 64          # keys per prefix hash
 CHUNK = 128               # keys per batch_put_start / batch_put_end
 EXPIRE_CALLS = 50         # expire_guaranteed calls timed per store (a fresh prefix each)
-CONFIG = dict(guaranteed_capacity_ratio=1.0)
+CONFIG: dict[str, Any] = dict(guaranteed_capacity_ratio=1.0)
 
 
 def _fcall_usec(r: redis.Redis) -> tuple[int, int]:
@@ -94,11 +95,11 @@ def figures(url: str, r: redis.Redis, n: int, repeats: int, out,
         for rep in range(repeats):
             plain = [f"p{rep}-{i}" for i in range(n)]
             guaranteed = [f"{_prefix(rep * n + i)}_g" for i in range(n)]
-            order = [("put", plain, None), ("put_guaranteed", guaranteed, g)]
-            for name, keys, config in (order if rep % 2 == 0 else order[::-1]):
+            puts = [("put", plain, None), ("put_guaranteed", guaranteed, g)]
+            for name, keys, config in (puts if rep % 2 == 0 else puts[::-1]):
                 rates[name].append(_put_pairs(m, keys, config))
-            order = [("get", plain, 0), ("get_guaranteed", guaranteed, TTL + 1000 * (rep + 1))]
-            for name, keys, ttl in (order if rep % 2 == 0 else order[::-1]):
+            gets = [("get", plain, 0), ("get_guaranteed", guaranteed, TTL + 1000 * (rep + 1))]
+            for name, keys, ttl in (gets if rep % 2 == 0 else gets[::-1]):
                 rates[name].append(_reads(m, keys, ttl))
     finally:
         m.close()

@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import redis
 
@@ -230,7 +230,9 @@ def find_valgrind() -> tuple[str, str]:
     if missing:
         raise CallgrindUnavailable(f"{' and '.join(missing)} not found: bench instructions runs the server "
                                    f"under valgrind's callgrind ({INSTALL})")
-    return found[0], found[1]
+    valgrind, control = found
+    assert valgrind is not None and control is not None  # none missing
+    return valgrind, control
 
 
 def valgrind_version(valgrind: str) -> str:
@@ -267,6 +269,7 @@ def parse_dump(path: str) -> tuple[int, dict[str, list[int]]]:
         for line in f:
             if pending_calls is not None:
                 cost = line.split()
+                assert callee is not None  # a calls= line follows its cfn= line
                 arc = arcs.setdefault(callee, [0, 0])
                 arc[0] += pending_calls
                 arc[1] += int(cost[1]) if len(cost) > 1 else 0
@@ -336,6 +339,7 @@ class CallgrindValkey:
 
     def start(self) -> "CallgrindValkey":
         self.server.start(timeout_s=START_TIMEOUT_S)
+        assert self.server.proc is not None  # started
         self.pid = self.server.proc.pid  # the wrapper execs valgrind, which runs valkey-server in place
         return self
 
@@ -434,7 +438,12 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:,.0f}"
 
 
-def _per(w: Window, units: int) -> dict[str, float | None]:
+def _each(fn: Callable[[Any], object], keys: Iterable[Any]) -> None:
+    for k in keys:
+        fn(k)
+
+
+def _per(w: Window, units: int) -> dict[str, Any]:
     commands = w.in_commands
     return {"instructions": w.instructions / units, "in_redis_call": w.in_redis_call / units,
             "in_commands": None if commands is None else commands / units,
@@ -615,9 +624,9 @@ def _operations(server: CallgrindValkey, master: Master, r: redis.Redis, n: int,
 
         step("put_start", lambda: [master.put_start(CLIENT, k, OBJECT_SIZE) for k in ours_keys],
              lambda: [f("mcb_floor_put_start", 1, P, CLIENT, k, OBJECT_SIZE) for k in floor_keys])
-        step("put_end", lambda: [master.put_end(CLIENT, k) for k in ours_keys],
+        step("put_end", lambda: _each(lambda k: master.put_end(CLIENT, k), ours_keys),
              lambda: [f("mcb_floor_put_end", 1, P, CLIENT, k) for k in floor_keys])
-        step("remove", lambda: [master.remove(k) for k in reversed(ours_keys)],
+        step("remove", lambda: _each(master.remove, reversed(ours_keys)),
              lambda: [f("mcb_floor_remove", 1, P, SEGMENT, k) for k in reversed(floor_keys)], floor_first=True)
 
     cycle("warm", WARMUP, measure=False)

@@ -44,7 +44,7 @@ REPEATS = 3                     # each figure is the median of 3 runs
 BATCH = 100                     # keys per batch_exist_key call
 MEM_OBJECTS = 100_000           # objects stored for the memory figure
 MEM_CHUNK = 1000                # keys per batch_put_start / batch_put_end
-FCALLS = ("fcall", "fcall_ro")  # the commandstats rows of function calls
+FCALLS: tuple[str, ...] = ("fcall", "fcall_ro")  # the commandstats rows of function calls
 NOOP = b"*3\r\n$8\r\nFCALL_RO\r\n$10\r\nmc_version\r\n$1\r\n0\r\n"  # FCALL_RO mc_version 0, as RESP
 
 Run = Callable[[int], int]      # run(repeat index) -> ops (or keys) done
@@ -109,9 +109,10 @@ def _reply_end(buf: bytes, pos: int = 0) -> int | None:
         return end if n < 0 else (end + n + 2 if len(buf) >= end + n + 2 else None)
     if kind == b"*":
         for _ in range(max(n, 0)):
-            end = _reply_end(buf, end)
-            if end is None:
+            nxt = _reply_end(buf, end)
+            if nxt is None:
                 return None
+            end = nxt
         return end
     raise RuntimeError(f"not a RESP2 reply: {buf[pos:pos + 40]!r}")
 
@@ -299,6 +300,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
     raw = None if issubclass(rc.connection_pool.connection_class, redis.SSLConnection) else RawNoop(rc)
 
     def raw_noop(rep: int) -> int:
+        assert raw is not None  # a case only then
         return raw.run(n)
 
     def noop(rep: int) -> int:
@@ -368,7 +370,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
             rm(key)
         return n
 
-    cases = [("raw_noop", FCALLS, raw_noop)] if raw else []
+    cases: list[tuple[str, tuple[str, ...], Callable[[int], int]]] = [("raw_noop", FCALLS, raw_noop)] if raw else []
     cases += [("noop", FCALLS, noop), ("lean_noop", FCALLS, lean_noop), ("put", FCALLS, puts),
               ("get_replica_list", FCALLS, gets),
               ("exist_key", FCALLS, exists), ("hget", ("hget",), hget_pipelined),
@@ -391,7 +393,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
     res["raw_noop_fcall_ops_per_s"] = raw_rate
     res["raw_noop_fcall_server_us"] = m["raw_noop"]["server_us"] if raw else None
     out("baselines, measured in this run (each repeat runs every baseline and operation in turn):")
-    if raw:
+    if raw_rate is not None:  # with raw
         out(f"{'raw-socket no-op':<22}{_fmt(raw_rate):>10} ops/s   FCALL_RO mc_version 0, pre-encoded RESP on a "
             f"plain socket (no client library)" + server(m["raw_noop"], per_key=False))
     else:
@@ -416,7 +418,7 @@ def _run(master: Master, r: redis.Redis, where: str, n: int, shards: int, out, u
         """Ratios of an op rate to the redis-py, raw and lean no-ops (a put pair makes two round
         trips)."""
         div = 2 if pair else 1
-        r_noop, r_raw = rate / (noop_rate / div), rate / (raw_rate / div) if raw else None
+        r_noop, r_raw = rate / (noop_rate / div), rate / (raw_rate / div) if raw_rate is not None else None
         r_lean = rate / (lean_rate / div)
         two, s = ("2 ", "s") if pair else ("", "")
         text = (f"vs {two}raw no-op{s} {r_raw:.2f}   " if raw else "") + \

@@ -299,7 +299,7 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
-        if self.printed and self.tty:
+        if self.printed and self.tty and self.stream is not None:
             self.stream.write(f"\r{self.line(self.total, time.monotonic())}\x1b[K\n")
             self.stream.flush()
 

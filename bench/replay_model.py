@@ -100,7 +100,7 @@ def model_lru(requests: list[Request], capacity_blocks: int, block_bytes: int = 
         st.record(req, leading_run(found), block_tokens)
         evicted: list[int] = []
         writing = [b for b, hit in zip(req.blocks, found) if not hit]
-        done = []
+        done: list[int] = []
         for b in writing:
             m = shard(b)
             if len(m.score) + sum(1 for d in done if shard(d) is m) >= m.slots:

@@ -21,8 +21,11 @@ class Policy:
     """Plain reads and writes: the base every policy starts from."""
 
     name = ""
-    summary = ""
     KNOBS: dict[str, int] = {}  # tunable settings and their defaults (--knob NAME.KNOB=VALUE)
+
+    @property
+    def summary(self) -> str:  # one line on what the policy does (a plain attribute in some)
+        return ""
 
     def knobs(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.KNOBS}

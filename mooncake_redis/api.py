@@ -7,6 +7,9 @@ shard transport (`self.transport`) and the store's configuration (ApiBase); Mast
   maintenance.py  MaintenanceApi: usage counters, eviction steps
   clock.py        ClockApi: the store clock's test hook
   checks.py       the argument checks they share
+
+A family that calls another's method (objects.py puts register radix nodes, offload sweeps a
+shard) finds it declared on ApiBase for the type checker.
 """
 from __future__ import annotations
 
