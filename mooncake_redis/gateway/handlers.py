@@ -260,10 +260,6 @@ class Handlers:
         descriptors = yield from self.descriptors_steps(lists, PROCESSING)
         return [Err(int(r)) if isinstance(r, ErrorCode) else d for r, d in zip(results, descriptors)]
 
-    @staticmethod
-    def _checksum(meta: Any) -> str | None:
-        return None if meta.object_checksum is None else str(meta.object_checksum)
-
     def PutEnd(self, client: Sequence[int], meta: Any, replica_type: int, tenant: bytes) -> Steps[Any]:
         return (yield from self.BatchPutEnd(client, [meta], replica_type, tenant))[0]
 
