@@ -452,8 +452,8 @@ def test_a_killed_parent_leaves_no_valkey_behind(tmp_path):
     Valkey too: it gets SIGTERM and shuts down cleanly."""
     code = ("import sys, time\nfrom mooncake_redis.server import EmbeddedValkey\n"
             f"v = EmbeddedValkey(data_dir={str(tmp_path / 'v')!r}).start()\n"
-            "print(v.proc.pid, flush=True)\ntime.sleep(600)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            "print(v.proc.pid, flush=True)\nsys.stdin.read()\n")  # until it is killed
+    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         valkey_pid = int(parent.stdout.readline())
         os.kill(valkey_pid, 0)  # running

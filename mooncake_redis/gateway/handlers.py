@@ -41,15 +41,6 @@ def uuid_text(pair: Sequence[int]) -> str:
     return str(uuidlib.UUID(int=(pair[0] << 64) | pair[1]))
 
 
-def uuid_pair(text: str) -> tuple[int, int]:
-    """The inverse of uuid_text, or (0, 0) for an id that is not one (a client of the Python API)."""
-    try:
-        n = uuidlib.UUID(text).int
-    except ValueError:
-        return (0, 0)
-    return (n >> 64, n & (2**64 - 1))
-
-
 def mooncake_code(exc: MasterError) -> int:
     code = int(exc.code)
     if code in MOONCAKE_CODES:
