@@ -15,12 +15,14 @@ from urllib.parse import unquote
 
 import click
 import redis
+from click.core import ParameterSource
 
-from mooncake_redis import Master, MasterConfig
+from mooncake_redis import Master, MasterConfig, MasterError
 from mooncake_redis.functions import check_schema
 from mooncake_redis.keys import ShardKeys
 from mooncake_redis.master import client_from_url
 from mooncake_redis.server import URL_FILE, valkey_binary
+from mooncake_redis.transport import check_url
 from mooncake_redis.worker import Worker
 
 from .output import CliError
@@ -35,6 +37,7 @@ class Opts:
     url: str | None
     namespace: str
     url_file: Path | None = None  # where `url` was read, when it came from a serve data directory
+    url_from_env: bool = False  # `url` is MOONCAKE_REDIS_URL's: no --redis on the command line
 
     def require_url(self) -> str:
         """--redis / MOONCAKE_REDIS_URL, else the URL that `serve` wrote in its data directory
@@ -54,6 +57,61 @@ class Opts:
                                    f"env {DATA_DIR_ENV} names another data directory)")
         self.url_file = path
         return self.url
+
+
+# ---- --redis and --namespace -------------------------------------------------------------
+
+REDIS_HELP = ("Redis/Valkey URL (redis://host:port/db, rediss://, unix://, "
+              "redis+cluster://host:port[,host:port...] for a Redis Cluster). "
+              "Env: MOONCAKE_REDIS_URL. `serve` without it starts a private Valkey; other "
+              "commands without it use the URL of that Valkey (the `url` file of "
+              "$MOONCAKE_DATA_DIR, default ./mooncake-data).")
+NAMESPACE_HELP = "Key namespace of the store (keys start with <ns>:{<ns>:<shard>})."
+
+
+def checked_url(_ctx: click.Context | None, _param: click.Parameter | None, value: str | None) -> str | None:
+    """--redis's callback: a URL of a form no client can use is a usage error (exit 2), not a
+    traceback at the first command."""
+    if value:
+        try:
+            check_url(value)
+        except MasterError as exc:
+            source = (_ctx.get_parameter_source(_param.name) if _ctx is not None and _param is not None
+                      and _param.name else None)
+            where = "MOONCAKE_REDIS_URL: " if source == ParameterSource.ENVIRONMENT else ""
+            raise click.BadParameter(where + redact(exc.message, value)) from None
+    return value
+
+
+def _opts(ctx: click.Context) -> Opts:
+    opts = ctx.find_object(Opts)
+    if opts is None:  # the command run on its own, without the group
+        opts = ctx.obj = Opts(None, "mc")
+    return opts
+
+
+def _command_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if checked_url(ctx, param, value):
+        opts = _opts(ctx)
+        opts.url, opts.url_file, opts.url_from_env = value, None, False
+
+
+def _command_namespace(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        _opts(ctx).namespace = value
+
+
+def accept_store_options(command: click.Command, namespace: bool = True) -> click.Command:
+    """Let `--redis` (and `--namespace`) also follow the command's name (`mooncake-redis serve
+    --redis URL`); given there, they win over the same options before the name."""
+    command.params.append(click.Option(["--redis", "redis_url"], metavar="URL", default=None, expose_value=False,
+                                       callback=_command_url,
+                                       help="As `mooncake-redis --redis URL COMMAND` (given here, this one counts)."))
+    if namespace:
+        command.params.append(click.Option(["--namespace"], default=None, expose_value=False,
+                                           callback=_command_namespace,
+                                           help="As `mooncake-redis --namespace NS COMMAND` (default mc)."))
+    return command
 
 
 # ---- URLs in messages ------------------------------------------------------------------

@@ -3,6 +3,8 @@
     mooncake-redis [--redis URL] [--namespace NS] serve | status | inspect KEY | worker | evict
                    | fsck | metrics | bench ops|mooncake|instructions|evict|capacity|offload
 
+--redis and --namespace may also follow the command's name (`serve --redis URL`), and then win.
+
 status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
 
 Exit codes: 0 success; 1 not found (an object, or no store under the namespace); 2 bad usage,
@@ -19,11 +21,12 @@ from __future__ import annotations
 
 import click
 import redis
+from click.core import ParameterSource
 
 from mooncake_redis import MasterError
 
 from .bench import bench
-from .context import Opts, redact, safe_url
+from .context import NAMESPACE_HELP, REDIS_HELP, Opts, accept_store_options, checked_url, redact, safe_url
 from .gateway import gateway
 from .inspect import inspect
 from .maintenance import evict, expire_guaranteed, fsck_cmd, metrics_cmd, worker
@@ -66,22 +69,25 @@ def _url(ctx: click.Context) -> str | None:
 
 @click.group(cls=_Cli)
 @click.option("--redis", "redis_url", envvar="MOONCAKE_REDIS_URL", default=None, metavar="URL",
-              help="Redis/Valkey URL (redis://host:port/db, rediss://, unix://, "
-                   "redis+cluster://host:port[,host:port...] for a Redis Cluster). "
-                   "Env: MOONCAKE_REDIS_URL. `serve` without it starts a private Valkey; other "
-                   "commands without it use the URL of that Valkey (the `url` file of "
-                   "$MOONCAKE_DATA_DIR, default ./mooncake-data).")
-@click.option("--namespace", default="mc", show_default=True,
-              help="Key namespace of the store (keys start with <ns>:{<ns>:<shard>}).")
+              callback=checked_url, help=REDIS_HELP)
+@click.option("--namespace", default="mc", show_default=True, help=NAMESPACE_HELP)
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str | None, namespace: str) -> None:
     """mooncake-redis: a KV-cache metadata master whose whole state lives in Redis/Valkey."""
-    ctx.obj = Opts(redis_url or None, namespace)
+    from_env = ctx.get_parameter_source("redis_url") == ParameterSource.ENVIRONMENT
+    ctx.obj = Opts(redis_url or None, namespace, url_from_env=bool(redis_url) and from_env)
 
 
-for command in (status, inspect, expire_guaranteed, retain, serve, cluster_up, worker, evict, fsck_cmd,
-                metrics_cmd, bench, replay, offload_agent, offload_gc, gateway):
-    cli.add_command(command)
+# the commands on a store, which also take --redis and --namespace after their name
+STORE_COMMANDS = (status, inspect, expire_guaranteed, retain, serve, worker, evict, fsck_cmd, metrics_cmd,
+                  offload_agent, offload_gc, gateway)
+for command in STORE_COMMANDS:
+    cli.add_command(accept_store_options(command))
+for command in bench.commands.values():  # the benches and replay make their own stores: --redis only
+    accept_store_options(command, namespace=False)
+cli.add_command(bench)
+cli.add_command(accept_store_options(replay, namespace=False))
+cli.add_command(cluster_up)
 
 if __name__ == "__main__":
     cli(prog_name="mooncake-redis")

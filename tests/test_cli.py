@@ -249,3 +249,42 @@ def test_bench_ops_private_valkey(fake_bench):
     assert (n, shards) == (20000, 1) and url != ""
     with pytest.raises(redis.ConnectionError):  # the private server is gone
         redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+
+
+# ---- --redis and --namespace after the command's name ---------------------------------------
+
+def test_serve_takes_redis_after_its_name(store, valkey):
+    r = run("serve", "--redis", valkey.url, "--shards", "3")
+    assert r.exit_code == 2, r.output
+    assert "error INVALID_PARAMS (-600): store 'mc' has 2 shards, --shards says 3" in r.stderr
+    r = run("serve", "--redis", valkey.url, "--port", "7000")
+    assert r.exit_code == 2 and "cannot be used with --redis" in r.stderr
+
+
+def test_worker_takes_redis_and_namespace_after_its_name(store, valkey):
+    r = run("worker", "--redis", valkey.url, "--namespace", "other")
+    assert r.exit_code == 1, r.output  # it reached the server, and looked under the namespace given
+    assert f"no store under namespace 'other' at {valkey.url}" in r.stderr
+
+
+def test_redis_after_the_name_wins_over_the_one_before(store, valkey):
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    r = run("--redis", unreachable, "status", "--redis", valkey.url, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["store"]["shards"] == 2
+    r = run("--redis", valkey.url, "--namespace", "other", "status", "--namespace", "mc")
+    assert r.exit_code == 0, r.output
+    r = run("status", "--redis", valkey.url, env={"MOONCAKE_REDIS_URL": unreachable})
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("where", ["before", "after", "env"])
+def test_a_url_with_an_unknown_query_parameter_is_a_usage_error(where):
+    url = "redis://:secret@h/0?foo=1"
+    args, env = {"before": ((("--redis", url, "status")), None), "after": (("status", "--redis", url), None),
+                 "env": (("status",), {"MOONCAKE_REDIS_URL": url})}[where]
+    r = run(*args, env=env)
+    assert r.exit_code == 2, r.output
+    assert "unknown query parameter 'foo'" in r.stderr and "Traceback" not in r.output
+    assert "secret" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)

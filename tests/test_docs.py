@@ -98,6 +98,38 @@ def test_the_command_table_lists_exactly_the_cli_commands():
     assert documented == commands(cli), (documented - commands(cli), commands(cli) - documented)
 
 
+# --redis and --namespace after a command's name: documented once, under the global options
+STORE_OPTIONS = {"--redis", "--namespace"}
+
+
+def leaf_commands(group: click.Group, prefix: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from leaf_commands(command, prefix + (name,))
+        else:
+            yield " ".join(prefix + (name,)), command
+
+
+def test_the_command_table_lists_every_option():
+    groups = {name for name, c in cli.commands.items() if isinstance(c, click.Group)}
+    text = read("docs/cli.md")
+    rows: dict[str, str] = {}
+    for row in table_rows(text, "| command |"):
+        words = first_code(row[0]).split()
+        name = " ".join(words[:2]) if words[0] in groups else words[0]
+        rows[name] = rows.get(name, "") + " ".join(row)
+    missing = {}
+    for name, command in leaf_commands(cli):
+        options = {o for p in command.params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts
+                   if o.startswith("--")} - STORE_OPTIONS - {"--help"}
+        absent = sorted(o for o in options if not re.search(re.escape(o) + r"(?![\w-])", rows[name]))
+        if absent:
+            missing[name] = absent
+    assert not missing, missing
+    # the store options after a command's name are said once, beside the global options
+    assert "`mooncake-redis serve --redis URL`" in text
+
+
 def test_the_readme_is_a_front_door():
     size = len(read("README.md").encode())
     assert size <= README_LIMIT, f"README.md is {size} bytes: move reference to docs/"

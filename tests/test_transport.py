@@ -111,3 +111,16 @@ def test_pipeline_of_a_shard(master, transaction):
     pipe = t.pipeline(0, transaction)
     pipe.hget(t.keys[0].config, "shards")
     assert pipe.execute() == [str(master.shards).encode()]
+
+
+def test_a_url_redis_py_would_fail_on_later_is_refused_up_front():
+    from mooncake_redis.transport import check_url, client_from_url
+
+    for url in ("redis://h/0?foo=1", "unix:///tmp/x.sock?foo=1", "http://h/0", "redis://h/0?socket_timeout=x"):
+        with raises_code(ErrorCode.INVALID_PARAMS):
+            check_url(url)
+        with raises_code(ErrorCode.INVALID_PARAMS):
+            client_from_url(url)
+    for url in ("redis://h/0", "rediss://:pw@h:1/2?ssl_cert_reqs=none", "unix:///tmp/x.sock?db=1",
+                "redis+cluster://h:1,h:2", "memory://x"):
+        check_url(url)  # well-formed: nothing is opened

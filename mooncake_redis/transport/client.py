@@ -4,6 +4,7 @@ timeouts."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 from typing import Any
 
@@ -52,7 +53,36 @@ def client_from_url(url: str, socket_timeout: float | None = SOCKET_TIMEOUT_S,
             server = _memory_servers.setdefault(name, fakeredis.FakeServer())
         return fakeredis.FakeRedis(server=server)
     try:
-        return redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
-                                    retry=Retry(NoBackoff(), 0))
+        client = redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
+                                      retry=Retry(NoBackoff(), 0))
     except ValueError as exc:
         raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
+    _check_connection_kwargs(client.connection_pool)
+    return client
+
+
+def check_url(url: str) -> None:
+    """Raise MasterError INVALID_PARAMS for a URL that client_from_url would refuse, or whose
+    first command would fail on its form (an unknown query parameter such as ?foo=1 reaches
+    redis-py's connection as a keyword argument), without connecting. A redis+cluster:// or
+    memory:// URL is checked when it is opened."""
+    if not isinstance(url, str):
+        raise MasterError(ErrorCode.INVALID_PARAMS, "url must be a str")
+    if is_cluster_url(url) or url.startswith("memory://"):
+        return
+    try:
+        pool = redis.ConnectionPool.from_url(url)
+    except ValueError as exc:
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {exc}") from None
+    _check_connection_kwargs(pool)
+
+
+def _check_connection_kwargs(pool: redis.ConnectionPool) -> None:
+    """Build (not open) one connection of `pool`: redis-py passes a URL's query parameters to
+    it unchecked, so a name it does not take fails only there."""
+    try:
+        pool.connection_class(**pool.connection_kwargs)
+    except TypeError as exc:
+        name = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
+        what = f"unknown query parameter {name.group(1)!r}" if name else str(exc)
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"bad Redis URL: {what}") from None
