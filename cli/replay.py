@@ -2,14 +2,18 @@
 capacity, beside reference caches of the same capacity (bench/replay.py; docs/replay.md)."""
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import click
 
 from mooncake_redis.bench import replay as engine
 from mooncake_redis.bench.replay_policies import POLICIES, knobs_of, make_policy
+from mooncake_redis.server import abandon_throwaway_servers
 
 from .output import emit_json, human, table
 
@@ -158,6 +162,40 @@ def plot(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP during a replay: unwinds like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals(received: list[int]) -> Iterator[None]:
+    """SIGTERM and SIGHUP stop the replay: the handler ends the private Valkey and removes its
+    temporary directory at once, then raises _Terminated to unwind the run. (Python ignores an
+    exception raised at some points, e.g. in its at-fork hooks while a server starts: the
+    directory is gone all the same, and the run then fails on the stopped server.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum, _frame):
+        if not received:
+            received.append(signum)
+            abandon_throwaway_servers()
+        raise _Terminated()
+
+    def unraisable(info) -> None:  # the exception Python ignored: no traceback for it
+        if not isinstance(info.exc_value, _Terminated):
+            previous_hook(info)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        sys.unraisablehook = previous_hook
+
+
 @click.command()
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--capacity-blocks", type=click.IntRange(1), default=None,
@@ -195,8 +233,10 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
     """Replay a Mooncake-format JSONL trace (timestamp, input_length, hash_ids) through real
     stores, one per policy and capacity, and compare hit rates, evictions and speed.
 
-    Without --redis the stores live on a private, throw-away Valkey; with --redis they use the
-    namespace `mcreplay` there (its keys are deleted before and after each run). The store clock
+    Without --redis on the command line the stores live on a private, throw-away Valkey (whose
+    temporary directory goes with it, also on an error, Ctrl-C, SIGTERM or SIGHUP), whatever
+    MOONCAKE_REDIS_URL says; with --redis they use the namespace `mcreplay` there (its keys are
+    deleted before and after each run). The store clock
     follows the trace's timestamps (frozen and advanced, never slept)."""
     if capacity_blocks is not None and capacity_tokens is not None:
         raise click.UsageError("pass --capacity-blocks or --capacity-tokens, not both")
@@ -219,13 +259,26 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
         requests = engine.load_trace(trace, limit_requests)
     except (ValueError, OSError) as exc:
         raise ReplayError(str(exc)) from None
-    url = ctx.obj.url if ctx.obj is not None else None
+    url = None
+    if ctx.obj is not None and ctx.obj.url:
+        if ctx.obj.url_from_env:  # a throw-away run never lands on a server named only by the environment
+            click.echo("note: replay runs on a private Valkey; MOONCAKE_REDIS_URL is not used "
+                       "(pass --redis to replay on a server)", err=True)
+        else:
+            url = ctx.obj.url
+    received: list[int] = []
     try:
-        res = engine.run(trace, requests, sizes, list(policies or POLICIES), url=url, block_bytes=block_bytes,
-                         block_tokens=block_tokens, shards=shards, worker=worker, check=check,
-                         knobs=knobs, progress=sys.stderr)
-    except RuntimeError as exc:  # the private Valkey did not start
-        raise ReplayError(str(exc)) from None
+        with _stop_on_signals(received):
+            res = engine.run(trace, requests, sizes, list(policies or POLICIES), url=url, block_bytes=block_bytes,
+                             block_tokens=block_tokens, shards=shards, worker=worker, check=check,
+                             knobs=knobs, progress=sys.stderr)
+    except BaseException as exc:
+        if received:  # whatever the stop ended in
+            click.echo(f"replay stopped by {signal.Signals(received[0]).name}", err=True)
+            ctx.exit(128 + received[0])
+        if isinstance(exc, RuntimeError):  # the private Valkey did not start
+            raise ReplayError(str(exc)) from None
+        raise
     if as_json:
         emit_json("replay", res)
     else:

@@ -52,6 +52,24 @@ def _die_with_parent() -> None:
         pass
 
 
+# The servers of this process that run in a directory they made up, for a process that must end
+# at once (abandon_throwaway_servers); each leaves when it stops.
+_THROWAWAY: dict[int, "EmbeddedValkey"] = {}
+
+
+def abandon_throwaway_servers() -> int:
+    """For a signal handler of a process about to end: SIGTERM every valkey-server this process
+    started in a directory it made up, without waiting for it (a handler may interrupt a wait on
+    the same process), and remove those directories. Returns how many servers it found."""
+    servers = list(_THROWAWAY.values())
+    for server in servers:
+        if server.proc is not None and server.proc.returncode is None:
+            with contextlib.suppress(OSError):
+                server.proc.send_signal(signal.SIGTERM)
+        shutil.rmtree(server.data_dir, ignore_errors=True)
+    return len(servers)
+
+
 def stop_process(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
     """Stop a child server: SIGTERM, SIGKILL if it is still running after timeout_s; waits."""
     if proc is None or proc.poll() is not None:
@@ -90,6 +108,8 @@ class EmbeddedValkey:
         self.proc: subprocess.Popen | None = None
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        if self.owns_data_dir:
+            _THROWAWAY[id(self)] = self
 
     def start(self, timeout_s: float = 10.0) -> "EmbeddedValkey":
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
@@ -169,6 +189,7 @@ class EmbeddedValkey:
         stop_process(self.proc)
         if self.owns_data_dir and (self.proc is None or self.proc.poll() is not None):
             shutil.rmtree(self.data_dir, ignore_errors=True)
+            _THROWAWAY.pop(id(self), None)
 
     def __enter__(self) -> "EmbeddedValkey":
         return self.start()

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 import uuid
 
 import pytest
+import redis
 from click.testing import CliRunner
 
 from mooncake_redis.bench import replay as engine
@@ -253,6 +259,68 @@ def test_cli_with_redis_uses_that_server(request, server, store_trace):
     res = json.loads(r.stdout)
     assert res["server"].startswith({"valkey": "valkey-server", "memory": "fakeredis"}[server])
     assert res["policies"]["lru"]["hits"] == WITH_WORKER["hits"]
+
+
+def test_cli_takes_redis_after_its_name(valkey, store_trace):
+    r = CliRunner().invoke(cli, ["replay", str(store_trace), "--redis", valkey.url, "--capacity-blocks", "3",
+                                 "--block-bytes", "1024", "--json", "--policy", "lru"], env={"MOONCAKE_REDIS_URL": None})
+    assert r.exit_code == 0, r.output
+    assert not json.loads(r.stdout)["server"].endswith("(private, no AOF)")
+
+
+def test_cli_does_not_follow_the_environment_url(valkey, store_trace):
+    """MOONCAKE_REDIS_URL names a server of the shell, not one to write a throw-away run on."""
+    client = redis.Redis.from_url(valkey.url)
+    client.flushall()
+    client.set("mcreplay:{mcreplay:0}:mine", "kept")  # a key the namespace's cleanup would delete
+    try:
+        r = CliRunner().invoke(cli, ["replay", str(store_trace), "--capacity-blocks", "3", "--block-bytes", "1024",
+                                     "--json", "--policy", "lru"], env={"MOONCAKE_REDIS_URL": valkey.url})
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["server"].endswith("(private, no AOF)")
+        assert "MOONCAKE_REDIS_URL is not used" in r.stderr
+        assert client.keys("*") == [b"mcreplay:{mcreplay:0}:mine"]  # nothing written, nothing deleted
+    finally:
+        client.flushall()
+        client.close()
+
+
+def test_cli_removes_its_private_valkey_directory_after_an_error(store_trace, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("the store went away")
+    monkeypatch.setattr(engine, "replay_store", fail)
+    r = invoke(store_trace, "--capacity-blocks", 3, "--policy", "lru")
+    assert r.exit_code == 2 and "error: the store went away" in r.stderr
+    assert list(tmp_path.glob("mooncake-valkey-*")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_cli_stopped_by_a_signal_removes_its_private_valkey_and_directory(tmp_path, signum):
+    rows = [(i * SEC, [i % 500, 500 + i % 700], 1024) for i in range(30_000)]  # longer than the test waits
+    trace = write_trace(tmp_path / "long.jsonl", rows)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("MOONCAKE_REDIS_URL", "MOONCAKE_DATA_DIR")}
+    env["TMPDIR"] = str(tmp)
+    proc = subprocess.Popen([sys.executable, "-m", "mooncake_redis.cli", "replay", str(trace), "--policy", "lru"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 60
+        while not list(tmp.glob("mooncake-valkey-*/valkey.log")) and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.02)  # waiting for the private Valkey to come up, not for a deadline
+        (data,) = tmp.glob("mooncake-valkey-*")
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, err
+    assert f"replay stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err
+    assert not data.exists() and list(tmp.iterdir()) == []
 
 
 # ---- --check: the plain-Python model of the store --------------------------------------------------
