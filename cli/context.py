@@ -141,6 +141,14 @@ def safe_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", url)
 
 
+def url_password(url: str) -> str:
+    """The password a URL carries (user info or ?password=), "" if none."""
+    _, userinfo, _ = _split_userinfo(url)
+    given = unquote(userinfo.partition(":")[2])
+    query = _QUERY_PASSWORD.search(url)
+    return given or (unquote(query.group(2)) if query else "")
+
+
 def redact(text: str, url: str | None) -> str:
     """`text` without the passwords of `url` (error messages may quote the URL or parts of it)."""
     if not url:

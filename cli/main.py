@@ -19,14 +19,28 @@ a store) is in context.py, which imports no command module.
 """
 from __future__ import annotations
 
+import os
+
 import click
 import redis
 from click.core import ParameterSource
 
 from mooncake_redis import MasterError
+from mooncake_redis.server import PASSWORD_FILE, URL_FILE
 
 from .bench import bench
-from .context import NAMESPACE_HELP, REDIS_HELP, Opts, accept_store_options, checked_url, redact, safe_url
+from .context import (
+    DATA_DIR_ENV,
+    DEFAULT_DATA_DIR,
+    NAMESPACE_HELP,
+    REDIS_HELP,
+    Opts,
+    accept_store_options,
+    checked_url,
+    redact,
+    safe_url,
+    url_password,
+)
 from .gateway import gateway
 from .inspect import inspect
 from .maintenance import evict, expire_guaranteed, fsck_cmd, metrics_cmd, worker
@@ -45,22 +59,50 @@ class _Cli(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except MasterError as exc:
-            detail = f": {exc.message}" if exc.message else ""
-            message = f"error {exc.code.name} ({int(exc.code)}){detail}"
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            opts = ctx.obj if isinstance(ctx.obj, Opts) else Opts(None, "")
-            hint = (f" (URL from {opts.url_file}: is `mooncake-redis serve` running?)"
-                    if opts.url_file else "")
-            message = f"error: cannot reach Redis at {safe_url(opts.url or '?')}{hint}: {exc}"
-        except redis.RedisError as exc:
-            message = f"error from Redis: {exc}"
+        except (MasterError, redis.RedisError) as exc:
+            message = _error_message(ctx.obj if isinstance(ctx.obj, Opts) else Opts(None, ""), exc)
         except click.ClickException as exc:
             # click's stub marks message Final; redacting it in place keeps the exception's own type
             exc.message = redact(exc.message, _url(ctx))  # type: ignore[misc]
             raise
         click.echo(redact(message, _url(ctx)), err=True)  # messages may quote the URL
         ctx.exit(2)
+
+
+def _error_message(opts: Opts, exc: MasterError | redis.RedisError) -> str:
+    if auth_refused(exc):
+        return _password_message(opts)
+    if isinstance(exc, MasterError):
+        detail = f": {exc.message}" if exc.message else ""
+        return f"error {exc.code.name} ({int(exc.code)}){detail}"
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        hint = f" (URL from {opts.url_file}: is `mooncake-redis serve` running?)" if opts.url_file else ""
+        return f"error: cannot reach Redis at {safe_url(opts.url or '?')}{hint}: {exc}"
+    return f"error from Redis: {exc}"
+
+
+# what a server says when it wants a password, or another one (redis-py raises most of these as
+# AuthenticationError; through a cluster client or a function call they arrive as text)
+AUTH_REPLIES = ("NOAUTH", "WRONGPASS", "HELLO must be called with the client already authenticated",
+                "invalid username-password pair", "Authentication required", "invalid password")
+
+
+def auth_refused(exc: Exception) -> bool:
+    """Whether `exc` is a server refusing the connection's (missing or wrong) credentials."""
+    if isinstance(exc, redis.AuthenticationError):
+        return True
+    text = (exc.message if isinstance(exc, MasterError) else str(exc)) or ""
+    return any(reply.lower() in text.lower() for reply in AUTH_REPLIES)
+
+
+def _password_message(opts: Opts) -> str:
+    data_dir = (os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).rstrip("/")
+    url_file = opts.url_file or f"{data_dir}/{URL_FILE}"
+    where = f"see {data_dir}/{PASSWORD_FILE} or the url file {url_file}, which holds the whole URL"
+    url = safe_url(opts.url or "?")
+    if url_password(opts.url or ""):
+        return f"error: Redis at {url}: this server refused the URL's password or user ({where})"
+    return f"error: Redis at {url}: this server needs a password ({where})"
 
 
 def _url(ctx: click.Context) -> str | None:

@@ -288,3 +288,43 @@ def test_a_url_with_an_unknown_query_parameter_is_a_usage_error(where):
     assert "unknown query parameter 'foo'" in r.stderr and "Traceback" not in r.output
     assert "secret" not in r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+# ---- a server that wants a password --------------------------------------------------------
+
+@pytest.fixture
+def locked(server):
+    """A server (`server`: valkey or redis) that requires the password `sekrit`."""
+    from conftest import REDIS_SERVER
+    from mooncake_redis.server import EmbeddedValkey
+
+    if server == "redis" and not REDIS_SERVER:
+        pytest.skip("redis-server is not installed")
+    locked = EmbeddedValkey(appendonly=False, password="sekrit",
+                            binary=REDIS_SERVER if server == "redis" else None).start()
+    yield locked
+    locked.stop()
+
+
+@pytest.mark.parametrize("server", ["valkey", "redis"])
+def test_a_missing_password_is_named_as_such(locked):
+    for url in (f"redis://127.0.0.1:{locked.port}/0", f"redis://127.0.0.1:{locked.port}/0?protocol=3"):
+        r = run("--redis", url, "status")
+        assert r.exit_code == 2, r.output
+        assert r.stderr == (f"error: Redis at {url}: this server needs a password (see ./mooncake-data/password "
+                            f"or the url file ./mooncake-data/url, which holds the whole URL)\n")
+        assert "HELLO" not in r.stderr and "AUTH" not in r.stderr
+
+
+@pytest.mark.parametrize("server", ["valkey", "redis"])
+def test_a_wrong_password_is_named_as_such(locked, tmp_path):
+    url = f"redis://:not-it@127.0.0.1:{locked.port}/0"
+    r = run("--redis", url, "status")
+    assert r.exit_code == 2, r.output
+    assert "this server refused the URL's password or user" in r.stderr and "not-it" not in r.stderr
+    (tmp_path / "url").write_text(url + "\n")  # a url file of another serve
+    r = run("status", env={"MOONCAKE_DATA_DIR": str(tmp_path)})
+    assert r.exit_code == 2, r.output
+    assert f"see {tmp_path}/password or the url file {tmp_path}/url" in r.stderr
+    r = run("--redis", f"redis://:sekrit@127.0.0.1:{locked.port}/0", "status")
+    assert r.exit_code == 1 and "no store under namespace" in r.stderr  # the right one gets in
