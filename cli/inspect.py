@@ -2,50 +2,78 @@
 inspection, not a read."""
 from __future__ import annotations
 
+import re
+
 import click
 
 from mooncake_redis import ErrorCode, MasterError
 from mooncake_redis.keys import ShardKeys
 
 from .context import Opts, open_existing
-from .output import deadline, emit_json, human, iso, json_option
+from .output import deadline, emit_json, human, iso, json_option, text
 from .radix import node_lines, node_report
 from .retention import group_lines, group_report
+
+_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+
+
+def key_candidates(key: str, as_hex: bool) -> list[bytes]:
+    """The object keys KEY may name, in the order tried: with --hex, the bytes it spells; else
+    the key as typed (bytes the shell passed that are not UTF-8 come back as they were), then,
+    if it has \\xNN escapes (as status, inspect and --json print bytes that are not UTF-8),
+    the key with each one as its byte."""
+    if as_hex:
+        try:
+            return [bytes.fromhex(key)]
+        except ValueError:
+            raise click.BadParameter(f"{key!r} is not hex (two digits per byte, e.g. 6b31ff)",
+                                     param_hint="KEY") from None
+    typed = key.encode("utf-8", "surrogateescape")
+    unescaped = _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), typed)
+    return [typed] + ([unescaped] if unescaped != typed else [])
 
 
 @click.command()
 @click.argument("key", required=False)
+@click.option("--hex", "as_hex", is_flag=True,
+              help="KEY is the key's bytes in hex (e.g. 6b31ff), for a key that is not UTF-8.")
 @click.option("--tenant", default="default", show_default=True, help="Tenant id of the object.")
 @click.option("--raw", is_flag=True, help="Print the object hash's fields as stored.")
 @click.option("--group", default=None, help="Show this group (members, retention, lease) instead of an object.")
 @click.option("--node", default=None, help="Show this radix node (parent, children, keys) instead of an object.")
 @json_option
 @click.pass_obj
-def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | None, as_json: bool,
+def inspect(opts: Opts, key: str | None, as_hex: bool, tenant: str, raw: bool, group: str | None, as_json: bool,
             node: str | None = None) -> None:
     """Show one object: size, status, writer, times, lease, pins, guarantee, group, replicas (or,
     with --group, one group: members, retention, lease, eviction tier).
 
-    An inspection, not a read: no lease is granted. Exit 1 if the object does not exist
-    (--json: prints found false)."""
+    A key that is not UTF-8: as printed (\\xNN for such bytes, e.g. 'k\\xff1'), or its bytes
+    in hex with --hex (6bff31). An inspection, not a read: no lease is granted. Exit 1 if
+    the object does not exist (--json: prints found false)."""
     if sum(x is not None for x in (key, group, node)) != 1:
         raise click.UsageError("give an object KEY, --group GROUP or --node HASH")
+    if as_hex and key is None:
+        raise click.UsageError("--hex is for an object KEY")
     if group is not None:
         return _inspect_group(opts, group, tenant, as_json)
     if node is not None:
         return _inspect_node(opts, node, tenant, as_json)
     assert key is not None  # the one given
+    candidates = key_candidates(key, as_hex)
     master = open_existing(opts)
     try:
-        info = _describe_or_exit(lambda: master.describe(key, tenant),
-                                 f"object {key!r} (tenant {tenant!r}, namespace {master.ns!r})",
-                                 {"key": key, "tenant": tenant}, as_json)
+        shown = text(candidates[0])
+        info = _describe_or_exit(lambda: _describe_first(master, candidates, tenant),
+                                 f"object {shown!r} (tenant {tenant!r}, namespace {master.ns!r})",
+                                 {"key": shown, "tenant": tenant}, as_json)
         now = master.now_ms()
     finally:
         master.close()
-    bkey = key.encode()
+    bkey = info.key
+    key = text(bkey)
     shard = master.transport.shard_of(bkey)
-    rkey = ShardKeys(master.ns, shard).object(tenant, bkey).decode(errors="replace")
+    rkey = ShardKeys(master.ns, shard).object(tenant, bkey).decode(errors="backslashreplace")
     out = click.echo
     if as_json:
         emit_json("inspect", _inspect_report(info, key, tenant, shard, rkey, now))
@@ -56,7 +84,7 @@ def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | No
             out(f"{name} {info.fields[name]}")
         return
     f = info.fields
-    out(f"key          {key}")
+    out(f"key          {key}" + ("" if _is_utf8(bkey) else f"   (not UTF-8; hex {bkey.hex()})"))
     out(f"tenant       {tenant}")
     out(f"shard        {shard}   redis key {rkey}")
     out(f"size         {info.size} ({human(info.size)})")
@@ -85,12 +113,34 @@ def inspect(opts: Opts, key: str | None, tenant: str, raw: bool, group: str | No
         out(f"  {seg}  offset {f['rep:' + seg].split()[0]}  dead (segment unmounted or remounted)")
 
 
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _describe_first(master, candidates: list[bytes], tenant: str):
+    """describe() of the first candidate key that exists; the first one's OBJECT_NOT_FOUND if none."""
+    first: MasterError | None = None
+    for bkey in candidates:
+        try:
+            return master.describe(bkey, tenant)
+        except MasterError as exc:
+            if exc.code != ErrorCode.OBJECT_NOT_FOUND:
+                raise
+            first = first or exc
+    assert first is not None
+    raise first
+
+
 def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int) -> dict:
     """inspect's documented JSON fields (docs/json.md)."""
     f = info.fields
     live = {r.segment for r in info.replicas}
     return {
-        "key": key, "tenant": tenant, "found": True, "shard": shard, "redis_key": rkey,
+        "key": key, "key_hex": info.key.hex(), "tenant": tenant, "found": True, "shard": shard, "redis_key": rkey,
         "size_bytes": info.size, "status": info.status.value, "writer": info.writer,
         "put_started_ms": info.put_started_ms, "now_ms": now,
         "lease_until_ms": info.lease_until_ms or None, "soft_pin_until_ms": info.soft_pin_until_ms or None,

@@ -130,6 +130,49 @@ def test_inspect_found(store, valkey):
     assert "replicas     2 live" in out and re.search(r"^  seg-a  offset \d+  size 4096  complete$", out, re.M)
 
 
+BINARY_KEY = b"blk\xff\xfe/7"  # not UTF-8: printed as blk\xff\xfe/7
+
+
+def test_inspect_takes_a_key_that_is_not_utf8_as_printed_or_in_hex(store, valkey):
+    store.put_start("client-1", BINARY_KEY, 512)
+    store.put_end("client-1", BINARY_KEY)
+    escaped = BINARY_KEY.decode(errors="backslashreplace")
+    assert escaped == "blk\\xff\\xfe/7"
+    for args in ((escaped,), ("--hex", BINARY_KEY.hex()), ("--hex", BINARY_KEY.hex().upper()),
+                 (BINARY_KEY.decode("utf-8", "surrogateescape"),)):  # the bytes as a shell passes them
+        r = run("--redis", valkey.url, "inspect", *args)
+        assert r.exit_code == 0, (args, r.output)
+        assert re.search(rf"^key\s+{re.escape(escaped)}   \(not UTF-8; hex {BINARY_KEY.hex()}\)$", r.stdout, re.M)
+        assert re.search(r"^size\s+512 ", r.stdout, re.M)
+    doc = json.loads(run("--redis", valkey.url, "inspect", escaped, "--json").stdout)
+    assert (doc["key"], doc["key_hex"], doc["size_bytes"]) == (escaped, BINARY_KEY.hex(), 512)
+    assert doc["redis_key"].endswith(":obj:default:" + escaped)
+
+
+def test_inspect_prefers_the_key_as_typed_over_its_escapes(store, valkey):
+    literal = "lit\\x41"  # a key that really is backslash, x, 4, 1
+    store.put_start("client-1", literal, 100)
+    store.put_end("client-1", literal)
+    store.put_start("client-1", "litA", 200)
+    store.put_end("client-1", "litA")
+    doc = json.loads(run("--redis", valkey.url, "inspect", literal, "--json").stdout)
+    assert (doc["key"], doc["size_bytes"]) == (literal, 100)
+    store.remove(literal)
+    doc = json.loads(run("--redis", valkey.url, "inspect", literal, "--json").stdout)
+    assert (doc["key"], doc["size_bytes"]) == ("litA", 200)  # then the key its escapes spell
+
+
+def test_inspect_hex_errors(store, valkey):
+    r = run("--redis", valkey.url, "inspect", "--hex", "6bz")
+    assert r.exit_code == 2 and "is not hex" in r.stderr
+    r = run("--redis", valkey.url, "inspect", "--hex", "--group", "g")
+    assert r.exit_code == 2 and "--hex is for an object KEY" in r.stderr
+    r = run("--redis", valkey.url, "inspect", "--hex", "6bff", "--json")
+    assert r.exit_code == 1 and json.loads(r.stdout) == {"command": "inspect", "format": 1, "key": "k\\xff",
+                                                         "tenant": "default", "found": False}
+    assert "not found: object 'k\\\\xff'" in r.stderr
+
+
 def test_inspect_processing_group_and_expired_lease(store, valkey):
     group = next(f"g{i}" for i in range(100) if shard_of(f"g{i}".encode(), 2) == shard_of(b"k3", 2))
     store.put_start("client-1", "k3", 10, ReplicateConfig(with_hard_pin=True, group_id=group),
