@@ -20,12 +20,14 @@ a store) is in context.py, which imports no command module.
 from __future__ import annotations
 
 import os
+from importlib import metadata
 
 import click
 import redis
 from click.core import ParameterSource
 
 from mooncake_redis import MasterError
+from mooncake_redis.library import LIBRARY_NAME, LIBRARY_PROTOCOL, library_source
 from mooncake_redis.server import PASSWORD_FILE, URL_FILE
 
 from .bench import bench
@@ -109,7 +111,25 @@ def _url(ctx: click.Context) -> str | None:
     return ctx.obj.url if isinstance(ctx.obj, Opts) else None
 
 
+def package_version() -> str:
+    """This package's version, from its installed metadata (pyproject's version)."""
+    try:
+        return metadata.version("mooncake-redis")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"mooncake-redis {package_version()} (functions library {LIBRARY_NAME!r} version "
+               f"{library_source()[1]}, protocol {LIBRARY_PROTOCOL})")
+    ctx.exit(0)
+
+
 @click.group(cls=_Cli)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the package's version (and its functions library's) and exit.")
 @click.option("--redis", "redis_url", envvar="MOONCAKE_REDIS_URL", default=None, metavar="URL",
               callback=checked_url, help=REDIS_HELP)
 @click.option("--namespace", default="mc", show_default=True, help=NAMESPACE_HELP)

@@ -3,11 +3,14 @@ cli/, bench/ and lua/ become mooncake_redis.cli, .bench and .lua), and works fro
 fakeredis (memory:// URLs) is the `memory` extra."""
 from __future__ import annotations
 
+import hashlib
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from mooncake_redis import ErrorCode, Master, MasterError
 from mooncake_redis.library import library_source
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCES = ["pyproject.toml", "README.md", "mooncake_redis", "cli", "bench", "lua"]
+SOURCES = ["pyproject.toml", "README.md", "LICENSE", "mooncake_redis", "cli", "bench", "lua"]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,9 @@ def test_the_wheel_holds_only_the_mooncake_redis_namespace(wheel):
     requires = [line for line in meta.read(f"{dist_info}/METADATA").decode().splitlines()
                 if line.startswith("Requires-Dist: fakeredis")]
     assert requires and all('extra == "memory"' in line for line in requires)
+    # the license travels with the wheel (dist-info/LICENSE, or dist-info/licenses/LICENSE with PEP 639)
+    licenses = [n for n in names if n.startswith(f"{dist_info}/") and n.endswith("LICENSE")]
+    assert licenses and meta.read(licenses[0]) == (REPO / "LICENSE").read_bytes()
 
 
 @pytest.mark.slow
@@ -80,6 +86,37 @@ def test_the_wheel_runs_from_its_own_files(wheel, tmp_path):
     cli = subprocess.run([sys.executable, "-m", "mooncake_redis.cli", "--help"], cwd=tmp_path,
                          env={"PYTHONPATH": str(unpacked), "PATH": ""}, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and "Usage: mooncake-redis" in cli.stdout, cli.stderr
+    version = subprocess.run([sys.executable, "-m", "mooncake_redis.cli", "--version"], cwd=tmp_path,
+                             env={"PYTHONPATH": str(unpacked), "PATH": ""}, capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith(f"mooncake-redis {pyproject_version()} (functions library 'mooncake' version "
+                                     f"{library_source()[1]}, protocol "), version.stdout
+
+
+def pyproject_version() -> str:
+    text = (REPO / "pyproject.toml").read_text()
+    return re.search(r'^version = "([^"]+)"$', text, re.M).group(1)
+
+
+def test_version_is_the_package_metadata():
+    from helpers import run_cli
+
+    r = run_cli("--version")
+    assert r.exit_code == 0 and r.stdout.split()[:2] == ["mooncake-redis", metadata.version("mooncake-redis")]
+    assert metadata.version("mooncake-redis") == pyproject_version()
+
+
+def test_the_license_is_the_one_pyproject_names():
+    text = (REPO / "LICENSE").read_text()
+    assert re.search(r'^license = \{ text = "Apache-2.0" \}$', (REPO / "pyproject.toml").read_text(), re.M)
+    assert text.split()[:5] == ["Apache", "License", "Version", "2.0,", "January"]
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
+    assert hashlib.md5(text.encode()).hexdigest() == "3b83ef96387f14655fc854ddc3c6bd57"  # apache.org's LICENSE-2.0.txt
+
+
+def test_the_changelog_names_the_version():
+    assert f"## {pyproject_version()}" in (REPO / "CHANGELOG.md").read_text()
 
 
 def test_memory_urls_without_fakeredis_name_the_extra(monkeypatch):
