@@ -5,7 +5,8 @@
 
 --redis and --namespace may also follow the command's name (`serve --redis URL`), and then win.
 
-status, inspect, evict, fsck and bench take --json (cli/output.py, fields in docs/json.md).
+status, inspect, retain, expire-guaranteed, evict, fsck, metrics, offload-gc, replay and bench take --json
+(cli/output.py, fields in docs/json.md).
 
 Exit codes: 0 success; 1 not found (an object, or no store under the namespace); 2 bad usage,
 a master error (MasterError, printed as "error <NAME> (<code>): <detail>"), an unreachable Redis,

@@ -72,8 +72,9 @@ def evict(opts: Opts, step_units: int, as_json: bool) -> None:
 @click.command("expire-guaranteed")
 @click.argument("prefixes", nargs=-1, required=True)
 @click.option("--tenant", default="default", show_default=True, help="Tenant id of the objects.")
+@json_option
 @click.pass_obj
-def expire_guaranteed(opts: Opts, prefixes: tuple[str, ...], tenant: str) -> None:
+def expire_guaranteed(opts: Opts, prefixes: tuple[str, ...], tenant: str, as_json: bool) -> None:
     """End at once the guarantees of the tenant's objects whose key has one of these prefix
     hashes (a key without one is its own prefix); they become ordinary objects, which eviction
     may take. Prints, per prefix, how many active guarantees ended."""
@@ -82,6 +83,10 @@ def expire_guaranteed(opts: Opts, prefixes: tuple[str, ...], tenant: str) -> Non
         ended = master.expire_guaranteed(list(prefixes), tenant)
     finally:
         master.close()
+    if as_json:
+        emit_json("expire-guaranteed", {"tenant": tenant, "ended": sum(ended),
+                                        "prefixes": [{"prefix": p, "ended": n} for p, n in zip(prefixes, ended)]})
+        return
     for prefix, n in zip(prefixes, ended):
         click.echo(f"{prefix}  {n} guarantee(s) ended")
 
@@ -127,17 +132,23 @@ def fsck_cmd(opts: Opts, repair: bool, as_json: bool) -> None:
                    "printing them once.")
 @click.option("--addr", default="127.0.0.1", show_default=True,
               help="Address to listen on with --port (0.0.0.0: every interface).")
+@json_option
 @log_options
 @click.pass_obj
-def metrics_cmd(opts: Opts, port: int | None, addr: str) -> None:
+def metrics_cmd(opts: Opts, port: int | None, addr: str, as_json: bool) -> None:
     """The store's Prometheus metrics (text exposition format): per shard capacity, used bytes,
     objects, puts in progress, held extents, clients, segments, eviction candidates per tier,
     and the workers' counters (evictions, discarded puts, expired clients, passes). Names and
     meanings: docs/operations.md. Read-only."""
-    from mooncake_redis.metrics import exposition
+    from mooncake_redis.metrics import exposition, metric_families
 
+    if as_json and port is not None:
+        raise click.UsageError("--json prints the metrics once: it cannot be used with --port")
     master = open_existing(opts)
     try:
+        if as_json:
+            emit_json("metrics", {"metrics": metric_families(master)})
+            return
         if port is None:
             click.echo(exposition(master), nl=False)
             return

@@ -12,7 +12,7 @@ from mooncake_redis.groups import GroupInfo, ShardRetention
 from mooncake_redis.keys import ShardKeys
 
 from .context import Opts, open_existing
-from .output import iso
+from .output import emit_json, iso, json_option
 
 _DURATION = re.compile(r"([0-9]+)(ms|s|m|h|d)?")
 _UNIT_MS = {"ms": 1, None: 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -78,18 +78,25 @@ def group_lines(r: dict, deadline: Callable[[int | None, int], str]) -> list[str
 @click.argument("groups", nargs=-1, required=True)
 @click.option("--ttl", type=Duration(), required=True, help="Retention from now: 10m, 90s, 2h, 500ms.")
 @click.option("--tenant", default="default", show_default=True, help="Tenant id of the groups.")
+@json_option
 @click.pass_obj
-def retain(opts: Opts, groups: tuple[str, ...], ttl: int, tenant: str) -> None:
+def retain(opts: Opts, groups: tuple[str, ...], ttl: int, tenant: str, as_json: bool) -> None:
     """Retain GROUPs for --ttl (never shortens a later deadline). Exit 1 if any was refused."""
     master = open_existing(opts)
     try:
         results = master.retain_groups(list(groups), ttl, tenant)
     finally:
         master.close()
-    for g, r in zip(groups, results):
-        # an IntEnum: check it before treating r as a deadline
-        click.echo(f"{g}  " + (f"refused: {r.name} ({int(r)})" if isinstance(r, ErrorCode)
-                               else f"retained until {iso(r)} ({r} ms)"))
+    # an ErrorCode is an IntEnum: check it before treating r as a deadline
+    if as_json:
+        emit_json("retain", {"tenant": tenant, "ttl_ms": ttl, "groups": [
+            {"group": g, "retained_until_ms": None if isinstance(r, ErrorCode) else int(r),
+             "refused": r.name if isinstance(r, ErrorCode) else None,
+             "code": int(r) if isinstance(r, ErrorCode) else None} for g, r in zip(groups, results)]})
+    else:
+        for g, r in zip(groups, results):
+            click.echo(f"{g}  " + (f"refused: {r.name} ({int(r)})" if isinstance(r, ErrorCode)
+                                   else f"retained until {iso(r)} ({r} ms)"))
     if any(isinstance(r, ErrorCode) for r in results):
         raise click.exceptions.Exit(1)
 

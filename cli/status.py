@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from mooncake_redis.cluster import primary_clients
+from mooncake_redis.cluster import is_cluster, primary_clients
 from mooncake_redis.functions import LIBRARY_NAME, LIBRARY_PROTOCOL, library_source, server_library
 from mooncake_redis.gateway.store import GatewayStore
 from mooncake_redis.keys import ShardKeys
+from mooncake_redis.preflight import REQUIRED_POLICY, maxmemory_policy
 
 from .context import Opts, open_existing, safe_url
 from .output import emit_json, human, iso, json_option, pct, span, table, text
@@ -21,8 +22,9 @@ from .retention import retention_report, status_lines
 def status(opts: Opts, as_json: bool) -> None:
     """Capacity, usage and objects per shard, mounted segments, store clock, functions version.
 
-    Sizes in human units (--json: exact bytes). Read-only: writes nothing and loads nothing.
-    Exit 1 if there is no store under the namespace."""
+    Warns (first lines) when no worker has run on a shard recently, and when the server's
+    maxmemory-policy is not noeviction. Sizes in human units (--json: exact bytes).
+    Read-only: writes nothing and loads nothing. Exit 1 if there is no store under the namespace."""
     report = _status_report(opts)
     if as_json:
         emit_json("status", report)
@@ -44,6 +46,8 @@ def _status_report(opts: Opts) -> dict:
         radix = radix_report(master.config.enable_radix_tree, master.radix_stats())
         offload_clients, offload_counters = master.offload_clients(), master.offload_counters()
         gateways = GatewayStore(master).gateways()
+        policies = [] if opts.require_url().startswith("memory://") else _policies(master)
+        silence_ms = worker_silence_ms(master.config.client_ttl)
     finally:
         master.close()
     clocks = [st.clock_ms for st in stats]
@@ -85,7 +89,54 @@ def _status_report(opts: Opts) -> dict:
                                  "removals": c.removals, "orphaned": c.orphaned}
                                 for c in offload_clients]},
         "gateways": gateways,
+        "maxmemory_policy": policies,
+        "warnings": _warnings(shards, policies, now, silence_ms),
     }
+
+
+# ---- warnings ------------------------------------------------------------------------------
+
+def worker_silence_ms(client_ttl: int) -> int:
+    """How long a shard may go without a worker pass before status warns: a worker passes a few
+    times a second; without one, abandoned puts, client expiry and eviction wait."""
+    return max(10_000, client_ttl)
+
+
+def _policies(master) -> list[dict]:
+    """maxmemory-policy of every primary (`node`: host:port on a Redis Cluster, else null)."""
+    out = []
+    for server in primary_clients(master.redis):
+        policy, why = maxmemory_policy(server)
+        kw = server.connection_pool.connection_kwargs
+        node = f"{kw.get('host')}:{kw.get('port')}" if is_cluster(master.redis) else None
+        out.append({"node": node, "policy": policy, "unreadable": why or None})
+    return out
+
+
+def _warnings(shards: list[dict], policies: list[dict], now: int, silence_ms: int) -> list[dict]:
+    """What an operator should act on (docs/json.md): `kind`, `message` and what it is about."""
+    out = []
+    silent = [s for s in shards if s["last_pass_ms"] is None or now - s["last_pass_ms"] > silence_ms]
+    if silent:
+        last = [s["last_pass_ms"] for s in silent]
+        when = ("no pass yet" if all(t is None for t in last)
+                else f"last pass {span(now - max(t for t in last if t is not None))} ago")
+        out.append({"kind": "no_recent_worker", "shards": [s["shard"] for s in silent], "silence_ms": silence_ms,
+                    "message": f"no worker has run on shard(s) {', '.join(str(s['shard']) for s in silent)} in the "
+                               f"last {span(silence_ms)} ({when}): abandoned puts, client expiry and eviction wait "
+                               f"for one; run `mooncake-redis worker` (or `serve`) against this store"})
+    for p in policies:
+        where = f" on {p['node']}" if p["node"] else ""
+        if p["policy"] is None:
+            out.append({"kind": "maxmemory_policy_unknown", "node": p["node"], "policy": None,
+                        "message": f"cannot read maxmemory-policy{where} ({p['unreadable']}): make sure it is "
+                                   f"{REQUIRED_POLICY}, any other policy may delete store keys"})
+        elif p["policy"] != REQUIRED_POLICY:
+            out.append({"kind": "maxmemory_policy", "node": p["node"], "policy": p["policy"],
+                        "message": f"maxmemory-policy {p['policy']}{where}: under memory pressure Redis may delete "
+                                   f"store keys and corrupt the store; the store needs {REQUIRED_POLICY} "
+                                   f"(CONFIG SET maxmemory-policy {REQUIRED_POLICY}; docs/operations.md#sizing)"})
+    return out
 
 
 # worker metrics (P:metrics fields) that status shows per shard
@@ -95,6 +146,11 @@ WORKER_TOTALS = ("evicted_objects_total", "evicted_bytes_total", "discarded_puts
 def _print_status(r: dict) -> None:
     out, fn, total = click.echo, r["functions"], r["total"]
     out(f"store      {r['store']['url']}  namespace {r['store']['namespace']}  shards {r['store']['shards']}")
+    for w in r["warnings"]:
+        out(f"WARNING    {w['message']}")
+    readable = {p["policy"] for p in r["maxmemory_policy"] if p["policy"] is not None}
+    if readable:
+        out(f"server     maxmemory-policy {', '.join(sorted(readable))}")
     local = f"{fn['package_version']} protocol {fn['package_protocol']}"
     if fn["version"] is None:
         out(f"functions  library {LIBRARY_NAME!r} not loaded (this package: {local}; "

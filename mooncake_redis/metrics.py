@@ -12,6 +12,7 @@ The names and labels are listed in METRICS and in docs/operations.md (Metrics).
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Iterator
 
 import redis
@@ -160,6 +161,22 @@ def registry_for(master: "Master", worker: "Worker | None" = None) -> CollectorR
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(master, worker))
     return registry
+
+
+def metric_families(master: "Master", worker: "Worker | None" = None) -> list[dict]:
+    """The metrics as plain data (`mooncake-redis metrics --json`): per family `name`, `type`,
+    `help` and `samples` (`name`, `labels`, `value`: an integer when whole, null when not finite)."""
+    out = []
+    for family in registry_for(master, worker).collect():
+        samples = [{"name": s.name, "labels": dict(s.labels), "value": _number(s.value)} for s in family.samples]
+        out.append({"name": family.name, "type": family.type, "help": family.documentation, "samples": samples})
+    return out
+
+
+def _number(value: float) -> int | float | None:
+    if not math.isfinite(value):
+        return None
+    return int(value) if float(value).is_integer() else value
 
 
 def exposition(master: "Master", worker: "Worker | None" = None) -> str:

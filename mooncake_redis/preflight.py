@@ -60,17 +60,28 @@ def _reply(client: redis.Redis, *command: str) -> tuple[Any, str]:
         return None, exc.message
 
 
-def _check_policy(client: redis.Redis, require_noeviction: bool) -> None:
-    reply, _ = _reply(client, "CONFIG", "GET", "maxmemory-policy")
+REQUIRED_POLICY = "noeviction"  # the only maxmemory-policy under which Redis deletes no store key
+
+
+def maxmemory_policy(client: redis.Redis) -> tuple[str | None, str]:
+    """(the server's maxmemory-policy, "") or, when it cannot be read (CONFIG GET refused by an
+    ACL, renamed, or a server without it), (None, why). Reads only."""
+    reply, why = _reply(client, "CONFIG", "GET", "maxmemory-policy")
     if isinstance(reply, list):
         reply = dict(zip(reply[::2], reply[1::2]))
-    policy = (reply or {}).get(b"maxmemory-policy")
+    policy = (reply or {}).get(b"maxmemory-policy") if isinstance(reply, (dict, type(None))) else None
+    if policy is None:
+        return None, why or "CONFIG GET maxmemory-policy answered nothing"
+    return policy.decode(errors="replace") if isinstance(policy, bytes) else str(policy), ""
+
+
+def _check_policy(client: redis.Redis, require_noeviction: bool) -> None:
+    policy, _ = maxmemory_policy(client)
     if policy is None:
         log.warning("cannot read the server's maxmemory-policy (CONFIG GET refused): make sure it is "
                     "noeviction, any other policy may delete store keys")
         return
-    policy = policy.decode(errors="replace")
-    if policy != "noeviction" and require_noeviction:
+    if policy != REQUIRED_POLICY and require_noeviction:
         raise MasterError(ErrorCode.INTERNAL_ERROR,
                           f"Redis runs with maxmemory-policy {policy}, which may delete store keys and corrupt "
                           f"the store; set it to noeviction (CONFIG SET maxmemory-policy noeviction) or "

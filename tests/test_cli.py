@@ -13,6 +13,7 @@ from mooncake_redis import Master, MasterConfig, ReplicateConfig, SoftPinAction
 from mooncake_redis.library import LIBRARY_PROTOCOL, library_source
 from mooncake_redis.keys import shard_key, shard_of
 from mooncake_redis.server import free_port
+from mooncake_redis.worker import Worker
 
 from helpers import T0
 from helpers import run_cli as run
@@ -109,6 +110,60 @@ def test_status_other_namespace(valkey):
     r = run("--redis", valkey.url, "--namespace", "ns2", "status")
     assert r.exit_code == 0, r.output
     assert "namespace ns2  shards 3" in r.stdout
+
+
+def test_status_warns_when_no_worker_has_run_recently(store, valkey):
+    def warnings():
+        r = run("--redis", valkey.url, "status", "--json")
+        assert r.exit_code == 0, r.output
+        return [w for w in json.loads(r.stdout)["warnings"] if w["kind"] == "no_recent_worker"]
+
+    (w,) = warnings()  # no worker ever ran on this store
+    assert w["shards"] == [0, 1] and w["silence_ms"] == 10_000 and "(no pass yet)" in w["message"]
+    r = run("--redis", valkey.url, "status")
+    assert r.stdout.splitlines()[1].startswith("WARNING    no worker has run on shard(s) 0, 1 in the last 10.0 s")
+    Worker(store).run_once()
+    assert warnings() == []
+    store.advance_clock(10_000)
+    assert warnings() == []  # 10 s: still recent
+    store.advance_clock(1)
+    (w,) = warnings()
+    assert w["shards"] == [0, 1] and "(last pass 10.0 s ago)" in w["message"]
+    r = run("--redis", valkey.url, "status")
+    assert r.exit_code == 0 and "abandoned puts, client expiry and eviction wait" in r.stdout
+
+
+def test_status_warns_about_a_maxmemory_policy_that_may_delete_store_keys(store, valkey):
+    client = redis.Redis.from_url(valkey.url)
+    try:
+        doc = json.loads(run("--redis", valkey.url, "status", "--json").stdout)
+        assert doc["maxmemory_policy"] == [{"node": None, "policy": "noeviction", "unreadable": None}]
+        assert not [w for w in doc["warnings"] if w["kind"].startswith("maxmemory")]
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        r = run("--redis", valkey.url, "status")
+        assert r.exit_code == 0, r.output
+        assert "WARNING    maxmemory-policy allkeys-lru: under memory pressure Redis may delete store keys" in r.stdout
+        assert "server     maxmemory-policy allkeys-lru" in r.stdout
+        doc = json.loads(run("--redis", valkey.url, "status", "--json").stdout)
+        (w,) = [w for w in doc["warnings"] if w["kind"] == "maxmemory_policy"]
+        assert (w["node"], w["policy"]) == (None, "allkeys-lru")
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+
+
+def test_status_says_when_it_cannot_read_the_policy(store, valkey):
+    client = redis.Redis.from_url(valkey.url)
+    client.acl_setuser("no-config", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-config"])
+    try:
+        user = valkey.url.replace("redis://", "redis://no-config:pw@")
+        r = run("--redis", user, "status", "--json")
+        assert r.exit_code == 0, r.output
+        (w,) = [w for w in json.loads(r.stdout)["warnings"] if w["kind"] == "maxmemory_policy_unknown"]
+        assert "make sure it is noeviction" in w["message"]
+    finally:
+        client.acl_deluser("no-config")
+        client.close()
 
 
 # ---- inspect ---------------------------------------------------------------------------
@@ -371,3 +426,17 @@ def test_a_wrong_password_is_named_as_such(locked, tmp_path):
     assert f"see {tmp_path}/password or the url file {tmp_path}/url" in r.stderr
     r = run("--redis", f"redis://:sekrit@127.0.0.1:{locked.port}/0", "status")
     assert r.exit_code == 1 and "no store under namespace" in r.stderr  # the right one gets in
+
+
+def test_status_reads_the_policy_of_every_primary_of_a_cluster(valkey_cluster):
+    from helpers import flush
+
+    flush(valkey_cluster.url)
+    Master.connect(valkey_cluster.url, MasterConfig(shards=16)).close()
+    r = run("--redis", valkey_cluster.url, "status", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert sorted(p["node"] for p in doc["maxmemory_policy"]) == sorted(f"127.0.0.1:{n.port}"
+                                                                        for n in valkey_cluster.nodes[:3])
+    assert {p["policy"] for p in doc["maxmemory_policy"]} == {"noeviction"}
+    assert [w["kind"] for w in doc["warnings"]] == ["no_recent_worker"]

@@ -69,3 +69,19 @@ def test_status_and_inspect_group_json(store, valkey):
     r = run("--redis", valkey.url, "inspect", "--group", "nothing", "--json")
     assert r.exit_code == 1 and json.loads(r.stdout) == {"command": "inspect", "format": 1, "group": "nothing",
                                                         "tenant": "default", "found": False}
+
+
+def test_retain_json(store, valkey):
+    r = run("--redis", valkey.url, "retain", "g1", "g2", "--ttl", "10m", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {
+        "command": "retain", "format": 1, "tenant": "default", "ttl_ms": 600_000,
+        "groups": [{"group": g, "retained_until_ms": T0 + 600_000, "refused": None, "code": None}
+                   for g in ("g1", "g2")]}
+    r = run("--redis", valkey.url, "retain", *[f"h{i}" for i in range(20)], "--ttl", "1h", "--tenant", "t", "--json")
+    assert r.exit_code == 1  # as the text output: some were refused
+    groups = json.loads(r.stdout)["groups"]
+    refused = [g for g in groups if g["refused"]]
+    assert refused and all(g["refused"] == "RETENTION_LIMIT_EXCEEDED" and g["code"] == -10003
+                           and g["retained_until_ms"] is None for g in refused)
+    assert all(g["retained_until_ms"] == T0 + 3_600_000 for g in groups if not g["refused"])

@@ -534,4 +534,9 @@ def test_cli_shows_and_expires_guarantees(valkey):
     assert f"{H1}  1 guarantee(s) ended" in r.stdout and "nothing  0 guarantee(s) ended" in r.stdout
     assert m.describe(key).guaranteed_until_ms is None
     assert run("expire-guaranteed").exit_code == 2  # usage: at least one prefix
+    put(m, gkeys(H1, 2)[1], 100, config=G)
+    r = run("expire-guaranteed", H1, "nothing", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"command": "expire-guaranteed", "format": 1, "tenant": "default", "ended": 1,
+                                    "prefixes": [{"prefix": H1, "ended": 1}, {"prefix": "nothing", "ended": 0}]}
     m.close()

@@ -102,6 +102,26 @@ def test_metrics_command_prints_the_exposition(store, valkey):
     assert got[("mooncake_shard_capacity_bytes", (("shard", "1"),))] == 1 << 20
 
 
+def test_metrics_command_json_has_the_same_samples(store, valkey):
+    import json
+
+    invoke = lambda *a: CliRunner().invoke(cli, ["--redis", valkey.url, "metrics", *a],  # noqa: E731
+                                           env={"MOONCAKE_REDIS_URL": None})
+    r = invoke("--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert (doc["command"], doc["format"]) == ("metrics", 1)
+    by_name = {f["name"]: f for f in doc["metrics"]}
+    assert {n.removesuffix("_total") for n in METRICS} == set(by_name)  # every family, as the exposition's
+    used = by_name["mooncake_shard_used_bytes"]
+    assert used["type"] == "gauge" and used["help"].startswith("Bytes allocated on the shard")
+    got = {(s["name"], tuple(sorted(s["labels"].items()))): s["value"] for f in doc["metrics"] for s in f["samples"]}
+    assert got == samples(invoke().stdout)
+    assert isinstance(got[("mooncake_shard_capacity_bytes", (("shard", "1"),))], int)  # whole numbers as integers
+    r = invoke("--json", "--port", str(free_port()))
+    assert r.exit_code == 2 and "cannot be used with --port" in r.output
+
+
 def test_http_endpoint(store):
     port = free_port()
     http = serve_metrics(store, port, "127.0.0.1")
