@@ -4,7 +4,7 @@ The numbers are the store's own, not a process's: every exporter of one store (s
 worker, `mooncake-redis metrics`) reports the same values, so scrape one of them, or aggregate
 several with max(), not sum(). Only what the store keeps is exported: the shard counters and
 index sizes (one pipelined read of O(1) commands per shard), and the workers' `*_total`
-counters of `<P>:metrics` (published after every pass by any worker), and the SSD offload tier
+counters of `<P>:metrics` (published by any worker after a pass that did work, else every 5 s), and the SSD offload tier
 (each client's disk and queues, and the offload counters, as `mooncake-redis status` reads
 them). A worker process adds its own pass durations (`mooncake_worker_pass_duration_seconds`).
 The names and labels are listed in METRICS and in docs/operations.md (Metrics).

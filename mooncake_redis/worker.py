@@ -4,12 +4,17 @@ A Worker holds no state of its own beyond counters: every step is one atomic FCA
 number of workers can run, crash and restart. To keep several workers from repeating each
 other's work, a worker only works on the shards it holds a short claim on (`mc_claim`, a lease
 with a deadline on the store clock, renewed between steps and released when `run` returns).
+An idle store is not written to on every pass: a pass reads first (the store clock, the claim,
+the oldest ping, the watch of client silence) and renews its claim only once half of it has run
+out, runs mc_expire_clients only when a client is due or the watch needs its refresh
+(every client_ttl / 8), and publishes an idle pass's metrics every METRICS_EVERY_MS.
 
 One pass runs the loops of `STEPS` over each claimed shard, in this order (earlier loops free
 space that eviction would otherwise have to find):
   1. discard_puts: discard abandoned puts and release due held extents (`mc_discard_puts`,
      until a call does less than `batch` of either);
-  2. expire_clients: expire clients whose pings stopped (`mc_expire_clients`, same rule);
+  2. expire_clients: expire clients whose pings stopped (`mc_expire_clients`, same rule; only
+     when a client's last ping is more than client_ttl old or the watch is due for a refresh);
   3. sweep_replicas: when a segment was unmounted (the shard's `<P>:sweep_pending` marker is
      set, also if a worker stopped before sweeping, or step 2 just unmounted one), sweep the dead
      replicas out of the shard's object hashes (`mc_sweep_replicas` over a SCAN of the shard's
@@ -22,8 +27,9 @@ space that eviction would otherwise have to find):
      shard's state is no longer "more".
   6. radix (only with enable_radix_tree): deliver the shard's radix outbox (unlinks eviction
      wrote make parents on other shards candidates), then one bounded reconciliation call.
-Then it publishes metrics to the plain hash `<P>:metrics` (not master state). A new loop is one
-more `Step` in `STEPS`.
+Then it publishes metrics to the plain hash `<P>:metrics` (not master state): at once after a
+pass that did work, else every METRICS_EVERY_MS of store time (the counts of the passes in
+between included). A new loop is one more `Step` in `STEPS`.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable, Sequence
 
 import redis
@@ -47,6 +53,7 @@ from .radix import DEFAULT_GRACE_MS as RADIX_GRACE_MS
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 1024  # the functions' own cap on items per call
+METRICS_EVERY_MS = 5_000  # store time between two publications of an idle worker's pass metrics
 
 
 @dataclass
@@ -112,8 +119,17 @@ class _ClaimLost(Exception):
 class ClaimedShard:
     """A shard a worker holds for one pass."""
     index: int
-    now_ms: int          # the store clock when the claim was taken
+    now_ms: int          # the store clock when the pass began
     sweep_pending: bool  # <P>:sweep_pending was set: a dead-replica sweep is owed
+    expire_due: bool = True  # mc_expire_clients has something to do (see Worker._expire_due)
+
+
+@dataclass
+class _Unpublished:
+    """A shard's passes whose metrics are not published yet."""
+    passes: int = 0
+    counts: WorkerPass = field(default_factory=WorkerPass)
+    last_pass_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +152,8 @@ def discard_puts(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> Non
 
 
 def expire_clients(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    if not shard.expire_due:  # no client is silent for client_ttl, and the store's watch is fresh
+        return
     while True:
         clients, segments = worker.transport.call("mc_expire_clients", shard.index, worker.batch)
         done.clients_expired += clients
@@ -199,6 +217,23 @@ def redeliver_offload(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -
         worker.renew(shard.index)
 
 
+def _oldest_score(reply: object) -> float | None:
+    """The score of ZRANGE key 0 0 WITHSCORES ([member, score], or [[member, score]] in RESP3)."""
+    flat: list = []
+
+    def walk(x: object) -> None:
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        else:
+            flat.append(x)
+    walk(reply)
+    try:
+        return float(flat[1]) if len(flat) >= 2 else None
+    except (TypeError, ValueError):
+        return None
+
+
 def reap_gateway_segments(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
     """Shard 0 only: segments a Mooncake gateway recorded that are no longer mounted (their
     client expired) lose their facts and their transfer-engine metadata (`mc_gw_reap`)."""
@@ -247,17 +282,67 @@ class Worker:
         self.pass_seconds_total = 0.0
         self.radix_cursors: dict[int, int] = {}  # shard -> where the radix reconciliation walk resumes
         self.radix_grace_ms = RADIX_GRACE_MS
+        self._unpublished: dict[int, _Unpublished] = {}  # shard -> passes not yet in its <P>:metrics
+        self._published_at: dict[int, int] = {}  # shard -> store time of the last pass published
 
     # ---- claims ----------------------------------------------------------------------
-    def _claim_all(self) -> dict[int, tuple[int, bytes | None]]:
-        """{shard: (store clock ms, sweep_pending marker)} for the shards we hold."""
+    # An idle store should not be written to on every pass (each write is AOF and replication
+    # traffic): a pass reads first, then claims (a write: mc_claim sets P:worker) only the shards
+    # whose claim is free, run out, or ours with at most half its TTL left, and runs
+    # mc_expire_clients (which writes P.clients_checked_at) only when it has something to do.
+    # mc_claim stays the judge: a read that says "ours" is only trusted while more than half
+    # the TTL is left, which no other worker can take.
+    _READS = 5  # replies per shard of the pass's first pipeline
+
+    def _claim_all(self) -> dict[int, ClaimedShard]:
+        """The shards we hold for this pass (claimed now, or held with more than half the TTL left)."""
         t = self.transport
         r = t.run([c for shard, k in enumerate(t.keys)
-                   for c in (t.command("mc_claim", shard, self.worker_id, self.claim_ttl_ms),
-                             t.command("mc_now", shard),
-                             ("GET", k.sweep_pending))])
-        return {shard: (int(r[3 * shard + 1]), r[3 * shard + 2])
-                for shard in range(t.count) if r[3 * shard] == 1}
+                   for c in (t.command("mc_now", shard), ("GET", k.worker), ("GET", k.sweep_pending),
+                             ("ZRANGE", k.clients, 0, 0, "WITHSCORES"), ("HGET", k.P, "clients_checked_at"))])
+        views, claim = {}, []
+        for shard in range(t.count):
+            now, holder, sweep, oldest, checked = r[self._READS * shard:self._READS * (shard + 1)]
+            now = int(now)
+            views[shard] = (now, sweep is not None, self._expire_due(now, oldest, checked))
+            state = self._claim_state(holder, now)
+            if state == "claim":
+                claim.append(shard)
+            elif state != "ours":
+                del views[shard]  # another worker's, still valid: mc_claim would say 0
+        if claim:
+            for shard, got in zip(claim, t.run([t.command("mc_claim", s, self.worker_id, self.claim_ttl_ms)
+                                                for s in claim])):
+                if got != 1:
+                    del views[shard]
+        return {shard: ClaimedShard(shard, now, sweep, due) for shard, (now, sweep, due) in views.items()}
+
+    def _claim_state(self, holder: bytes | None, now: int) -> str:
+        """"ours" (held with more than half the TTL left: no call), "theirs" (another worker's,
+        not run out) or "claim" (free, run out, ours and due for renewal, or unreadable)."""
+        if holder is None:
+            return "claim"
+        who, _, until = holder.rpartition(b" ")
+        if not until.isdigit():
+            return "claim"
+        left = int(until) - now
+        if who != self.worker_id.encode():
+            return "theirs" if left > 0 else "claim"
+        return "ours" if 2 * left > self.claim_ttl_ms else "claim"
+
+    def _expire_due(self, now: int, oldest: object, checked: bytes | None) -> bool:
+        """Whether mc_expire_clients has something to do: a client whose last ping is more than
+        client_ttl old, or the store's watch of client silence (P.clients_checked_at) needs
+        its refresh, every client_ttl / 8: a watch is broken by a gap over client_ttl / 2
+        between two calls, which a dead worker's claim (up to client_ttl / 4) plus this refresh
+        interval stays under."""
+        ttl = self.master.config.client_ttl
+        ping = _oldest_score(oldest)
+        if ping is not None and ping < now - ttl:
+            return True
+        if checked is None or not checked.isdigit():
+            return True
+        return not 0 <= now - int(checked) < max(1, ttl // 8)
 
     def renew(self, shard: int) -> None:
         """Extend our claim on `shard` (between two calls of a step); raises if it was lost."""
@@ -281,11 +366,10 @@ class Worker:
         total = WorkerPass()
         claimed = self._claim_all()
         for index in self.transport.spread(claimed):  # on a cluster: taking turns on the nodes
-            now, sweep_pending = claimed[index]
+            shard = claimed[index]
             if self.stopping():
                 break
             total.shards_claimed += 1
-            shard = ClaimedShard(index, now, sweep_pending is not None)
             done = WorkerPass()
             try:
                 for step in self.steps:
@@ -295,7 +379,7 @@ class Worker:
                             extra=self._fields(index))
             finally:
                 total.add(done)
-                self._publish(index, now, done)
+                self._publish(index, shard.now_ms, done)
             if done.did_work():  # one line per shard that had work: what was done there
                 counts = done.counts()
                 log.info("shard %d: %s", index, " ".join(f"{k}={v}" for k, v in counts.items()),
@@ -317,15 +401,39 @@ class Worker:
             self._blocked.discard(shard)
 
     def _publish(self, shard: int, now: int, done: WorkerPass) -> None:
+        """Add a pass to the shard's metrics (<P>:metrics). A pass that did work is published at
+        once; idle passes are counted here and published together, when METRICS_EVERY_MS of
+        store time have passed since the last publication (and when the worker stops), so that
+        an idle store is not written to on every pass."""
+        pending = self._unpublished.setdefault(shard, _Unpublished())
+        pending.passes += 1
+        pending.counts.add(done)
+        pending.last_pass_ms = now
+        last = self._published_at.get(shard)
+        if done.did_work() or last is None or not 0 <= now - last < METRICS_EVERY_MS:
+            self._send_metrics(shard)
+
+    def _send_metrics(self, shard: int) -> None:
+        pending = self._unpublished.get(shard)
+        if pending is None or not pending.passes:
+            return
         key = self.transport.keys[shard].metrics
-        commands = [("HSET", key, "last_pass_ms", now, "last_worker", self.worker_id),
-                    ("HINCRBY", key, "passes_total", 1)]
-        commands += [("HINCRBY", key, field, getattr(done, attr)) for field, attr in _TOTALS.items()
-                     if getattr(done, attr)]
+        commands = [("HSET", key, "last_pass_ms", pending.last_pass_ms, "last_worker", self.worker_id),
+                    ("HINCRBY", key, "passes_total", pending.passes)]
+        commands += [("HINCRBY", key, field, getattr(pending.counts, attr)) for field, attr in _TOTALS.items()
+                     if getattr(pending.counts, attr)]
         try:
             self.transport.run(commands)
-        except MasterError:  # metrics are best effort
+        except MasterError:  # metrics are best effort; these are sent with the next ones
             log.exception("shard %d: could not publish metrics", shard, extra=self._fields(shard))
+            return
+        del self._unpublished[shard]
+        self._published_at[shard] = pending.last_pass_ms
+
+    def flush_metrics(self) -> None:
+        """Publish the passes not published yet (idle ones), e.g. before the worker stops."""
+        for shard in list(self._unpublished):
+            self._send_metrics(shard)
 
     # ---- the loop --------------------------------------------------------------------
     def run(self, stop: threading.Event, interval_s: float = 0.2) -> int:
@@ -346,6 +454,7 @@ class Worker:
         finally:
             self._stop = None
             try:
+                self.flush_metrics()
                 self.release_all()
             except (MasterError, redis.RedisError):
                 log.exception("worker %s: could not release its claims", self.worker_id)

@@ -281,6 +281,67 @@ def test_release_claim_only_releases_our_own(master):
     assert master.transport.call("mc_claim", 0, "worker-b", 1000) == 1
 
 
+# ---- an idle store is not written to on every pass -------------------------------------------
+PASS_MS = 200  # a worker's default interval, as store time between passes
+
+
+def writes(m) -> int:
+    """Write commands the server has run (its dirty counter), functions' own writes included."""
+    return int(m.redis.info("persistence")["rdb_changes_since_last_save"])
+
+
+def test_idle_passes_write_at_most_a_few_times_per_client_ttl(valkey_master):
+    m = valkey_master(shards=2)
+    m.mount_segment("seg-a", 1 << 20, "client-1")
+    worker = Worker(m)
+    worker.run_once()  # the first pass claims, starts the watch of client silence, publishes
+
+    def idle_passes(n: int) -> int:
+        """The writes of n passes PASS_MS apart (the clock's own INCRBY on each shard left out)."""
+        before = writes(m)
+        for _ in range(n):
+            m.advance_clock(PASS_MS)
+            assert worker.run_once().shards_claimed == 2
+        return writes(m) - before - n * m.shards
+
+    # 1 s of idle passes: the claim, the watch and the metrics are all fresh
+    assert idle_passes(5) == 0
+    # on to 10 s (client_ttl), per shard: a claim renewal per claim_ttl / 2 (7), a watch refresh
+    # per client_ttl / 8 (7) and 2 publications of 3 commands: about 20 (5 a pass used to be 225)
+    assert idle_passes(45) <= 2 * 24
+    worker.flush_metrics()
+    assert [int(metrics(m, s)["passes_total"]) for s in range(2)] == [51, 51]  # every pass counted
+    assert [int(metrics(m, s)["last_pass_ms"]) for s in range(2)] == [m.now_ms()] * 2
+
+
+def test_a_silent_client_is_expired_by_the_first_pass_after_client_ttl(new_master):
+    m = new_master()
+    m.mount_segment("seg-a", 1 << 20, "client-1")  # its last ping: T0
+    worker = Worker(m)
+    while m.now_ms() <= T0 + m.config.client_ttl:
+        assert worker.run_once().clients_expired == 0
+        m.advance_clock(PASS_MS)
+    assert worker.run_once().clients_expired == m.shards  # it was known on every shard
+
+
+def test_a_takeover_keeps_the_watch_of_client_silence(new_master):
+    """A worker that dies leaves its claim for up to claim_ttl and skipped watch refreshes: the
+    next worker still sees an unbroken watch and expires a silent client on time."""
+    m = new_master()
+    m.mount_segment("seg-a", 1 << 20, "client-1")
+    a, b = Worker(m, "worker-a"), Worker(m, "worker-b")
+    while m.now_ms() < T0 + 3000:  # then a dies
+        assert a.run_once().clients_expired == 0
+        m.advance_clock(PASS_MS)
+    taken = False
+    while m.now_ms() <= T0 + m.config.client_ttl:
+        done = b.run_once()
+        taken = taken or done.shards_claimed == m.shards
+        assert done.clients_expired == 0
+        m.advance_clock(PASS_MS)
+    assert taken and b.run_once().clients_expired == m.shards
+
+
 # ---- stopping ------------------------------------------------------------------------------
 class StopAfter(Worker):
     """Sets the stop event after `passes` passes, the way a SIGTERM handler would."""

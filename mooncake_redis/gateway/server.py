@@ -38,8 +38,8 @@ from .store import GatewayStore
 THREADS = 16                 # blocking handlers in flight at once, all connections together
 MAX_IN_FLIGHT = 256          # requests of one connection not yet answered before it stops reading
 MAX_UNSENT = 4 << 20         # reply bytes of one connection not yet sent before it stops reading
-HEARTBEAT_S = 1.0            # how often a gateway renews its entry in the store
-HEARTBEAT_TTL_MS = 5_000     # after which `status` no longer lists a silent gateway
+HEARTBEAT_S = 5.0            # how often a gateway renews its entry in the store (each one a write)
+HEARTBEAT_TTL_MS = 15_000    # after which `status` no longer lists a silent gateway (3 missed heartbeats)
 LATENCY_BUCKETS = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 50e-3, 0.25, 1.0)
 
 
