@@ -21,6 +21,7 @@ from mooncake_redis.server import (
     URL_FILE,
     EmbeddedCluster,
     PrivateValkey,
+    data_dir_password,
     start_private_valkey,
     write_private,
 )
@@ -202,26 +203,33 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
 def cluster_up(nodes: int, replicas: int, data_dir: Path) -> None:
     """Run a local Redis Cluster of the embedded Valkey on loopback until SIGINT/SIGTERM, for
     development and tests: cluster-enabled nodes on free ports, slots assigned, replicas
-    attached. Prints its redis+cluster:// URL (also written to DIR/url, where the other
-    commands find it with MOONCAKE_DATA_DIR=DIR). Ctrl-C stops every node."""
+    attached, every node requiring a password (generated into DIR/password, as serve does).
+    Prints its redis+cluster:// URL, password masked (the whole URL is written to DIR/url, where
+    the other commands find it with MOONCAKE_DATA_DIR=DIR). Ctrl-C stops every node."""
     data_dir = data_dir.resolve()
     if data_dir.exists() and any(data_dir.iterdir()):
         raise click.UsageError(f"--data-dir {data_dir} is not empty: a cluster starts in a new or empty directory")
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    password = data_dir_password(data_dir)  # every node requires it, as serve's Valkey does
     stop = threading.Event()
     previous = stop_on_signals(stop)
     try:
-        cluster = EmbeddedCluster(primaries=nodes, replicas=replicas, data_dir=str(data_dir), appendonly=True)
+        cluster = EmbeddedCluster(primaries=nodes, replicas=replicas, data_dir=str(data_dir), appendonly=True,
+                                  password=password)
         try:
             cluster.start()
         except (RuntimeError, redis.RedisError) as exc:
             raise CliError(f"the cluster did not start: {exc}") from None
         try:
             write_private(data_dir / URL_FILE, cluster.url + "\n")
-            click.echo(f"cluster    {cluster.url}")
+            click.echo(f"cluster    {safe_url(cluster.url)}")
             click.echo(f"nodes      {nodes} primaries, {replicas} replica(s) each, on 127.0.0.1 ports "
                        f"{', '.join(str(n.port) for n in cluster.nodes)}")
-            click.echo(f"data dir   {data_dir} (url file {data_dir / URL_FILE})")
+            click.echo(f"data dir   {data_dir} (url file {data_dir / URL_FILE}: the URL with the password; "
+                       f"password file {data_dir / PASSWORD_FILE})")
+            tool = valkey_cli_binary() or "valkey-cli"
+            click.echo(f"redis-cli  REDISCLI_AUTH=\"$(cat {shlex.quote(str(data_dir / PASSWORD_FILE))})\" {tool} -c "
+                       f"-p {cluster.nodes[0].port}")
             click.echo("Ctrl-C stops it")
             stop.wait()
         finally:

@@ -133,7 +133,8 @@ class EmbeddedValkey:
             stdin = self.proc.stdin
             assert stdin is not None  # a PIPE when there is a password
             try:
-                stdin.write(f"requirepass {self.password}\n".encode())
+                # masterauth: a replica (of a cluster) logs in to its primary with the same password
+                stdin.write(f"requirepass {self.password}\nmasterauth {self.password}\n".encode())
                 stdin.close()
             except BrokenPipeError:
                 pass  # it exited already: reported below
@@ -206,11 +207,13 @@ class EmbeddedCluster:
     `primaries` nodes holding the 16384 slots in equal ranges, each with `replicas` replicas.
     start() returns once every node reports cluster_state:ok and every replica's link to its
     primary is up; `url` (redis+cluster://) then reaches it. Each node keeps its files in its
-    own directory under `data_dir` (default: a throw-away one, removed by stop())."""
+    own directory under `data_dir` (default: a throw-away one, removed by stop()). With
+    `password`, every node requires it (replicas log in to their primaries with it) and `url`
+    carries it."""
 
     def __init__(self, primaries: int = 3, replicas: int = 0, data_dir: str | None = None,
                  base_port: int | None = None, appendonly: bool = False, node_timeout_ms: int = 2000,
-                 binary: str | None = None):
+                 binary: str | None = None, password: str | None = None):
         if primaries < 1 or replicas < 0:
             raise ValueError("a cluster needs at least one primary and a non-negative replica count")
         self.owns_data_dir = data_dir is None
@@ -224,14 +227,17 @@ class EmbeddedCluster:
                 "--repl-diskless-sync-delay", "0")
         # the bus port is given (not port + 10000, which may be taken or out of range)
         self.bus_ports = [free_port() for _ in ports]
+        self.password = password
         self.nodes = [EmbeddedValkey(data_dir=os.path.join(self.data_dir, f"node-{port}"), port=port,
-                                     appendonly=appendonly, binary=binary,
+                                     appendonly=appendonly, binary=binary, password=password,
                                      extra_args=(*args, "--cluster-port", str(bus)))
                       for port, bus in zip(ports, self.bus_ports)]
-        self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:primaries])
+        auth = f":{password}@" if password else ""
+        self.url = f"redis+cluster://{auth}" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:primaries])
 
     def client(self, node: "EmbeddedValkey") -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=10, retry=Retry(NoBackoff(), 0))
+        return redis.Redis(host="127.0.0.1", port=node.port, password=self.password, socket_timeout=10,
+                           retry=Retry(NoBackoff(), 0))
 
     def start(self, timeout_s: float = 30.0) -> "EmbeddedCluster":
         try:
@@ -256,8 +262,9 @@ class EmbeddedCluster:
             ids = [c.execute_command("CLUSTER", "MYID") for c in clients]
             ids = [i.decode() if isinstance(i, bytes) else i for i in ids]
             deadline = time.monotonic() + timeout_s
-            # every node must know every other before a replica can name its primary
-            self._wait(lambda: all(_known_nodes(c) >= len(clients) for c in clients), deadline, "the nodes to meet")
+            # every node must know every other by its id (not a handshake's temporary name)
+            # before a replica can name its primary
+            self._wait(lambda: all(_known_ids(c) >= set(ids) for c in clients), deadline, "the nodes to meet")
             for r in range(self.replicas):
                 for p in range(self.primaries):
                     replica = clients[self.primaries + r * self.primaries + p]
@@ -290,13 +297,12 @@ class EmbeddedCluster:
         self.stop()
 
 
-def _known_nodes(client: redis.Redis) -> int:
-    info = client.execute_command("CLUSTER", "INFO")
-    text = info.decode() if isinstance(info, bytes) else info
-    for line in text.splitlines():
-        if line.startswith("cluster_known_nodes:"):
-            return int(line.split(":", 1)[1])
-    return 0
+def _known_ids(client: redis.Redis) -> set[str]:
+    """The ids of the nodes `client`'s node knows, past their handshake."""
+    reply = client.execute_command("CLUSTER", "NODES")
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    return {line.split()[0] for line in text.splitlines()
+            if len(line.split()) > 2 and "handshake" not in line.split()[2]}
 
 
 @contextlib.contextmanager

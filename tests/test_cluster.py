@@ -27,8 +27,9 @@ SEG = 1 << 24
 RECOVERY_TRIES = 400  # calls tried while a failover completes (each fails fast or succeeds)
 
 
-def node_client(port: int) -> redis.Redis:
-    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=10, retry=Retry(NoBackoff(), 0))
+def node_client(port: int, password: str | None = None) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=10,
+                       retry=Retry(NoBackoff(), 0))
 
 
 def node_of(cluster: EmbeddedCluster, name: str):
@@ -271,10 +272,16 @@ def test_cluster_up_serves_a_store_status_shows_each_shards_node_and_ctrl_c_stop
                             stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stdout.readline()  # printed once every node reports cluster_state:ok
-        assert first.startswith("cluster    redis+cluster://"), (first, proc.stderr.read() if proc.poll() is not None else "")
-        url = first.split()[1]
-        assert (data / "url").read_text().strip() == url
-        ports = [int(a.rsplit(":", 1)[1]) for a in url[len("redis+cluster://"):].split(",")]
+        assert first.startswith("cluster    redis+cluster://:***@"), (first, proc.stderr.read() if proc.poll() is not None else "")
+        password = (data / "password").read_text().strip()
+        assert len(password) >= 32 and oct((data / "password").stat().st_mode & 0o777) == "0o600"
+        url = (data / "url").read_text().strip()
+        assert url.startswith(f"redis+cluster://:{password}@") and password not in first
+        ports = [int(a.rsplit(":", 1)[1]) for a in url.rpartition("@")[2].split(",")]
+        for port in ports:  # every node requires the password, as serve's Valkey does
+            with pytest.raises(redis.AuthenticationError):
+                node_client(port).ping()
+            assert node_client(port, password).ping()
         m = Master.connect(url, MasterConfig(shards=16, client_ttl=LONG))
         m.mount_segment("s0", SEG * 16, "owner")
         put(m, [b"a", b"b", b"c"])
@@ -291,12 +298,28 @@ def test_cluster_up_serves_a_store_status_shows_each_shards_node_and_ctrl_c_stop
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0 and "stopped" in out
         for port in ports:  # every node is gone
-            with pytest.raises(redis.ConnectionError):
-                node_client(port).ping()
+            with pytest.raises(redis.ConnectionError) as gone:
+                node_client(port, password).ping()
+            assert not isinstance(gone.value, redis.AuthenticationError)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_a_cluster_with_a_password_has_its_replicas_in_sync():
+    """Replicas log in to their primaries with the password (masterauth): start() waits for
+    every replica's link, and the URL carries the password."""
+    with EmbeddedCluster(primaries=1, replicas=1, password="pw-1") as cluster:
+        assert cluster.url == f"redis+cluster://:pw-1@127.0.0.1:{cluster.nodes[0].port}"
+        replica = cluster.client(cluster.nodes[1])
+        assert replica.info("replication")["master_link_status"] == "up"
+        with pytest.raises(redis.AuthenticationError):
+            node_client(cluster.nodes[1].port).ping()
+        m = Master.connect(cluster.url, MasterConfig(shards=2))
+        assert m.now_ms() > 0
+        m.close()
 
 
 def test_cluster_up_refuses_a_data_dir_in_use(tmp_path):
