@@ -3,7 +3,9 @@ a file, in order, in a directory where `mooncake-redis serve` runs (default data
 ./mooncake-data). A block that is not to be run says what it is (```text, ```yaml)."""
 from __future__ import annotations
 
+import json
 import os
+import pty
 import re
 import signal
 import subprocess
@@ -112,10 +114,41 @@ def test_examples_run_as_printed_against_serve(serving, doc):
             argv = ["bash", "-e", "-o", "pipefail", "-c", code]
         else:
             continue
-        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)  # not a terminal: nothing waits for a reader
         assert done.returncode == 0, f"{doc} {lang} block failed ({done.returncode}):\n{code}\n" \
                                      f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
         outputs.append(done.stdout)
     text = "\n".join(outputs)
     for pattern in EXPECTED[doc]:
         assert re.search(pattern, text, re.M), (doc, pattern, text)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gateway_default_ports")
+def test_the_quickstart_run_by_hand_keeps_its_client_alive_until_enter(serving):
+    """From a terminal the quickstart waits at its prompt, node-a pinging: its object can be
+    inspected for as long as the reader likes (here: while it waits), and Enter ends it."""
+    cwd, env = serving
+    code = next(code for lang, code in readme_blocks("python"))
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env=env, stdin=secondary,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(secondary)
+    try:
+        assert proc.stdout is not None
+        printed = proc.stdout.readline()  # the lease and the replica
+        assert re.match(r"^10000 \[\('node-a/seg0', \d+, 524288\)\]$", printed), printed
+        prompt = proc.stdout.read(len("node-a keeps pinging"))  # input() flushes its prompt
+        assert prompt == "node-a keeps pinging", prompt
+        assert proc.poll() is None  # waiting, node-a alive
+        seen = subprocess.run(["mooncake-redis", "inspect", "req42/block7", "--json"], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        assert seen.returncode == 0 and json.loads(seen.stdout)["found"] is True, seen.stderr
+        os.write(primary, b"\n")
+        assert proc.wait(timeout=RUN_TIMEOUT_S) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(primary)
