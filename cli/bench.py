@@ -43,11 +43,13 @@ def _private_bench(opts: Opts, name: str, run, as_json: bool, unavailable: tuple
 
 
 @contextlib.contextmanager
-def _bench_server(opts: Opts):
-    """The URL a bench that may use --redis runs on: --redis, else a private throw-away Valkey
-    (no AOF) for the duration of the block; a server that does not start is an error of the CLI."""
-    if opts.url:
-        yield opts.url
+def _bench_server(opts: Opts, name: str):
+    """The URL a bench that may use --redis runs on: --redis (on the command line, not
+    MOONCAKE_REDIS_URL's), else a private throw-away Valkey (no AOF) for the duration of the
+    block; a server that does not start is an error of the CLI."""
+    url = opts.throwaway_url(f"bench {name}")
+    if url:
+        yield url
         return
     with contextlib.ExitStack() as stack:
         try:
@@ -78,7 +80,7 @@ def bench_ops(opts: Opts, n: int, shards: int, expire_sizes: str, as_json: bool)
     if not sizes or min(sizes) < 64:
         raise click.BadParameter("sizes must be at least 64 (one prefix of 64 keys)", param_hint="--expire-sizes")
     out = _bench_out(as_json)
-    with _bench_server(opts) as url:
+    with _bench_server(opts, "ops") as url:
         results = ops_main(url, n=n, shards=shards, out=out, expire_sizes=sizes)
     if as_json:
         emit_json("bench ops", {"results": results})
@@ -178,8 +180,8 @@ def bench_evict(opts: Opts, sizes: list[int], put_mib: int, as_json: bool, radix
     from mooncake_redis.bench.evict import main as evict_main
 
     try:
-        results = evict_main(opts.url, sizes=sizes, out=_bench_out(as_json), put_bytes=put_mib * 2**20,
-                             radix_depth=radix_depth)
+        results = evict_main(opts.throwaway_url("bench evict"), sizes=sizes, out=_bench_out(as_json),
+                             put_bytes=put_mib * 2**20, radix_depth=radix_depth)
     except RuntimeError as exc:  # a private Valkey that did not start
         raise CliError(str(exc)) from None
     if as_json:
@@ -198,7 +200,7 @@ def bench_offload(opts: Opts, objects: int, as_json: bool) -> None:
     from mooncake_redis.bench.offload import main as offload_main
 
     out = _bench_out(as_json)
-    with _bench_server(opts) as url:
+    with _bench_server(opts, "offload") as url:
         results = offload_main(url, objects=objects, out=out)
     if as_json:
         emit_json("bench offload", {"results": results})

@@ -39,6 +39,17 @@ class Opts:
     url_file: Path | None = None  # where `url` was read, when it came from a serve data directory
     url_from_env: bool = False  # `url` is MOONCAKE_REDIS_URL's: no --redis on the command line
 
+    def throwaway_url(self, command: str) -> str | None:
+        """The URL for a command that otherwise makes a throw-away server of its own (replay,
+        the benches): --redis from the command line only. A URL from MOONCAKE_REDIS_URL names
+        the shell's server, not one to write (and empty) a scratch namespace on: it is noted and
+        not used."""
+        if self.url and self.url_from_env:
+            click.echo(f"note: {command} runs on a private Valkey; MOONCAKE_REDIS_URL is not used "
+                       f"(pass --redis to run it on a server)", err=True)
+            return None
+        return self.url
+
     def require_url(self) -> str:
         """--redis / MOONCAKE_REDIS_URL, else the URL that `serve` wrote in its data directory
         ($MOONCAKE_DATA_DIR, default ./mooncake-data)."""

@@ -259,13 +259,7 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
         requests = engine.load_trace(trace, limit_requests)
     except (ValueError, OSError) as exc:
         raise ReplayError(str(exc)) from None
-    url = None
-    if ctx.obj is not None and ctx.obj.url:
-        if ctx.obj.url_from_env:  # a throw-away run never lands on a server named only by the environment
-            click.echo("note: replay runs on a private Valkey; MOONCAKE_REDIS_URL is not used "
-                       "(pass --redis to replay on a server)", err=True)
-        else:
-            url = ctx.obj.url
+    url = ctx.obj.throwaway_url("replay") if ctx.obj is not None else None
     received: list[int] = []
     try:
         with _stop_on_signals(received):

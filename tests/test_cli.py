@@ -340,6 +340,15 @@ def test_bench_ops_with_redis(fake_bench, valkey):
     assert r.exit_code == 2 and "--expire-sizes" in r.output and "Traceback" not in r.output
 
 
+def test_bench_ops_does_not_follow_the_environment_url(fake_bench, valkey):
+    """MOONCAKE_REDIS_URL names the shell's server, not one to write and empty a scratch namespace on."""
+    r = run("bench", "ops", env={"MOONCAKE_REDIS_URL": valkey.url})
+    assert r.exit_code == 0, r.output
+    assert fake_bench[0][0] != valkey.url and "MOONCAKE_REDIS_URL is not used" in r.stderr
+    r = run("bench", "ops", "--redis", valkey.url, env={"MOONCAKE_REDIS_URL": valkey.url})
+    assert r.exit_code == 0 and fake_bench[1][0] == valkey.url  # --redis on the command line: that server
+
+
 def test_bench_ops_private_valkey(fake_bench):
     r = run("bench", "ops")
     assert r.exit_code == 0, r.output
