@@ -236,8 +236,8 @@ def replay(ctx: click.Context, trace: Path, capacity_blocks: int | None, capacit
     Without --redis on the command line the stores live on a private, throw-away Valkey (whose
     temporary directory goes with it, also on an error, Ctrl-C, SIGTERM or SIGHUP), whatever
     MOONCAKE_REDIS_URL says; with --redis they use the namespace `mcreplay` there (its keys are
-    deleted before and after each run). The store clock
-    follows the trace's timestamps (frozen and advanced, never slept)."""
+    deleted before and after each run). The store clock follows the trace's timestamps (frozen
+    and advanced, never slept)."""
     if capacity_blocks is not None and capacity_tokens is not None:
         raise click.UsageError("pass --capacity-blocks or --capacity-tokens, not both")
     sizes = _sweep(sweep)
