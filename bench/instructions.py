@@ -85,12 +85,12 @@ PUT_START_FIELDS = "'shards', 'put_start_discard_timeout', 'put_start_release_ti
                "'max_guaranteed_ttl', 'allow_evict_retained_groups', 'enable_radix_tree'"
 
 LUA_K = ", ".join(f"{name} = '{K[name]}'" for name in (
-    "config", "clock", "object", "segment", "segments", "free", "free_by_off", "free_by_size", "held",
+    "config", "object", "segment", "segments", "free", "free_by_off", "free_by_size", "held",
     "processing", "tier_ordinary"))
 
 # The baselines. Every floor takes KEYS[1] = the shard key and builds the keys the way ours does
 # (P .. K.<name>), passes numbers to redis.call as numbers (Redis formats them), and reads what it
-# needs from a reply by position: the object hash holds `size` first and its replica `rep:<seg>`
+# needs from a reply by position: the object hash holds `size` first and its replicas (`reps`)
 # last (as put_start and put_end write it).
 LIBRARY = f"""#!lua name=mcbench
 local K = {{ {LUA_K} }}  -- the key suffixes, from mooncake_redis.keys.K
@@ -116,46 +116,45 @@ redis.register_function('mcb_zadd1', function(k, a) redis.call('ZADD', k[1], 'XX
 redis.register_function('mcb_zadd2', function(k, a)
   redis.call('ZADD', k[1], 'XX', a[1], a[3]) redis.call('ZADD', k[1], 'XX', a[2], a[4]) return 1 end)
 
--- exist_key / get_replica_list of ARGV[2..] (ARGV[1]: their segment): config, clock, then per key
--- HGETALL, HSET lease_until (HGET of the segment's mount once a call), one ZADD XX for all
+-- exist_key / get_replica_list of ARGV[2..] (ARGV[1]: their segment): config (with the clock and
+-- the mount epoch), the clock, then per key the HMGET of the fields a read takes (the segment's
+-- mount id is remembered between calls), one ZADD XX GT for all (the lease lives in the tier)
+local READ_FIELDS = {{ 'status', 'size', 'reps', 'group', 'node', 'guaranteed_until', 'hard_pin', 'task_refs',
+  'soft_pin_until', 'disks', 'checksum' }}
 local function read(P, args, fields, shape)
   local cfg = redis.call('HMGET', P .. K.config, unpack(fields))
-  redis.call('GET', P .. K.clock)
   local ttl = tonumber(cfg[2])
   local lease = now_of(redis.call('TIME')) + ttl
-  local seg, zadd, reply = args[1], {{ 'XX' }}, {{}}
+  local seg, zadd, reply = args[1], {{ 'XX', 'GT' }}, {{}}
   for i = 2, #args do
     local okey = P .. K.object .. 'default:' .. args[i]
-    local o = redis.call('HGETALL', okey)
-    if i == 2 then redis.call('HGET', P .. K.segment .. seg, 'mount') end
-    redis.call('HSET', okey, 'lease_until', lease)
-    zadd[2 * i - 2], zadd[2 * i - 1] = lease, 'o:default:' .. args[i]
+    local o = redis.call('HMGET', okey, unpack(READ_FIELDS))
+    zadd[2 * i - 1], zadd[2 * i] = lease, 'o:default:' .. args[i]
     reply[i - 1] = shape(o, ttl, seg)
   end
   redis.call('ZADD', P .. K.tier_ordinary, unpack(zadd))
   return reply
 end
-local EXIST_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'kv_lease_slack' }}
-local GET_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'kv_lease_slack', 'max_guaranteed_ttl' }}
+local EXIST_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'kv_lease_slack', 'clock', 'mounts' }}
+local GET_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'kv_lease_slack', 'max_guaranteed_ttl', 'clock', 'mounts' }}
 local function exist_shape() return 1 end
 local function get_shape(o, ttl, seg)  -- with_disk=1: ttl, size, checksum, memory replicas, seg, offset
-  return {{ ttl, tonumber(o[2]), '', 1, seg, tonumber(string.match(o[#o], '^%d+')) }}
+  return {{ ttl, tonumber(o[2]), '', 1, seg, tonumber(string.match(o[3], '^%d+')) }}
 end
 redis.register_function('mcb_floor_exist', function(k, a) return read(k[1], a, EXIST_FIELDS, exist_shape) end)
 redis.register_function('mcb_floor_get', function(k, a) return read(k[1], a, GET_FIELDS, get_shape) end)
 
 -- put_start of ARGV[2] (ARGV[3] bytes, client ARGV[1]): held extents due, the fullest segments,
--- the object, the mount, best fit from the free lists, accounting, the object hash, processing
+-- the object, best fit from the free lists, accounting, the object hash, processing
 redis.register_function('mcb_floor_put_start', function(k, a)
   local P, client, key, size = k[1], a[1], a[2], tonumber(a[3])
-  redis.call('HMGET', P .. K.config, {PUT_START_FIELDS})
-  redis.call('GET', P .. K.clock)
+  redis.call('HMGET', P .. K.config, {PUT_START_FIELDS}, 'clock', 'mounts')
   local now = now_of(redis.call('TIME'))
   redis.call('ZRANGEBYSCORE', P .. K.held, '-inf', now, 'LIMIT', 0, 16)
   local seg = redis.call('ZREVRANGE', P .. K.segments, 0, 16)[1]
   local okey = P .. K.object .. 'default:' .. key
   redis.call('HGETALL', okey)
-  local mount = redis.call('HGET', P .. K.segment .. seg, 'mount')
+  local mount = '1' -- the segment's mount id is remembered between calls
   local by_off, by_size = P .. K.free .. seg .. K.free_by_off, P .. K.free .. seg .. K.free_by_size
   local hit = redis.call('ZRANGEBYSCORE', by_size, size, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   local off, len = tonumber(hit[1]), tonumber(hit[2])
@@ -168,7 +167,7 @@ redis.register_function('mcb_floor_put_start', function(k, a)
   redis.call('HINCRBY', P, 'used_bytes', size)
   redis.call('HSET', okey, 'size', size, 'status', 'processing', 'writer', client, 'put_started', now,
     'lease_until', 0, 'soft_pin_until', 0, 'hard_pin', 0, 'soft_pin_action', 'preserve',
-    'rep:' .. seg, off .. ' ' .. mount)
+    'reps', off .. ' ' .. mount .. ' ' .. #seg .. ' ' .. seg)
   redis.call('ZADD', P .. K.processing, now, 'default:' .. key)
   redis.call('HINCRBY', P, 'objects', 1)
   return {{ {{ seg, off }} }}
@@ -177,8 +176,7 @@ end)
 -- put_end of ARGV[2]: the object complete, out of processing, into the ordinary tier
 redis.register_function('mcb_floor_put_end', function(k, a)
   local P, key = k[1], a[2]
-  redis.call('HMGET', P .. K.config, 'shards', 'offload_on_put', 'offload_queue_limit')
-  redis.call('GET', P .. K.clock)
+  redis.call('HMGET', P .. K.config, 'shards', 'offload_on_put', 'offload_queue_limit', 'clock', 'mounts')
   local now = now_of(redis.call('TIME'))
   local okey = P .. K.object .. 'default:' .. key
   redis.call('HGETALL', okey)
@@ -193,13 +191,12 @@ end)
 -- neighbour lookups, accounting, the merged extent, the object and its tier entry
 redis.register_function('mcb_floor_remove', function(k, a)
   local P, seg, key = k[1], a[1], a[2]
-  redis.call('HMGET', P .. K.config, 'shards')
-  redis.call('GET', P .. K.clock)
+  redis.call('HMGET', P .. K.config, 'shards', 'clock', 'mounts')
   redis.call('TIME')
   local okey = P .. K.object .. 'default:' .. key
   local o = redis.call('HGETALL', okey)
   local size, off = tonumber(o[2]), tonumber(string.match(o[#o], '^%d+'))
-  redis.call('HGET', P .. K.segment .. seg, 'mount')
+  redis.call('ZSCORE', P .. K.tier_ordinary, 'o:default:' .. key) -- the lease in the tier
   local by_off, by_size = P .. K.free .. seg .. K.free_by_off, P .. K.free .. seg .. K.free_by_size
   redis.call('ZREVRANGEBYSCORE', by_off, '(' .. off, '-inf', 'LIMIT', 0, 1)
   local nxt = redis.call('ZRANGEBYSCORE', by_off, off, off + size, 'LIMIT', 0, 1)[1]
@@ -404,6 +401,12 @@ def _complete(path: str) -> bool:
             return b"\ntotals:" in f.read()
     except OSError:
         return False
+
+
+def _changes(r: redis.Redis) -> int:
+    """Changes to the data so far (what the AOF and the replicas get): a ZADD XX GT that moves no
+    score is a call but no change."""
+    return int(r.info("persistence")["rdb_changes_since_last_save"])
 
 
 def _commandstats(r: redis.Redis) -> dict[str, int]:
@@ -662,11 +665,13 @@ def _within_slack(server: CallgrindValkey, master: Master, r: redis.Redis, n: in
         out(f"  {'':<{width}}{'renewing':>10}{'within':>10}{'within/renewing':>17}{'redis.calls':>13}")
         for name, (run, units) in reads.items():
             run()  # renews every lease past the measured pass
+            dirty = _changes(r)
             w = server.window(r, run)
+            dirty = _changes(r) - dirty
             within, renewing = w.instructions / units, operations[name]["ours_instructions"]
             calls = sum(w.commands.values()) / units
             figures[name] = {"instructions": within, "renewing_instructions": renewing, "ratio": within / renewing,
-                             "redis_calls": calls, "writes": sum(w.commands.get(c, 0) for c in ("hset", "zadd"))}
+                             "redis_calls": calls, "writes": dirty}
             out(f"  {labels[name]:<{width}}{_fmt(renewing):>10}{_fmt(within):>10}"
                 f"{within / renewing:>17.2f}{calls:>13.2f}")
     finally:

@@ -7,7 +7,8 @@ two are apart.
 What it models, per shard (a block's shard is keys.shard_of of its key; a shard allocates from
 its slice of the one segment, keys.segment_slice, so it holds slice // block bytes blocks):
 - a read (exist_key) of a stored block leases it until at least now + default_kv_lease_ttl:
-  a lease short of that is renewed to it + kv_lease_slack, a longer one is left as it is;
+  a lease short of that is renewed to it rounded up to a multiple of kv_lease_slack, a longer
+  one is left as it is;
 - a write fills a free slot; with none, evict-on-put evicts the eviction candidate with the
   lowest score (its lease deadline; a block written and never read scores its write time), ties
   by unit name `o:<tenant>:<key>` in byte order, only if that score is <= now (unleased); with no
@@ -45,10 +46,11 @@ class ShardModel:
         heapq.heappush(self.heap, (score, self.unit(block), block))
 
     def lease(self, block: int, now: int) -> None:
-        """A read at `now` (extend_lease): a lease short of now + ttl is renewed to that + slack."""
-        until = now + self.config.default_kv_lease_ttl
+        """A read at `now` (extend_lease): a lease short of now + ttl is renewed to that, rounded
+        up to a multiple of the slack."""
+        until, slack = now + self.config.default_kv_lease_ttl, self.config.kv_lease_slack
         if until > self.score[block]:
-            self.set_score(block, until + self.config.kv_lease_slack)
+            self.set_score(block, -(-until // slack) * slack if slack else until)
 
     def pop_candidate(self, now: int) -> int | None:
         """Evict the lowest-scored unleased block; None when there is none. (Blocks of the batch

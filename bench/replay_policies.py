@@ -54,7 +54,8 @@ class Policy:
 
 class Lru(Policy):
     """Plain leases. Its knob lease_slack_ms is the store's kv_lease_slack (docs/configuration.md, "Reads
-    that write nothing"): a read renews a lease only when it falls short of the TTL, to TTL + slack."""
+    that write nothing"): a read renews a lease only when it falls short of the TTL, to the TTL rounded up to a multiple
+    of the slack."""
 
     name = "lru"
     KNOBS = {"lease_slack_ms": 0}

@@ -90,7 +90,8 @@ def inspect(opts: Opts, key: str | None, as_hex: bool, tenant: str, raw: bool, g
     out(f"size         {info.size} ({human(info.size)})")
     out(f"status       {info.status.value}")
     out(f"writer       {info.writer}")
-    out(f"put started  {iso(info.put_started_ms)} ({info.put_started_ms} ms)")
+    if info.put_started_ms is not None:  # only while the put is in progress
+        out(f"put started  {iso(info.put_started_ms)} ({info.put_started_ms} ms)")
     out(f"store clock  {iso(now)} ({now} ms)")
     lease = deadline(info.lease_until_ms, now)
     if info.group_id and lease != "none":
@@ -104,13 +105,12 @@ def inspect(opts: Opts, key: str | None, as_hex: bool, tenant: str, raw: bool, g
     out(f"guaranteed   {deadline(info.guaranteed_until_ms, now)}")
     out(f"hard pin     {'yes' if info.hard_pinned else 'no'}")
     out(f"group        {info.group_id if info.group_id is not None else 'none'}")
-    live = {r.segment for r in info.replicas}
-    dead = sorted(name[4:] for name in f if name.startswith("rep:") and name[4:] not in live)
+    dead = info.dead_replicas
     out(f"replicas     {len(info.replicas)} live" + (f", {len(dead)} dead" if dead else ""))
     for r in info.replicas:
         out(f"  {r.segment}  offset {r.offset}  size {r.size}  {r.status.value}")
-    for seg in dead:
-        out(f"  {seg}  offset {f['rep:' + seg].split()[0]}  dead (segment unmounted or remounted)")
+    for r in dead:
+        out(f"  {r.segment}  offset {r.offset}  dead (segment unmounted or remounted)")
 
 
 def _is_utf8(b: bytes) -> bool:
@@ -138,7 +138,6 @@ def _describe_first(master, candidates: list[bytes], tenant: str):
 def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int) -> dict:
     """inspect's documented JSON fields (docs/json.md)."""
     f = info.fields
-    live = {r.segment for r in info.replicas}
     return {
         "key": key, "key_hex": info.key.hex(), "tenant": tenant, "found": True, "shard": shard, "redis_key": rkey,
         "size_bytes": info.size, "status": info.status.value, "writer": info.writer,
@@ -147,8 +146,7 @@ def _inspect_report(info, key: str, tenant: str, shard: int, rkey: str, now: int
         "guaranteed_until_ms": info.guaranteed_until_ms, "hard_pin": info.hard_pinned, "group": info.group_id,
         "replicas": [{"segment": r.segment, "offset": r.offset, "size_bytes": r.size, "status": r.status.value}
                      for r in info.replicas],
-        "dead_replicas": [{"segment": name[4:], "offset": int(f[name].split()[0])}
-                          for name in sorted(f) if name.startswith("rep:") and name[4:] not in live],
+        "dead_replicas": [{"segment": r.segment, "offset": r.offset} for r in info.dead_replicas],
         "fields": dict(f),
     }
 

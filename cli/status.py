@@ -166,7 +166,7 @@ def _print_status(r: dict) -> None:
         out("clock      server TIME (not frozen)")
     elif len(frozen) == n and len(values) == 1:
         out(f"clock      FROZEN at {iso(values[0])} ({values[0]} ms) by the test hook "
-            f"{ShardKeys(r['store']['namespace'], 0).clock.decode()}")
+            f"(the clock field of {ShardKeys(r['store']['namespace'], 0).config.decode()})")
     else:
         out(f"clock      FROZEN on shards {frozen} only (values {values}); "
             f"the other shards read server TIME")

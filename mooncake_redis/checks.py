@@ -31,6 +31,16 @@ def _as_keys(values: Any, what: str = "keys") -> list[bytes]:
     return [_as_key(v) for v in values]
 
 
+SHOWN_KEY_BYTES = 64  # a key in a message: at most this many bytes of it
+
+
+def _shown_key(key: bytes) -> str:
+    """A key for a message: its first SHOWN_KEY_BYTES bytes (and its length when longer)."""
+    if len(key) <= SHOWN_KEY_BYTES:
+        return repr(key.decode(errors="backslashreplace"))
+    return f"{key[:SHOWN_KEY_BYTES].decode(errors='backslashreplace')!r}... ({len(key):,} bytes)"
+
+
 def _check_tenant(tenant_id: Any) -> str:
     if not isinstance(tenant_id, str) or not NAME_RE.fullmatch(tenant_id):
         raise MasterError(ErrorCode.INVALID_PARAMS, "tenant_id must match [A-Za-z0-9_.-]{1,64}")

@@ -25,9 +25,13 @@ DEFAULT_KEY_PATTERN = r"^([0-9a-f]{64})(?:_|$)"
 LEGACY_KEY_PATTERN = r"^([0-9a-f]{32,128})(?:_|$)"
 PREFIX_KEY_RE = re.compile(DEFAULT_KEY_PATTERN.encode())
 
+# Fields of P:config that are not configuration: the store clock's test hook (absolute ms; absent
+# in production) and the mount epoch (lua/lib/00_base.lua).
+CLOCK_FIELD, MOUNT_EPOCH_FIELD = "clock", "mounts"
+
 # Key suffixes after the shard key P, named as in Lua's K table (the key schema table of docs/keys.md).
 K: dict[str, str] = {
-    "config": ":config", "clock": ":clock", "mount_seq": ":mount_seq",
+    "config": ":config", "mount_seq": ":mount_seq",
     "segment": ":seg:", "segments": ":segs", "free": ":free:", "free_by_off": ":by_off", "free_by_size": ":by_size",
     "held": ":held", "processing": ":processing", "clients": ":clients", "expired_clients": ":expired_clients",
     "object": ":obj:", "group": ":grp:", "group_members": ":grpm:", "aggregate": ":agg:",
@@ -71,7 +75,6 @@ class ShardKeys:
         self.shard = shard
         self.P = P = shard_key(namespace, shard).encode()  # also the hash of the shard's counters
         self.config = P + _KB["config"]
-        self.clock = P + _KB["clock"]
         self.mount_seq = P + _KB["mount_seq"]
         self.segments = P + _KB["segments"]
         self.held = P + _KB["held"]

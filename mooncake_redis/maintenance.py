@@ -6,7 +6,7 @@ import math
 
 from .api import ApiBase
 from .checks import _check_int
-from .keys import TIERS
+from .keys import CLOCK_FIELD, TIERS
 from .models import EvictionReport, EvictionStep, ShardStats, ShardUsage, Usage
 
 EVICT_STEP_UNITS = 16  # units per eviction step (about 25-40 us of server time each)
@@ -33,7 +33,7 @@ class MaintenanceApi(ApiBase):
             per_shard += [("HMGET", k.P, "capacity_bytes", "used_bytes", "objects", "guaranteed_bytes"),
                           *(("ZCARD", key) for key in (k.processing, k.held, k.clients, k.segments, k.draining,
                                                       k.guaranteed, *k.tiers)),
-                          ("GET", k.clock), ("GET", k.worker), ("HGETALL", k.metrics)]
+                          ("HGET", k.config, CLOCK_FIELD), ("GET", k.worker), ("HGETALL", k.metrics)]
         replies = self.transport.run(per_shard)
         width = len(per_shard) // len(self.transport.keys)
         out = []

@@ -14,7 +14,7 @@ from .config import MasterConfig
 from .errors import ErrorCode, MasterError
 from .groups import GroupsApi
 from .keys import ShardKeys, compile_key_pattern
-from .library import check_schema, load, stored_config
+from .library import SCHEMA_VERSION, check_schema, load, stored_config
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
 from .offload import OffloadApi
@@ -22,6 +22,7 @@ from .preflight import check_server
 from .radix import RadixApi
 from .segments import SegmentsApi
 from .transport import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Shards, client_from_url, run
+from .upgrade import stored_schema, upgrade_objects
 
 __all__ = ["Master", "EVICT_STEP_UNITS"]  # EVICT_STEP_UNITS: the default of evict_step and the worker
 
@@ -83,6 +84,8 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
                               f"config says {config.radix_key_pattern!r}")
         load(client)
         master = cls(client, config)
+        if stored and stored_schema(stored) < SCHEMA_VERSION:  # older objects first, then the new version
+            upgrade_objects(master.transport)
         wanted = {k.encode(): v.encode() for k, v in stored_config(config).items()}
         if any(stored.get(k) != v for k, v in wanted.items()):  # new store, new settings or new fields
             master._write_config()

@@ -35,7 +35,7 @@ class ObjectInfo:
     size: int
     status: ReplicaStatus
     writer: str
-    put_started_ms: int
+    put_started_ms: int | None     # while the put is in progress (put_end drops it)
     lease_until_ms: int
     soft_pin_until_ms: int | None
     hard_pinned: bool
@@ -43,6 +43,7 @@ class ObjectInfo:
     replicas: list[Replica]
     guaranteed_until_ms: int | None = None  # None when no guarantee is active
     fields: dict[str, str] = field(repr=False, default_factory=dict)  # the raw hash
+    dead_replicas: list[Replica] = field(default_factory=list)  # on segments unmounted since (swept later)
 
 
 @dataclass(frozen=True)

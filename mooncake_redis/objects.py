@@ -8,10 +8,11 @@ from typing import Any, Callable, Sequence, cast
 
 from . import wire
 from .api import ApiBase
-from .checks import _as_key, _as_keys, _check_bool, _check_int, _check_name, _check_tenant, _code
+from .checks import _as_key, _as_keys, _check_bool, _check_int, _check_name, _check_tenant, _code, _shown_key
 from .config import ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
 from .keys import prefix_of
+from .layout import stored_replicas
 from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus
 from .steps import Blocking, Steps
 from .transport import BATCH_CHUNK
@@ -76,9 +77,22 @@ class ObjectsApi(ApiBase):
 
     def put_start(self, client_id: str, key: Any, size: int, config: ReplicateConfig | None = None,
                   tenant_id: str = "default") -> list[Replica]:
-        result = self.batch_put_start(client_id, [key], [size], config, tenant_id)[0]
+        bkey = _as_key(key)
+        self._put_head(client_id, tenant_id, config)  # the options' checks come first
+        where = f"put_start {_shown_key(bkey)}"
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size < 2**53:
+            raise MasterError(ErrorCode.INVALID_PARAMS,
+                              f"{where}: size must be an integer in [1, 2^53 - 1], not {size!r}")
+        if not 1 <= len(bkey) <= self.config.max_key_length:
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"{where}: the key is {len(bkey):,} bytes; keys are 1 to "
+                              f"max_key_length ({self.config.max_key_length:,}) bytes")
+        if not self._group_shard_ok(bkey, config):
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"{where}: the key routes to another shard than group "
+                              f"{config.group_id!r} (on a store of several shards a member's key carries the "
+                              "group id as its hash tag: {<group id>}...)")
+        result = self.batch_put_start(client_id, [bkey], [size], config, tenant_id)[0]
         if isinstance(result, ErrorCode):
-            raise MasterError(result, f"put_start {key!r}")
+            raise MasterError(result, where)
         return result
 
     def batch_put_start(self, client_id: str, keys: Sequence[Any], sizes: Sequence[int],
@@ -326,16 +340,20 @@ class ObjectsApi(ApiBase):
         if isinstance(reply, int):
             raise MasterError(ErrorCode(reply), f"describe {key!r}")
         flat, lease, live, now = reply
-        f = {flat[i].decode(errors="replace"): flat[i + 1].decode(errors="replace") for i in range(0, len(flat), 2)}
+        raw = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+        f = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
         size = int(f["size"])
         status = ReplicaStatus(f["status"])
-        live_set = {s.decode(errors="replace") for s in live}
-        replicas = [Replica(name[4:], int(value.split()[0]), size, status)
-                    for name, value in sorted(f.items()) if name.startswith("rep:") and name[4:] in live_set]
+        live_set, stored = set(live), stored_replicas(raw) or []
+        replicas = [Replica(r.segment.decode(errors="replace"), r.offset, size, status)
+                    for r in stored if r.segment in live_set]
+        dead = [Replica(r.segment.decode(errors="replace"), r.offset, size, status)
+                for r in stored if r.segment not in live_set]
         pin = int(f.get("soft_pin_until", 0))  # task_refs shows in .fields while nonzero
         guaranteed = int(f.get("guaranteed_until", 0))
         return ObjectInfo(guaranteed_until_ms=guaranteed if guaranteed > int(now) else None, key=bkey,
                           tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
-                          put_started_ms=int(f["put_started"]), lease_until_ms=int(lease),
+                          put_started_ms=int(f["put_started"]) if "put_started" in f else None,
+                          lease_until_ms=int(lease),
                           soft_pin_until_ms=pin or None, hard_pinned=f.get("hard_pin") == "1",
-                          group_id=f.get("group"), replicas=replicas, fields=f)
+                          group_id=f.get("group"), replicas=replicas, fields=f, dead_replicas=dead)

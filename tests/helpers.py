@@ -10,6 +10,7 @@ import pytest
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig
 from mooncake_redis.transport.cluster import primary_clients
 from mooncake_redis.keys import ShardKeys, segment_slice, shard_of
+from mooncake_redis.layout import StoredReplica, decode_reps, encode_reps
 
 T0 = 1_700_000_000_000  # the frozen store clock every test starts at
 
@@ -175,11 +176,11 @@ def store_snapshot(m: Master) -> dict[bytes, Any]:
     r = m.redis
     out: dict[bytes, Any] = {}
     for key in r.scan_iter(match=f"{m.ns}:*", count=1000):
-        if key.endswith(b":clock"):
-            continue
         kind = r.type(key)
         if kind == b"hash":
             out[key] = r.hgetall(key)
+            if key.endswith(b":config"):
+                out[key].pop(b"clock", None)
         elif kind == b"zset":
             out[key] = r.zrange(key, 0, -1, withscores=True)
         elif kind == b"set":
@@ -221,3 +222,16 @@ def watched_silence(m: Master, ms: int, ping: tuple[str, ...] = ()) -> None:
         ms -= d
         if ms == 0:
             return
+
+
+def replicas_in(h: dict) -> dict[str, tuple[int, str]]:
+    """{segment: (offset, mount id)} of an object hash as text (its `reps` field)."""
+    value = h.get("reps", h.get(b"reps", b""))
+    got = decode_reps(value.encode() if isinstance(value, str) else value)
+    assert got is not None, value
+    return {r.segment.decode(): (r.offset, r.mount.decode()) for r in got}
+
+
+def reps_value(replicas: dict[str, tuple[int, str]]) -> str:
+    """The `reps` field of {segment: (offset, mount id)}."""
+    return encode_reps([StoredReplica(s.encode(), off, mount.encode()) for s, (off, mount) in replicas.items()]).decode()

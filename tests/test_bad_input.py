@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from helpers import OWNER, WRITER, code_of, mount, present, put, raises_code, shard_keys, shard_of_key, store_snapshot
-from mooncake_redis import ErrorCode, ReplicaListResult, ReplicateConfig, SoftPinAction
+from mooncake_redis import ErrorCode, MasterError, ReplicaListResult, ReplicateConfig, SoftPinAction
 from mooncake_redis.keys import shard_of
 
 
@@ -311,3 +311,20 @@ def test_a_shard_beyond_the_store_is_refused(master):
                  lambda: master.evict_step(master.shards)):
         with raises_code(ErrorCode.INVALID_PARAMS):
             call()
+
+
+@pytest.mark.parametrize("size", [-1, 0, 2**62, 4096.0, "4096", True])
+def test_put_start_names_the_size_and_its_range(master, size):
+    with pytest.raises(MasterError) as e:
+        master.put_start("w", "k", size)
+    assert e.value.code == ErrorCode.INVALID_PARAMS
+    assert "size must be an integer in [1, 2^53 - 1]" in e.value.message and repr(size) in e.value.message
+
+
+def test_put_start_names_a_long_key_by_its_length_and_shows_only_its_start(master):
+    key = "k" * 5_000
+    with pytest.raises(MasterError) as e:
+        master.put_start("w", key, 4096)
+    msg = e.value.message
+    assert "the key is 5,000 bytes" in msg and f"max_key_length ({master.config.max_key_length:,})" in msg
+    assert len(msg) < 300 and "(5,000 bytes)" in msg

@@ -75,12 +75,12 @@ def test_bench_instructions_prints_every_operation_its_floor_and_the_json(monkey
     # every operation does more than a no-op FCALL, and more than its floor's Redis calls alone
     for op in ops.values():
         assert op["ours_instructions"] > base["noop_fcall_instructions"]
-    # a re-read within the lease slack writes nothing, and so makes fewer redis.calls for less
+    # a re-read within the lease slack changes nothing (its ZADD XX GT moves no score)
     assert list(res["within_slack"]) == ["exist_key", "get_replica_list", "batch_exist_key", "batch_get_replica_list"]
     for name, fig in res["within_slack"].items():
         assert fig["writes"] == 0, name
-        assert fig["redis_calls"] < ops[name]["redis_calls"], name
-        assert 0 < fig["instructions"] < fig["renewing_instructions"] == ops[name]["ours_instructions"], name
+        assert fig["redis_calls"] <= ops[name]["redis_calls"], name
+        assert 0 < fig["instructions"] and fig["renewing_instructions"] == ops[name]["ours_instructions"], name
     assert set(res["redis_call"]) == {"TIME", "HGET", "HSET", "HGETALL", "ZADD"}
     for cmd, fig in res["redis_call"].items():
         assert fig["first_instructions"] > 0 and fig["command_instructions"] > 0, cmd

@@ -111,10 +111,10 @@ def test_clock_hooks_touch_one_shard_per_command(valkey_cluster):
         m.freeze_clock(T0)
         assert m.advance_clock(5) == T0 + 5 and set(m.transport.each("mc_now")) == {T0 + 5}
         with pytest.raises(MasterError) as e:  # what a two-shard command gets
-            m.transport.run([("DEL", m.transport.keys[0].clock, m.transport.keys[1].clock)])
+            m.transport.run([("DEL", m.transport.keys[0].config, m.transport.keys[1].config)])
         assert "don't hash to the same slot" in e.value.message
         m.unfreeze_clock()
-        assert all(m.redis.exists(k.clock) == 0 for k in m.transport.keys)
+        assert all(m.redis.hexists(k.config, "clock") == 0 for k in m.transport.keys)
         assert abs(m.now_ms() - int(time.time() * 1000)) < 60_000  # server TIME again
     finally:
         m.close()

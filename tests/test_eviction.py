@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from mooncake_redis import ErrorCode, Master, MasterError, ReplicateConfig, SoftPinAction
 from mooncake_redis.keys import object_key, shard_of
 
-from helpers import WATERMARKS, examples, shard_keys
+from helpers import T0, WATERMARKS, examples, shard_keys
 
 MASTER_CONFIG = WATERMARKS  # new_master's defaults in this module (conftest)
 
@@ -246,7 +246,7 @@ def test_expired_soft_pin_makes_the_unit_ordinary_again(new_master):
     sh = shard(m, keys[0])
     fill(m, keys, pin)
     pinned_until = m.describe(keys[0]).soft_pin_until_ms
-    assert pinned_until == m.describe(keys[0]).put_started_ms + 60_000
+    assert pinned_until == T0 + 60_000  # committed by put_end at T0
     m.advance_clock(TTL + 100)  # leases over, soft pins still on
     report = m.run_eviction()
     assert report.evicted_units == 0 and report.final[sh].state == "blocked"

@@ -10,7 +10,7 @@ from mooncake_redis.config import ReplicateConfig, SoftPinAction
 from mooncake_redis import fsck as fsck_module
 from mooncake_redis.fsck import KINDS, _Audit, fsck
 
-from helpers import all_shard_keys, keys_of, shard_keys, watched_silence
+from helpers import all_shard_keys, keys_of, replicas_in, reps_value, shard_keys, watched_silence
 
 pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
 
@@ -83,7 +83,7 @@ def populate(m) -> None:
         m.redis.execute_command("FCALL", "mc_unmount_segment", 1, p.P, 2, "name", "seg-c", "client_id", "client-2")
     m.mount_segment("seg-c", SEG, "client-2", base=1 << 31)
     assert [r.segment for r in m.describe("b-and-c-again").replicas] == ["seg-b"]
-    assert "rep:seg-c" in m.describe("b-and-c-again").fields
+    assert [r.segment for r in m.describe("b-and-c-again").dead_replicas] == ["seg-c"]
 
 
 @pytest.fixture
@@ -221,7 +221,10 @@ def corrupt_bogus_units(m):
 
 def corrupt_tier_score(m):
     _, key, h = ordinary_unit(m)
-    m.redis.zadd(keys_of(m, key).tier_ordinary, {f"o:default:{key}": int(h["lease_until"]) + 7})
+    # the tier's score below the hash's lease (a score above it is a lease a read granted: the
+    # tier holds it)
+    p, unit = keys_of(m, key), f"o:default:{key}"
+    m.redis.hset(p.object("default", key), "lease_until", int(m.redis.zscore(p.tier_ordinary, unit)) + 7)
     return {"unit_score"}
 
 
@@ -319,9 +322,9 @@ def corrupt_free_lists(m):
 
 
 def corrupt_free_over_allocated(m):
-    shard, key, h = pick(m, lambda k, h: h["status"] == "complete" and "rep:seg-a" in h)
+    shard, key, h = pick(m, lambda k, h: h["status"] == "complete" and "seg-a" in replicas_in(h))
     p = shard_keys(m, shard)
-    off = int(h["rep:seg-a"].split()[0])
+    off = replicas_in(h)["seg-a"][0]
     m.redis.zadd(p.free("seg-a")[0], {str(off): off})
     m.redis.zadd(p.free("seg-a")[1], {str(off): int(h["size"])})
     return {"free_overlaps_allocated"}
@@ -334,10 +337,7 @@ def corrupt_dead_object(m):
                          and h.get("hard_pin", "0") == "0")
     p = shard_keys(m, shard)
     okey = p.object("default", key)
-    for f in list(h):
-        if f.startswith("rep:"):
-            m.redis.hdel(okey, f)
-    m.redis.hset(okey, "rep:seg-c", "0 1")
+    m.redis.hset(okey, "reps", reps_value({"seg-c": (0, "1")}))
     return {"no_live_replica"}
 
 
@@ -382,13 +382,13 @@ def test_overlap_reported_not_repaired(store):
     # two objects on the same segment slice; point B's replica at A's bytes
     by_slice = {}
     for shard, key, h in objects(m):
-        for f, v in h.items():
-            if f.startswith("rep:") and h["status"] == "complete":
-                by_slice.setdefault((shard, f), []).append((key, v))
-    (shard, field), pair = next((k, v) for k, v in sorted(by_slice.items()) if len(v) >= 2)
-    (a, a_val), (b, b_val) = pair[:2]
+        for seg, rep in replicas_in(h).items():
+            if h["status"] == "complete":
+                by_slice.setdefault((shard, seg), []).append((key, rep, h))
+    (shard, seg), pair = next((k, v) for k, v in sorted(by_slice.items()) if len(v) >= 2)
+    (a, a_rep, _), (b, _, b_h) = pair[:2]
     okey = shard_keys(m, shard).object("default", b)
-    m.redis.hset(okey, field, a_val)
+    m.redis.hset(okey, "reps", reps_value({**replicas_in(b_h), seg: a_rep}))
     report = fsck(m)
     overlaps = [f for f in report.findings if f.kind == "overlap"]
     assert len(overlaps) == 1 and overlaps[0].severity == "critical", report.summary()
@@ -398,7 +398,7 @@ def test_overlap_reported_not_repaired(store):
     assert [f.kind for f in fixed.findings if f.kind == "overlap"] == ["overlap"]
     assert not any(f.repaired for f in fixed.findings if f.kind in ("overlap", "gap"))
     assert "overlap" in kinds(fsck(m))  # still there: overlaps are never auto-fixed
-    m.redis.hset(okey, field, b_val)     # the operator's fix
+    m.redis.hset(okey, "reps", b_h["reps"])  # the operator's fix
     assert_clean(m)
 
 

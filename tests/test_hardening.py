@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from helpers import (OWNER, T0, WATERMARKS, WRITER, all_shard_keys, code_of, keys_on_shard, mount, put, raises_code, shard_keys,
+from helpers import (OWNER, replicas_in, T0, WATERMARKS, WRITER, all_shard_keys, code_of, keys_on_shard, mount, put, raises_code, shard_keys,
                      shard_of_key, slice_of, store_snapshot, watched_silence)
 from mooncake_redis import ErrorCode, Master, MasterConfig, ReplicateConfig
 from mooncake_redis.fsck import fsck
@@ -142,7 +142,7 @@ def test_double_free_is_refused_without_a_write(master):
     (a,) = keys_on_shard(m, 0, 1)
     p = shard_keys(m, 0)
     put(m, a, 1024)
-    off = int(m.redis.hget(p.object("default", a), "rep:seg").split()[0])
+    off = replicas_in(m.redis.hgetall(p.object("default", a)))["seg"][0]
     # damage: the object's extent is also on the free lists
     m.redis.zadd(p.free("seg")[0], {str(off): off})
     m.redis.zadd(p.free("seg")[1], {str(off): 1024})
@@ -218,7 +218,7 @@ FUNCTIONS += ["mc_mount_local_disk", "mc_unmount_local_disk", "mc_report_ssd_cap
 FUNCTIONS += ["mc_disk_removal_heartbeat", "mc_disk_removal_ack", "mc_disk_referenced", "mc_fsck_disk_used"]
 FUNCTIONS += ["mc_gw_segment_record", "mc_gw_segment_forget", "mc_gw_reap", "mc_gw_metadata_put",
               "mc_gw_metadata_delete", "mc_gw_register_client", "mc_gw_heartbeat"]
-FUNCTIONS += ["mc_fsck_gateway"]
+FUNCTIONS += ["mc_fsck_gateway", "mc_upgrade_objects"]
 
 
 def test_every_function_is_listed_here():

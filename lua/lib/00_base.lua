@@ -5,7 +5,7 @@
 -- The key schema: every key of shard P is P followed by one of these suffixes (docs/keys.md's key
 -- schema table; mooncake_redis/keys.py holds the same table and a test checks that they agree).
 local K = {
-  config = ':config', clock = ':clock', mount_seq = ':mount_seq',
+  config = ':config', mount_seq = ':mount_seq',
   segment = ':seg:', segments = ':segs', free = ':free:', free_by_off = ':by_off', free_by_size = ':by_size',
   held = ':held', processing = ':processing', clients = ':clients', expired_clients = ':expired_clients',
   object = ':obj:', group = ':grp:', group_members = ':grpm:', aggregate = ':agg:',
@@ -93,12 +93,54 @@ local function int_arg(s, lo, hi)
   return n
 end
 
--- The store clock: the test hook P:clock (absolute ms) when set, else the server's TIME.
+-- What the running call read with its configuration (open_shard, see config below): its shard,
+-- the test clock's value there (false: not frozen) and the mount epoch. Reset at the start of
+-- every call (register), so nothing read in one call is taken for another's.
+local CALL = { shard = nil, clock = false, mounts = false, now = nil }
+
+-- The store clock: the test hook (the `clock` field of P:config, absolute ms) when set, else the
+-- server's TIME. Read once a call: every step of a call sees the same instant.
 local function now_ms(P)
-  local frozen = redis.call('GET', P .. K.clock)
-  if frozen then return tonumber(frozen) end
+  if P == CALL.shard then
+    if CALL.now then return CALL.now end
+    if CALL.clock then CALL.now = tonumber(CALL.clock); return CALL.now end
+  else
+    local frozen = redis.call('HGET', P .. K.config, 'clock')
+    if frozen then return tonumber(frozen) end
+  end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if P == CALL.shard then CALL.now = now end
+  return now
+end
+
+-- Segments' mount ids, remembered between calls while the shard's mount epoch (the `mounts`
+-- field of P:config, a token no two states of the shard's mounts share, not even across a
+-- FLUSHALL) is the one they were read under: mount_segment and drop_segment change the epoch
+-- (new_mount_epoch), and the epoch is read with the configuration, so a remembered mount id is
+-- always the current one. Bounded: dropped whole at MOUNTS_MAX segments.
+local MOUNTS, MOUNTS_MAX = {}, 4096
+
+-- The running call's mount-id table for shard P (segment -> mount id, false: not mounted), or
+-- nil when the shard has no epoch yet (a store last written before epochs: nothing is kept).
+local function mount_table(P)
+  if P ~= CALL.shard or not CALL.mounts then return nil end
+  local m = MOUNTS[P]
+  if not m or m.epoch ~= CALL.mounts or m.n >= MOUNTS_MAX then
+    m = { epoch = CALL.mounts, n = 0, seg = {} }
+    MOUNTS[P] = m
+  end
+  return m
+end
+
+-- A segment of shard P was mounted or dropped: a new epoch, so that no call trusts a mount id
+-- remembered before.
+local function new_mount_epoch(P)
+  local t = redis.call('TIME')
+  local token = t[1] .. '.' .. t[2] .. '.' .. redis.call('INCR', P .. K.mount_seq)
+  redis.call('HSET', P .. K.config, 'mounts', token)
+  MOUNTS[P] = nil
+  if P == CALL.shard then CALL.mounts = token end
 end
 
 -- P:config fields the functions read, with their ranges: {lo, hi}, or {lo, hi, 'ratio'} for a
@@ -148,20 +190,24 @@ end
 -- Keyed by the list (register's, one per function), so it holds one entry per function.
 local CONFIG_MEMO = {}
 
--- Read and check config fields from P:config. Returns the table (shared: callers only read
--- it), or nil and an error reply.
+-- Read and check config fields from P:config; `names` ends with 'clock' and 'mounts' (register
+-- adds them), which are read for the call (CALL) and are not configuration. Returns the table
+-- (shared: callers only read it), or nil and an error reply.
 local function config(P, names)
   local values = redis.call('HMGET', P .. K.config, unpack(names))
+  local n = #names - 2
+  CALL.shard, CALL.clock, CALL.mounts = P, values[n + 1], values[n + 2]
   local memo = CONFIG_MEMO[names]
   if memo then
     local same = true
-    for i = 1, #names do
+    for i = 1, n do
       if values[i] ~= memo.raw[i] then same = false; break end
     end
     if same then return memo.cfg end
   end
   local cfg = {}
-  for i, name in ipairs(names) do
+  for i = 1, n do
+    local name = names[i]
     if not values[i] then return nil, fail(E.INTERNAL_ERROR,
       'store not initialised (' .. P .. ':config has no ' .. name .. '): connect once with Master.connect or mooncake-redis serve') end
     cfg[name] = config_value(name, values[i])
@@ -350,9 +396,12 @@ local FREES = { 'allow-oom' }
 local function register(name, names, fn, flags)
   local wanted = nil -- { 'shards', names... }, built at the first call (not while loading)
   redis.register_function { function_name = name, flags = flags, callback = function(keys, args)
+    CALL.shard, CALL.now = nil, nil
     if not wanted then
       wanted = { 'shards' }
       for _, field in ipairs(names) do wanted[#wanted + 1] = field end
+      wanted[#wanted + 1] = 'clock'
+      wanted[#wanted + 1] = 'mounts'
     end
     local P, cfg = open_shard(keys, wanted)
     if not P then return cfg end
@@ -361,7 +410,8 @@ local function register(name, names, fn, flags)
 end
 
 return {
-  K = K, E = E, fail = fail, S = S, MAX_INT = MAX_INT, int_arg = int_arg, now_ms = now_ms,
+  K = K, E = E, fail = fail, S = S, MAX_INT = MAX_INT, int_arg = int_arg, now_ms = now_ms, mount_table = mount_table,
+  new_mount_epoch = new_mount_epoch,
   config_value = config_value, shard_share = shard_share, valid_tenant = valid_tenant,
   valid_name = valid_name, HEAD_CACHE_MAX = HEAD_CACHE_MAX, parse_call = parse_call,
   row_of = row_of, register = register, FREES = FREES,

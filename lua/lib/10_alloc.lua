@@ -5,6 +5,7 @@
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
 
 local K, S, HEAD_CACHE_MAX = Base.K, Base.S, Base.HEAD_CACHE_MAX
+local mount_table, new_mount_epoch = Base.mount_table, Base.new_mount_epoch
 
 -- The two keys of a segment's free lists, memoised per shard and segment: every allocation and
 -- free needs them, and building them is three new strings. Bounded like HEAD_CACHE.
@@ -106,15 +107,23 @@ local function drop_segment(P, name)
   redis.call('DEL', skey, by_off, by_size)
   redis.call('ZREM', P .. K.segments, name)
   redis.call('INCR', P .. K.sweep_pending)
+  new_mount_epoch(P)
   return true
 end
 
--- The mount id of a mounted segment, or nil. `cache` (optional, one per call) memoises the
--- answer: a batch read touches the same few segments for every key, and each redis.call costs.
+-- The mount id of a mounted segment, or nil. Remembered between calls while the shard's mount
+-- epoch holds (Base.mount_table); `cache` (optional, one per call) memoises it for a store
+-- without an epoch yet.
 local function mount_of(P, seg, cache)
-  if cache and cache[seg] ~= nil then return cache[seg] or nil end
+  local known = mount_table(P)
+  local memo = known and known.seg or cache
+  if memo then
+    local m = memo[seg]
+    if m ~= nil then return m or nil end
+  end
   local mount = redis.call('HGET', P .. K.segment .. seg, 'mount')
-  if cache then cache[seg] = mount or false end
+  if memo then memo[seg] = mount or false end
+  if known then known.n = known.n + 1 end
   return mount
 end
 

@@ -1,13 +1,18 @@
 -- Objects. An object is the hash P:obj:<tenant>:<key> with fields
---   size, status ("processing" | "complete"), writer, put_started, lease_until,
+--   size, status ("processing" | "complete"), writer, put_started (only while the put is in
+--   progress), lease_until (absent: 0; see object_lease in 30_units.lua),
 --   soft_pin_until (absent or 0: none), hard_pin (1; absent or 0: none), group (only when grouped),
 --   soft_pin_action / soft_pin_ttl (only until the first put_end commits them),
---   rep:<segment> = "<offset> <mount id>"  (one per replica; size = the object's size)
+--   reps = its memory replicas (size = the object's size), each "<offset> <mount id> <#segment>
+--     <segment>" (the segment name's length, then the name: names are any bytes), one after
+--     another in segment-name order, so that a read takes an object's facts and its replicas
+--     with one HMGET (layout 2; layout 1 had one field rep:<segment> = "<offset> <mount id"> per
+--     replica, which load_object still reads and mc_upgrade_objects rewrites)
 -- A replica is live while its segment is mounted with the same mount id.
 -- Indexes: P:processing (zset, member "<tenant>:<key>", score = put_started).
 -- Groups: P:grp:<tenant>:<group> hash, P:grpm:<tenant>:<group> set of member keys (30_units.lua).
 
-local K, E, fail, now_ms, valid_tenant = Base.K, Base.E, Base.fail, Base.now_ms, Base.valid_tenant
+local K, E, fail, S, now_ms, valid_tenant = Base.K, Base.E, Base.fail, Base.S, Base.now_ms, Base.valid_tenant
 local parse_call = Base.parse_call
 local mount_of = Alloc.mount_of
 
@@ -16,7 +21,7 @@ local function obj_key(P, tenant, key) return P .. K.object .. tenant .. ':' .. 
 -- Fields of an object that are never a replica: the loops that look for replica fields
 -- ('rep:', 'disk:') skip them with one table lookup. A field missing here costs only a string
 -- check more.
-local SCALAR_FIELDS = { size = true, status = true, writer = true, put_started = true, lease_until = true,
+local SCALAR_FIELDS = { reps = true, disks = true, size = true, status = true, writer = true, put_started = true, lease_until = true,
   soft_pin_until = true, hard_pin = true, group = true, node = true, prefix = true, checksum = true,
   guaranteed_until = true, task_refs = true, soft_pin_action = true, soft_pin_ttl = true }
 local function obj_id(tenant, key) return tenant .. ':' .. key end
@@ -81,10 +86,49 @@ local function keys_spec(option, kind)
   return { opts = opts, fields = { key = 'required' }, max_rows = MAX_KEYS_PER_CALL }
 end
 
+-- The `reps` field of replicas {seg=, off=, mount=} (any order; written in segment order).
+local function encode_reps(list)
+  if #list > 1 then table.sort(list, function(a, b) return a.seg < b.seg end) end
+  local parts = {}
+  for i, r in ipairs(list) do parts[i] = S(r.off) .. ' ' .. r.mount .. ' ' .. #r.seg .. ' ' .. r.seg end
+  return table.concat(parts)
+end
+
+-- Replicas of a `reps` value, as {seg=, off=, mount=} in its order; nil when it is malformed.
+local function decode_reps(reps)
+  local list, at, n = {}, 1, #reps
+  while at <= n do
+    local off, mount, len, from = string.match(reps, '^(%d+) (%d+) (%d+) ()', at)
+    if not off then return nil end
+    local upto = from + tonumber(len) - 1
+    if len == '0' or upto > n then return nil end
+    list[#list + 1] = { seg = string.sub(reps, from, upto), off = tonumber(off), mount = mount }
+    at = upto + 1
+  end
+  return list
+end
+
+-- Layout 1's replica fields (rep:<segment> = "<offset> <mount id>") of an HGETALL reply, as
+-- a `reps` value, and the field names; nil when there are none.
+local function legacy_reps(flat)
+  local list, names = {}, {}
+  for i = 1, #flat, 2 do
+    local seg = string.byte(flat[i], 1) == 114 and string.match(flat[i], '^rep:(.*)$')
+    if seg then
+      local off, mount = string.match(flat[i + 1], '^(%d+) (%d+)$')
+      names[#names + 1] = flat[i]
+      if off then list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount } end
+    end
+  end
+  if #names == 0 then return nil end
+  return encode_reps(list), names
+end
+
 -- HGETALL as a table, nil when the object does not exist. Every object has at least 6 fields (5
 -- fixed and a replica or disk field); a constructor fills them into a table sized at once (its
 -- hash part holds 8: a soft pin, a group or a checksum more fit without a re-hash), where
--- filling an empty table re-hashes it four times on the way.
+-- filling an empty table re-hashes it four times on the way. An object of layout 1 gets its
+-- `reps` from its replica fields (and `legacy_reps`: their names, which write_reps deletes).
 local function load_object(okey)
   local flat = redis.call('HGETALL', okey)
   local n = #flat
@@ -97,27 +141,41 @@ local function load_object(okey)
   end
   for i = from, n, 2 do o[flat[i]] = flat[i + 1] end
   if o.node then o.group = RADIX_MARK .. o.node end
+  if not o.reps then o.reps, o.legacy_reps = legacy_reps(flat) end
   return o
+end
+
+-- Write an object's memory replicas (none: the field goes), in the hash and in `o`.
+local function write_reps(okey, o, list)
+  if o.legacy_reps then -- a layout 1 object: its replica fields go, and a disk replica gets its mark
+    redis.call('HDEL', okey, unpack(o.legacy_reps))
+    o.legacy_reps = nil
+    for field in pairs(o) do
+      if string.sub(field, 1, 5) == 'disk:' then redis.call('HSET', okey, 'disks', '1'); o.disks = '1'; break end
+    end
+  end
+  if #list == 0 then
+    if o.reps then redis.call('HDEL', okey, 'reps') end
+    o.reps = nil
+  else
+    o.reps = encode_reps(list)
+    redis.call('HSET', okey, 'reps', o.reps)
+  end
 end
 
 -- Replicas as a list of {seg=, off=, mount=, live=}, in segment-name order (stable replies).
 -- The second result is false when no field starts with 'd', i.e. the object has no disk replica
 -- (27_disk.lua): readers then skip the pass over the fields that looks for them.
 local function replicas_of(P, o, mount_cache)
-  local list, maybe_disk = {}, false
-  for field, value in pairs(o) do
-    local b = not SCALAR_FIELDS[field] and string.byte(field, 1) -- 'r' and 'd': skip the other fields cheaply
-    if b == 114 then
-      local seg = string.match(field, '^rep:(.*)$')
-      if seg then
-        local off, mount = string.match(value, '^(%d+) (%d+)$')
-        list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount, live = mount ~= nil and mount_of(P, seg, mount_cache) == mount }
-      end
-    elseif b == 100 then
-      maybe_disk = true
-    end
+  local list = o.reps and decode_reps(o.reps) or {}
+  for i = 1, #list do
+    local r = list[i]
+    r.live = mount_of(P, r.seg, mount_cache) == r.mount
   end
-  if #list > 1 then table.sort(list, function(a, b) return a.seg < b.seg end) end
+  local maybe_disk = false
+  for field in pairs(o) do
+    if not SCALAR_FIELDS[field] and string.byte(field, 1) == 100 then maybe_disk = true; break end
+  end
   return list, maybe_disk
 end
 
@@ -125,12 +183,13 @@ end
 -- result is replicas_of's.
 local function live_replicas(P, okey, o, mount_cache)
   local list, maybe_disk = replicas_of(P, o, mount_cache)
-  local n = 0
-  for i = 1, #list do -- compacted in place
+  local total, n = #list, 0
+  for i = 1, total do -- compacted in place
     local r = list[i]
     list[i] = nil
-    if r.live then n = n + 1; list[n] = r else redis.call('HDEL', okey, 'rep:' .. r.seg) end
+    if r.live then n = n + 1; list[n] = r end
   end
+  if n < total or o.legacy_reps then write_reps(okey, o, list) end -- (a layout 1 object: rewritten)
   return list, maybe_disk
 end
 
@@ -149,5 +208,6 @@ return {
   radix_hash = radix_hash, grp_key = grp_key, grp_members_key = grp_members_key,
   MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,
   keys_spec = keys_spec, load_object = load_object, replicas_of = replicas_of,
+  encode_reps = encode_reps, decode_reps = decode_reps, write_reps = write_reps,
   live_replicas = live_replicas, lease_until = lease_until,
 }

@@ -7,7 +7,8 @@
 --   inflight_bytes (its tasks in flight on this shard: count and sizes), orphaned (files whose
 --   removal found its removal queue full)
 -- and the entry client -> mount in P:disks. A disk replica is the object field
---   disk:<client> = "<mount> <location>"
+--   disk:<client> = "<mount> <location>", and an object with one has the field disks = 1 (which
+--   lets a read tell from a few fields that an object has none: get_replica_list's plain_read)
 -- (location: where the client keeps the bytes, e.g. a file path); it is live while
 -- P:disk:<client> has that mount, as a memory replica is live while its segment does.
 -- An object whose memory replicas are gone but that has a live disk replica ("disk only")
@@ -26,6 +27,7 @@ local K, S, now_ms, config_value = Base.K, Base.S, Base.now_ms, Base.config_valu
 local shard_share = Base.shard_share
 local free_extent = Alloc.free_extent
 local SCALAR_FIELDS, obj_id, replicas_of = Object.SCALAR_FIELDS, Object.obj_id, Object.replicas_of
+local write_reps = Object.write_reps
 local forget_guarantee = Guarantee.forget_guarantee
 
 local function disk_mount(P, client, cache)
@@ -52,27 +54,28 @@ end
 
 -- Live disk replicas; dead ones (disk segment unmounted) are dropped from the hash on the way.
 local function live_disk_replicas(P, okey, o, cache)
-  local live = {}
+  local live, dropped = {}, false
   for _, r in ipairs(disk_replicas_of(P, o, cache)) do
     if r.live then
       live[#live + 1] = r
     else
       redis.call('HDEL', okey, 'disk:' .. r.client)
       o['disk:' .. r.client] = nil
+      dropped = true
     end
   end
+  if dropped and #live == 0 then redis.call('HDEL', okey, 'disks'); o.disks = nil end
   return live
 end
 
 -- Whether an object has a memory replica field, and whether it has a disk replica field, in
 -- one pass over its fields.
 local function replica_kinds(o)
-  local memory, disk = false, false
+  local memory, disk = o.reps ~= nil, false
   for field in pairs(o) do
     if not SCALAR_FIELDS[field] then
       local b = string.byte(field, 1) -- plain find below: no new string
-      if b == 114 and string.find(field, 'rep:', 1, true) == 1 then memory = true
-      elseif b == 100 and string.find(field, 'disk:', 1, true) == 1 then disk = true end
+      if b == 100 and string.find(field, 'disk:', 1, true) == 1 then disk = true end
     end
   end
   return memory, disk
@@ -145,9 +148,8 @@ local function shed_memory(P, tenant, key, okey, o)
   end
   for _, r in ipairs(replicas) do
     if r.live and r.off and free_extent(P, r.seg, r.off, size) then bytes = bytes + size end
-    redis.call('HDEL', okey, 'rep:' .. r.seg)
-    o['rep:' .. r.seg] = nil
   end
+  write_reps(okey, o, {})
   return bytes
 end
 

@@ -155,9 +155,53 @@ local function apply_rule(P, unit, entries, now, indexes)
   end
 end
 
-local function place_object(P, tenant, key, o, now)
-  local _, entries = unit_rule(object_facts(o), now)
-  apply_rule(P, object_unit(tenant, key), entries, now, object_indexes(o))
+-- The tiers a unit may sit in, from what the reader loaded: an ungrouped object only in the
+-- ordinary tier, or also the soft tier if it ever had a soft pin (one that expired may still sit
+-- there until the sweep moves it, and its score must stay its lease); a group in any tier.
+local OBJECT_TIERS, SOFT_OBJECT_TIERS = { TIER_ORDINARY }, { TIER_ORDINARY, TIER_SOFT }
+local function possible_tiers(o)
+  if o.group then return TIERS end
+  return ever_soft_pinned(o) and SOFT_OBJECT_TIERS or OBJECT_TIERS
+end
+
+-- An ungrouped object's lease lives where the rule needs it: while its unit sits in a tier, in
+-- that tier's score only (a read renews it with ZADD XX GT and writes nothing to the hash), else
+-- (protected) in the hash's lease_until, which is otherwise the lease as of the unit's last
+-- placement. So the lease is the larger of the two (the hash's alone for a group member: its
+-- group holds the lease).
+local function object_lease(P, unit, o)
+  local lease = tonumber(o.lease_until) or 0
+  local tiers = possible_tiers(o)
+  for i = 1, #tiers do
+    local s = tonumber(redis.call('ZSCORE', P .. tiers[i], unit))
+    if s and s > lease then lease = s end
+  end
+  return lease
+end
+
+-- Before a re-placement may take the unit out of its tier: the tier's lease into the hash.
+local function keep_lease(P, unit, okey, o)
+  local lease = object_lease(P, unit, o)
+  if lease > (tonumber(o.lease_until) or 0) then
+    o.lease_until = S(lease)
+    redis.call('HSET', okey, 'lease_until', o.lease_until)
+  end
+end
+
+-- The lease a reader of the object (remove's check, inspect) must respect: its group's, or its own.
+local function lease_of(P, tenant, key, o)
+  if o.group then return Object.lease_until(P, tenant, o) end
+  return object_lease(P, object_unit(tenant, key), o)
+end
+
+-- `out_of_tiers`: the caller knows the unit sits in no tier (its put was in progress), so it has
+-- no tier lease to keep.
+local function place_object(P, tenant, key, o, now, out_of_tiers)
+  local unit = object_unit(tenant, key)
+  if not out_of_tiers then keep_lease(P, unit, obj_key(P, tenant, key), o) end
+  local why, entries = unit_rule(object_facts(o), now)
+  apply_rule(P, unit, entries, now, object_indexes(o))
+  return why -- '' when the unit sits in a tier
 end
 
 local function place_group(P, tenant, group, now)
@@ -187,6 +231,7 @@ local function unit_state(P, unit, now)
     if not o then return 'missing', {} end
     if o.group then return 'grouped', {} end
     f = object_facts(o)
+    f.lease_until = object_lease(P, unit, o)
   else
     return 'missing', {}
   end
@@ -196,6 +241,12 @@ end
 
 -- Re-derive one unit's index entries from its records.
 local function replace_unit(P, unit, now)
+  local kind, tenant, key = string.match(unit, '^(o):([^:]+):(.*)$')
+  if kind and valid_tenant(tenant) then -- an object: its tier's lease into its hash first
+    local okey = obj_key(P, tenant, key)
+    local o = load_object(okey)
+    if o and not o.group then keep_lease(P, unit, okey, o) end
+  end
   local _, entries = unit_state(P, unit, now)
   apply_rule(P, unit, entries, now)
 end
@@ -209,48 +260,90 @@ local function being_evicted(P, tenant, o)
   return o.group ~= nil and group_draining(P, tenant, o.group)
 end
 
--- The tiers a unit may sit in, from what the reader loaded: an ungrouped object only in the
--- ordinary tier, or also the soft tier if it ever had a soft pin (one that expired may still sit
--- there until the sweep moves it, and its score must stay its lease); a group in any tier.
-local OBJECT_TIERS, SOFT_OBJECT_TIERS = { TIER_ORDINARY }, { TIER_ORDINARY, TIER_SOFT }
-local function possible_tiers(o)
-  if o.group then return TIERS end
-  return ever_soft_pinned(o) and SOFT_OBJECT_TIERS or OBJECT_TIERS
+-- A read leases the object's unit (the object, or its whole group) until at least until_ms. A
+-- renewal sets the lease to until_ms rounded up to a multiple of the slack (kv_lease_slack; 0:
+-- until_ms itself), so that the reads of a key within one slack window set the same lease and
+-- all but the first write nothing (no HSET, no ZADD that changes anything: nothing for the AOF
+-- or the replicas). Where the lease goes is object_lease's rule: a group's in its hash (HSET)
+-- and its tiers re-scored; an ungrouped object's in its tier alone (ZADD XX GT: a score only
+-- grows), unless the rule keeps it out of every tier (or a guarantee's end is still to be swept),
+-- when it goes to the hash. Re-scores are queued in `rescore` (one per call: tier -> {score,
+-- unit, ...}, 'gt:' .. tier for the GT ones; until_ms -> its score string) for flush_rescore,
+-- which sends one variadic ZADD per tier and kind for the whole batch.
+local function renewal(until_ms, slack)
+  if slack == 0 then return until_ms end
+  local r = until_ms % slack
+  return r == 0 and until_ms or until_ms - r + slack
 end
 
--- A read leases the object's unit (the object, or its whole group) until at least until_ms. A
--- lease that already reaches until_ms is left as it is: the read writes nothing. Otherwise it is
--- renewed to until_ms + slack (kv_lease_slack), so that a key read again within the slack costs
--- no write at all (no HSET, no ZADD, nothing for the AOF or the replicas). The unit's possible
--- tiers are re-scored with XX (only a unit that is a candidate moves; protected units stay out).
--- The re-scores are queued in `rescore` (one per call: tier -> {score, unit, ...}; until_ms ->
--- its score string) for flush_rescore, which sends one variadic ZADD per tier for the whole batch.
-local function extend_lease(P, tenant, key, okey, o, until_ms, slack, rescore)
+local GT_OF = {} -- tier -> its key in `rescore` for the GT re-scores
+for i = 1, #TIERS do GT_OF[TIERS[i]] = 'gt:' .. TIERS[i] end
+
+local function queue_rescore(rescore, tiers, names, score, unit)
+  for i = 1, #tiers do
+    local name = names and names[tiers[i]] or tiers[i]
+    local q = rescore[name]
+    if not q then q = {}; rescore[name] = q end
+    q[#q + 1] = score
+    q[#q + 1] = unit
+  end
+end
+
+-- The tier an unprotected, ungrouped object without pins, guarantee, tasks or disk replicas
+-- sits in, as the rule says (asked once: its facts are always the same).
+local PLAIN_FACTS = { processing = 0, hard_pinned = 0, task_refs = 0, lease_until = 0, soft_pin = 0,
+  guarantee = 0, disk_only = false, has_disk = false }
+local plain_tier = nil
+local function plain_object_tier(now)
+  if not plain_tier then
+    local why, entries = unit_rule(PLAIN_FACTS, now)
+    for i = 1, #TIERS do
+      if why == '' and entries[TIERS[i]] then plain_tier = TIERS[i] end
+    end
+  end
+  return plain_tier
+end
+
+-- A read's lease of such an object: its tier's score only (see extend_lease).
+local function lease_plain_object(rescore, unit, until_ms, slack, now)
+  until_ms = renewal(until_ms, slack)
+  local score = rescore[until_ms] or S(until_ms)
+  rescore[until_ms] = score
+  local tier = GT_OF[plain_object_tier(now)]
+  local q = rescore[tier]
+  if not q then q = {}; rescore[tier] = q end
+  q[#q + 1] = score
+  q[#q + 1] = unit
+  return until_ms
+end
+
+local function extend_lease(P, tenant, key, okey, o, until_ms, slack, rescore, now)
+  local grouped = o.group ~= nil
   local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
-  if o.group then
+  if grouped then
     target, unit = grp_key(P, tenant, o.group), group_unit(tenant, o.group)
     cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
   end
   if until_ms <= cur then return cur end
-  until_ms = until_ms + slack
+  until_ms = renewal(until_ms, slack)
   local score = rescore[until_ms] or S(until_ms) -- a batch's keys share one deadline: format it once
   rescore[until_ms] = score
-  redis.call('HSET', target, 'lease_until', score)
-  local tiers = possible_tiers(o)
-  for i = 1, #tiers do
-    local tier = tiers[i]
-    local q = rescore[tier]
-    if not q then q = {}; rescore[tier] = q end
-    q[#q + 1] = score
-    q[#q + 1] = unit
+  if not grouped and not o.guaranteed_until and unit_rule(object_facts(o), now) == '' then
+    queue_rescore(rescore, possible_tiers(o), GT_OF, score, unit)
+    return until_ms
   end
+  redis.call('HSET', target, 'lease_until', score)
+  if grouped then queue_rescore(rescore, TIERS, nil, score, unit) end
   return until_ms
 end
 
 local function flush_rescore(P, rescore)
   for i = 1, #TIERS do
-    local q = rescore[TIERS[i]]
-    if q then redis.call('ZADD', P .. TIERS[i], 'XX', unpack(q)) end
+    local tier = TIERS[i]
+    local q = rescore[tier]
+    if q then redis.call('ZADD', P .. tier, 'XX', unpack(q)) end
+    q = rescore[GT_OF[tier]]
+    if q then redis.call('ZADD', P .. tier, 'XX', 'GT', unpack(q)) end
   end
 end
 
@@ -407,7 +500,7 @@ return {
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,
-  being_evicted = being_evicted, extend_lease = extend_lease, flush_rescore = flush_rescore,
+  being_evicted = being_evicted, extend_lease = extend_lease, lease_plain_object = lease_plain_object, lease_of = lease_of, keep_lease = keep_lease, renewal = renewal, flush_rescore = flush_rescore,
   join_group = join_group, group_member_completed = group_member_completed,
   retire_group = retire_group, leave_group = leave_group, drop_object = drop_object,
   delete_object = delete_object, end_guarantee = end_guarantee, renew_guarantee = renew_guarantee,

@@ -10,7 +10,7 @@ local TIER_ALLOW, object_unit, group_unit = Units.TIER_ALLOW, Units.object_unit,
 local unplace, unplace_object, unit_rule = Units.unplace, Units.unplace_object, Units.unit_rule
 local object_facts, group_facts = Units.object_facts, Units.group_facts
 local apply_rule, place_group = Units.apply_rule, Units.place_group
-local retire_group, drop_object = Units.retire_group, Units.drop_object
+local retire_group, drop_object, keep_lease = Units.retire_group, Units.drop_object, Units.keep_lease
 
 -- May units of this tier be evicted under `cfg`? (A tier without a flag always may.)
 -- A flag may be a list of flags, all of which must allow it.
@@ -63,9 +63,13 @@ local function evict_object(P, tenant, key, now, cfg)
     if o then place_group(P, tenant, o.group, now) end
     return 0, 0
   end
+  -- the candidate's tier score (at most now) is its lease, and the hash's is never above it
   local f = object_facts(o)
   local why, entries = unit_rule(f, now)
   if not still_evictable(why, entries, f.lease_until, now, cfg) then
+    keep_lease(P, unit, okey, o)
+    f.lease_until = tonumber(o.lease_until) or 0
+    _, entries = unit_rule(f, now)
     apply_rule(P, unit, entries, now)
     return 0, 0
   end

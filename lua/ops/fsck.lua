@@ -12,7 +12,7 @@ local valid_name, register = Base.valid_name, Base.register
 local free_keys, add_free = Alloc.free_keys, Alloc.add_free
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local grp_key, grp_members_key = Object.grp_key, Object.grp_members_key
-local load_object = Object.load_object
+local load_object, decode_reps = Object.load_object, Object.decode_reps
 local guarantee_prefix_key = Guarantee.guarantee_prefix_key
 local object_unit, group_unit, agg_key = Units.object_unit, Units.group_unit, Units.agg_key
 local unplace, place_object, place_group = Units.unplace, Units.place_object, Units.place_group
@@ -295,8 +295,12 @@ local function allocation_checks_out(P, seg, mount, off, len, kind, ref)
   if kind == 'r' then
     local tenant, key = string.match(ref, '^([^:]+):(.*)$')
     if not tenant then return false end
-    local row = redis.call('HMGET', obj_key(P, tenant, key), 'rep:' .. seg, 'size')
-    return row[1] == S(off) .. ' ' .. mount and tonumber(row[2]) == len
+    local o = load_object(obj_key(P, tenant, key))
+    if not o or tonumber(o.size) ~= len then return false end
+    for _, r in ipairs(o.reps and decode_reps(o.reps) or {}) do
+      if r.seg == seg then return r.off == off and r.mount == mount end
+    end
+    return false
   elseif kind == 'h' then
     return redis.call('ZSCORE', P .. K.held, ref) ~= false
       and ref == mount .. ' ' .. S(off) .. ' ' .. S(len) .. ' ' .. seg

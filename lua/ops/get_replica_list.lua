@@ -1,6 +1,7 @@
 -- get_replica_list / exist_key: reads. Only complete objects with a live replica are readable;
 -- a successful read leases the object (or its group) until at least now + default_kv_lease_ttl
--- (renewing it, when it falls short, to that + kv_lease_slack: extend_lease).
+-- (renewing it, when it falls short, to that rounded up to a multiple of kv_lease_slack:
+-- extend_lease).
 -- KEYS: P.  ARGV: options tenant, and for get_replica_list guaranteed_ttl_ms (0 -
 --   max_guaranteed_ttl, default 0: renew-only, an object whose guarantee is active gets
 --   guaranteed_until = max(guaranteed_until, now + guaranteed_ttl_ms); any other is unchanged);
@@ -10,9 +11,9 @@
 -- An object whose memory replicas are gone stays readable while it has a live disk replica
 -- (with_disk=0 then answers it with no replica).   exist_key reply, per key: 1 or 0.
 
-local E, fail, S, int_arg, register = Base.E, Base.fail, Base.S, Base.int_arg, Base.register
+local E, fail, S, int_arg, register, now_ms = Base.E, Base.fail, Base.S, Base.int_arg, Base.register, Base.now_ms
 local FREES = Base.FREES
-local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
+local obj_key, object_call = Object.obj_key, Object.object_call
 local keys_spec, load_object = Object.keys_spec, Object.load_object
 local live_replicas = Object.live_replicas
 local live_disk_replicas = Disk.live_disk_replicas
@@ -22,6 +23,51 @@ local renew_guarantee = Units.renew_guarantee
 local settle_disk_only = Offload.settle_disk_only
 
 local NO_DISKS = {} -- read only
+local lease_plain_object, object_unit = Units.lease_plain_object, Units.object_unit
+local mount_of, decode_reps = Alloc.mount_of, Object.decode_reps
+
+-- The fields of an object hash a read takes first (one HMGET): enough to answer a plain object
+-- (complete, ungrouped, no guarantee, hard pin, task or soft pin, every replica live) without
+-- more calls; any other object goes through read_one, which loads the whole hash.
+local READ_FIELDS = { 'status', 'size', 'reps', 'group', 'node', 'guaranteed_until', 'hard_pin', 'task_refs',
+  'soft_pin_until', 'disks', 'checksum' }
+local GENERAL = {} -- plain_read's answer for an object that needs read_one
+
+local function unset(v) return not v or v == '0' end
+
+-- A read's reply for a plain object, or GENERAL (and an error code for a missing or unfinished
+-- one). `kind`: 'exist', 'get' or 'disk' (get_replica_list with with_disk=1). The replicas are
+-- walked in place (plain finds, no pattern, no table per replica): this is every read's path.
+local function plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
+  local v = redis.call('HMGET', obj_key(P, tenant, key), unpack(READ_FIELDS))
+  local status, reps = v[1], v[3]
+  if not status then return E.OBJECT_NOT_FOUND end
+  if v[4] or v[5] then return GENERAL end -- grouped (or a radix node's key): its group's rules
+  if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
+  if not reps or v[6] or not unset(v[7]) or not unset(v[8]) or not unset(v[9]) or v[10] then return GENERAL end
+  local r, at, n = nil, 1, #reps
+  if kind == 'get' then r = { 0, tonumber(v[2]) } elseif kind == 'disk' then r = { 0, tonumber(v[2]), v[11] or '', 0 } end
+  while at <= n do
+    local s1 = string.find(reps, ' ', at, true)
+    local s2 = s1 and string.find(reps, ' ', s1 + 1, true)
+    local s3 = s2 and string.find(reps, ' ', s2 + 1, true)
+    local len = s3 and tonumber(string.sub(reps, s2 + 1, s3 - 1))
+    if not len or len < 1 or s3 + len > n then return GENERAL end -- malformed: read_one's rules
+    local seg = string.sub(reps, s3 + 1, s3 + len)
+    if mount_of(P, seg, mount_cache) ~= string.sub(reps, s1 + 1, s2 - 1) then return GENERAL end -- dead: read_one drops it
+    if r then
+      r[#r + 1] = seg
+      r[#r + 1] = tonumber(string.sub(reps, at, s1 - 1))
+      if kind == 'disk' then r[4] = r[4] + 1 end
+    end
+    at = s3 + len + 1
+  end
+  local until_ms = lease_plain_object(rescore, object_unit(tenant, key), now + cfg.default_kv_lease_ttl,
+    cfg.kv_lease_slack, now)
+  if not r then return 1 end
+  r[1] = until_ms - now
+  return r
+end
 
 -- Returns the live replicas, or nil and an error code; leases the object on success.
 local function read_one(P, tenant, key, now, cfg, guarantee_ttl, mount_cache, rescore, disk_cache)
@@ -36,7 +82,7 @@ local function read_one(P, tenant, key, now, cfg, guarantee_ttl, mount_cache, re
     return nil, E.OBJECT_NOT_FOUND
   end
   if #live == 0 and o.group then settle_disk_only(P, tenant, key, okey, now) end
-  local leased_until = extend_lease(P, tenant, key, okey, o, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, rescore)
+  local leased_until = extend_lease(P, tenant, key, okey, o, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, rescore, now)
   local guaranteed = o.guaranteed_until and tonumber(o.guaranteed_until) or 0 -- most objects have none
   if guaranteed > now and now + guarantee_ttl > guaranteed then
     renew_guarantee(P, tenant, key, okey, o, now + guarantee_ttl)
@@ -60,6 +106,18 @@ local function disk_reply(live, ttl_or_code, size, disks, checksum)
   return r
 end
 
+local function replica_reply(live, ttl_or_code, size)
+  if not live then return ttl_or_code end
+  local r = { ttl_or_code, tonumber(size) }
+  for _, rep in ipairs(live) do
+    r[#r + 1] = rep.seg
+    r[#r + 1] = rep.off
+  end
+  return r
+end
+
+local function exist_reply(live) return live and 1 or 0 end
+
 local GET_SPEC, EXIST_SPEC = keys_spec('guaranteed_ttl_ms', 'optional'), keys_spec()
 GET_SPEC.opts.with_disk = 'optional'
 
@@ -73,28 +131,24 @@ local function batch_read(P, args, cfg, spec, shape)
   end
   local with_disk = call.opts.with_disk or '0'
   if with_disk ~= '0' and with_disk ~= '1' then return fail(E.INVALID_PARAMS, 'with_disk must be 0 or 1') end
-  local mount_cache, rescore, disk_cache = {}, {}, {}
-  local reply = per_row(P, args, call, function(_, tenant, row, now)
-    local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, row.key, now, cfg, guarantee_ttl,
-      mount_cache, rescore, disk_cache)
-    if with_disk == '1' then return disk_reply(live, ttl_or_code, size, disks, checksum) end
-    return shape(live, ttl_or_code, size)
-  end)
+  local kind = (shape == exist_reply and 'exist') or (with_disk == '1' and 'disk') or 'get'
+  local mount_cache, rescore = {}, {}
+  local now, tenant, reply, stride = now_ms(P), call.tenant, {}, call.stride -- rows of one field: key
+  for i = 1, call.rows do
+    local key = args[call.first + (i - 1) * stride]
+    local got = plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
+    if kind == 'exist' and got ~= GENERAL then
+      got = got == 1 and 1 or 0 -- an error code: it does not exist (for readers)
+    elseif got == GENERAL then
+      local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, key, now, cfg, guarantee_ttl,
+        mount_cache, rescore, {})
+      if kind == 'disk' then got = disk_reply(live, ttl_or_code, size, disks, checksum) else got = shape(live, ttl_or_code, size) end
+    end
+    reply[i] = got
+  end
   flush_rescore(P, rescore)
   return reply
 end
-
-local function replica_reply(live, ttl_or_code, size)
-  if not live then return ttl_or_code end
-  local r = { ttl_or_code, tonumber(size) }
-  for _, rep in ipairs(live) do
-    r[#r + 1] = rep.seg
-    r[#r + 1] = rep.off
-  end
-  return r
-end
-
-local function exist_reply(live) return live and 1 or 0 end
 
 register('mc_get_replica_list', { 'default_kv_lease_ttl', 'kv_lease_slack', 'max_guaranteed_ttl' },
   function(P, args, cfg) return batch_read(P, args, cfg, GET_SPEC, replica_reply) end, FREES)

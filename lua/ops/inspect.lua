@@ -2,7 +2,7 @@
 
 local E, fail, S, now_ms, register = Base.E, Base.fail, Base.S, Base.now_ms, Base.register
 local obj_key, object_call, load_object = Object.obj_key, Object.object_call, Object.load_object
-local replicas_of, lease_until = Object.replicas_of, Object.lease_until
+local replicas_of, lease_of = Object.replicas_of, Units.lease_of
 local DEADLINES, DEADLINE_KINDS, INDEXES = Units.DEADLINES, Units.DEADLINE_KINDS, Units.INDEXES
 local unit_state = Units.unit_state
 local retention_state = Retention.retention_state
@@ -22,7 +22,7 @@ local function describe(P, args)
   for _, r in ipairs(replicas_of(P, o)) do
     if r.live then live[#live + 1] = r.seg end
   end
-  return { redis.call('HGETALL', okey), lease_until(P, tenant, o), live, now_ms(P) }
+  return { redis.call('HGETALL', okey), lease_of(P, tenant, key, o), live, now_ms(P) }
 end
 
 -- unit_state. KEYS: P. ARGV: unit ("o:<tenant>:<key>" | "g:<tenant>:<group>").

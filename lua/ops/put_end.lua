@@ -40,19 +40,25 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   if o.node and redis.call('HGET', P .. K.radix_node .. tenant .. ':' .. o.node, 'link_pending') then
     return E.RADIX_LINK_PENDING
   end
-  o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until), now))
+  -- the lease becomes max(lease, now); it goes into the hash unless the unit lands in a tier,
+  -- whose score then holds it (the lease lives where the rule needs it: 30_units.lua)
+  o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until) or 0, now))
   o.soft_pin_until = commit_soft_pin(o, now)
-  local fields = { 'status', o.status, 'lease_until', o.lease_until }
+  local fields = { 'status', o.status }
   if ever_soft_pinned(o) then fields[#fields + 1] = 'soft_pin_until'; fields[#fields + 1] = o.soft_pin_until end
   if checksum then fields[#fields + 1] = 'checksum'; fields[#fields + 1] = checksum end
   redis.call('HSET', okey, unpack(fields))
-  redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
+  -- what only a put in progress needs goes (a complete object keeps its writer: put_end and
+  -- put_revoke answer by it)
+  redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl', 'put_started')
   redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
+  local in_tier = false
   if o.group then
     group_member_completed(P, tenant, key, o.group, o.soft_pin_until, now)
   else
-    place_object(P, tenant, key, o, now)
+    in_tier = place_object(P, tenant, key, o, now, true) == '' -- its put was in progress: in no tier before
   end
+  if not in_tier then redis.call('HSET', okey, 'lease_until', o.lease_until) end
   if cfg.offload_on_put == 1 then enqueue_offload(P, tenant, key, o, now, cfg) end
   return E.OK
 end

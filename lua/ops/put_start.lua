@@ -30,7 +30,7 @@ local register = Base.register
 local alloc_extent, mount_of = Alloc.alloc_extent, Alloc.mount_of
 local hold_until, release_held = Alloc.hold_until, Alloc.release_held
 local obj_key, obj_id, load_object = Object.obj_key, Object.obj_id, Object.load_object
-local replicas_of = Object.replicas_of
+local replicas_of, encode_reps = Object.replicas_of, Object.encode_reps
 local guarantee_room, start_guarantee = Guarantee.guarantee_room, Guarantee.start_guarantee
 local group_draining, being_evicted = Units.group_draining, Units.being_evicted
 local join_group, delete_object = Units.join_group, Units.delete_object
@@ -171,9 +171,9 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     return E.NO_AVAILABLE_HANDLE
   end
   local guaranteed_until = guaranteed == 'yes' and now + a.guarantee_ttl or nil
-  -- default-valued fields are left out (no soft pin, no hard pin): fewer fields for every read
+  -- default-valued fields are left out (no lease, no soft pin, no hard pin): fewer fields for every read
   local fields = { 'size', row.size, 'status', 'processing', 'writer', a.client, -- row.size: canonical (int_arg)
-    'put_started', a.now_s, 'lease_until', '0', 'soft_pin_action', a.pin_action }
+    'put_started', a.now_s, 'soft_pin_action', a.pin_action }
   if a.hard_pin == '1' then fields[#fields + 1] = 'hard_pin'; fields[#fields + 1] = '1' end
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
   if a.group then fields[#fields + 1] = 'group'; fields[#fields + 1] = a.group end
@@ -181,12 +181,12 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   if prefix then fields[#fields + 1] = 'prefix'; fields[#fields + 1] = prefix end
   if guaranteed_until then fields[#fields + 1] = 'guaranteed_until'; fields[#fields + 1] = S(guaranteed_until) end
   local reply = {}
-  for _, r in ipairs(got) do
-    fields[#fields + 1] = 'rep:' .. r.seg
-    fields[#fields + 1] = S(r.off) .. ' ' .. r.mount
+  for _, r in ipairs(got) do -- in the order allocated (preferred segments first)
     reply[#reply + 1] = r.seg
     reply[#reply + 1] = r.off
   end
+  fields[#fields + 1] = 'reps'
+  fields[#fields + 1] = encode_reps(got)
   redis.call('HSET', okey, unpack(fields))
   redis.call('ZADD', P .. K.processing, now, obj_id(a.tenant, key))
   redis.call('HINCRBY', P, 'objects', 1)

@@ -6,7 +6,7 @@
 
 local E, fail, register, FREES = Base.E, Base.fail, Base.register, Base.FREES
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
-local keys_spec, load_object, lease_until = Object.keys_spec, Object.load_object, Object.lease_until
+local keys_spec, load_object, lease_of = Object.keys_spec, Object.load_object, Units.lease_of
 local delete_object = Units.delete_object
 
 local function remove_one(P, tenant, key, force, now)
@@ -14,7 +14,7 @@ local function remove_one(P, tenant, key, force, now)
   local o = load_object(okey)
   if not o then return E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
-  if not force and lease_until(P, tenant, o) > now then return E.OBJECT_HAS_LEASE end
+  if not force and lease_of(P, tenant, key, o) > now then return E.OBJECT_HAS_LEASE end
   if not force and (tonumber(o.task_refs) or 0) > 0 then return E.OBJECT_HAS_REPLICATION_TASK end
   delete_object(P, tenant, key, okey, o, nil, now)
   return E.OK

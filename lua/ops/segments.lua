@@ -6,6 +6,7 @@
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
 local parse_call, register, FREES = Base.parse_call, Base.register, Base.FREES
+local new_mount_epoch = Base.new_mount_epoch
 local free_keys, add_free, drop_segment = Alloc.free_keys, Alloc.add_free, Alloc.drop_segment
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
 local keys_spec, load_object = Object.keys_spec, Object.load_object
@@ -60,6 +61,7 @@ local function mount_segment(P, args)
   add_free(by_off, by_size, base, size)
   redis.call('ZADD', P .. K.segments, S(size), name)
   redis.call('HINCRBY', P, 'capacity_bytes', S(size))
+  new_mount_epoch(P)
   return E.OK
 end
 

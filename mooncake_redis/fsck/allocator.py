@@ -11,8 +11,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
+from ..layout import stored_replicas
 from .base import (
-    _REP_RE,
     CRITICAL,
     ERROR,
     WARNING,
@@ -203,7 +203,7 @@ def confirm_overlap(audit: Any, shard: int, a: tuple, b: tuple) -> bool:
     for own in (a, b):
         if own[0] == "rep":
             _, tenant, key, seg, off, n = own
-            pipe.hmget(k.object(tenant, key), b"rep:" + seg, "size")
+            pipe.hgetall(k.object(tenant, key))
             pipe.hget(k.segment(seg), "mount")
         else:
             pipe.zscore(k.held, own[1])
@@ -212,9 +212,8 @@ def confirm_overlap(audit: Any, shard: int, a: tuple, b: tuple) -> bool:
     for i, own in enumerate((a, b)):
         got, mount = res[2 * i], res[2 * i + 1]
         if own[0] == "rep":
-            rep, size = got
-            m = _REP_RE.match(rep or b"")
-            if not m or int(m.group(1)) != own[4] or _int(size) != own[5] or m.group(2) != mount:
+            rep = next((r for r in stored_replicas(got) or [] if r.segment == own[3]), None)
+            if rep is None or rep.offset != own[4] or _int(got.get(b"size")) != own[5] or rep.mount != mount:
                 return False
         elif got is None or own[1].split(b" ", 1)[0] != mount:
             return False

@@ -12,7 +12,6 @@ CRITICAL, ERROR, WARNING = "critical", "error", "warning"
 SCAN_COUNT = 1000
 
 _HELD_RE = re.compile(rb"^(\d+) (\d+) (\d+) (.*)$", re.S)
-_REP_RE = re.compile(rb"^(\d+) (\d+)$")
 _UNIT_RE = re.compile(rb"^([ogr]):([A-Za-z0-9_.\-]{1,64}):(.+)$", re.S)
 RADIX_MARK = b"\0r:"  # a radix node's keys are audited as the group RADIX_MARK + <hash> (lua/lib/20_object.lua)
 _ID_RE = re.compile(rb"^([A-Za-z0-9_.\-]{1,64}):(.+)$", re.S)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..keys import CLOCK_FIELD
 from .base import (
     _UNIT_RE,
     ERROR,
@@ -103,7 +104,7 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
     for _ in range(4):
         order = sorted(cand)
         pipe = audit.t.pipeline(shard)
-        pipe.get(sk.clock)
+        pipe.hget(sk.config, CLOCK_FIELD)
         pipe.time()
         pipe.hgetall(gkey)
         pipe.smembers(mkey)

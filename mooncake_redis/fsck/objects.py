@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
-from ..keys import K
+from ..keys import CLOCK_FIELD, K
+from ..layout import stored_replicas
 from .base import (
     _ID_RE,
-    _REP_RE,
     _UNIT_RE,
     ERROR,
     WARNING,
@@ -77,7 +77,7 @@ KINDS: dict[str, Kind] = {
     "unit_missing": Kind(ERROR, True, "an evictable unit is in no candidate tier"),
     "unit_wrong_tier": Kind(ERROR, True, "a unit sits in the wrong tier for its soft pin"),
     "unit_in_both_tiers": Kind(ERROR, True, "a unit sits in both candidate tiers"),
-    "unit_score": Kind(ERROR, True, "a unit's tier score differs from its lease_until"),
+    "unit_score": Kind(ERROR, True, "a unit's tier score differs from its lease (below the lease_until of its hash)"),
     "soft_deadline": Kind(ERROR, True, "a soft-tier unit without the right P:deadline:soft_pin entry"),
     "stray_deadline": Kind(WARNING, True, "a P:deadline:soft_pin entry for a unit not in the soft tier"),
     "stray_unit": Kind(ERROR, True,
@@ -138,7 +138,7 @@ def snapshot_objects(audit: Any, shard: int, ids: list[tuple[bytes, bytes]]) -> 
     unit state, guarantee)."""
     k = audit.keys(shard)
     pipe = audit.t.pipeline(shard)
-    pipe.get(k.clock)
+    pipe.hget(k.config, CLOCK_FIELD)
     pipe.time()
     for tenant, key in ids:
         oid = tenant + b":" + key
@@ -180,11 +180,11 @@ def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, 
     if status not in (b"processing", b"complete"):
         bad.append(f"status={_d(status)}")
     started = _int(h.get(b"put_started"))
-    if started is None:
+    if started is None and (not complete or b"put_started" in h):  # a complete object has none
         bad.append(f"put_started={_d(h.get(b'put_started'))}")
-    for f, v in h.items():
-        if f.startswith(b"rep:") and not _REP_RE.match(v):
-            bad.append(f"{_d(f)}={_d(v)}")
+    if stored_replicas(h) is None:
+        bad.append("replicas=" + ", ".join(f"{_d(f)}={_d(v)}" for f, v in h.items()
+                                           if f == b"reps" or f.startswith(b"rep:")))
     if bad:
         out.append(audit.finding("bad_object", shard, subject, "well-formed fields", ", ".join(bad)))
     if not complete:
@@ -230,15 +230,12 @@ class Objects(Checker):
         guaranteed = b"guaranteed_until" in h
         segs = ps.segs
         n_reps = live = 0
-        for f, v in h.items():
-            if not f.startswith(b"rep:"):
-                continue
+        for r in stored_replicas(h) or []:
             n_reps += 1
-            m = _REP_RE.match(v)
-            seg = f[4:]
-            if m and seg in segs and segs[seg].mount == m.group(2):
+            seg = r.segment
+            if seg in segs and segs[seg].mount == r.mount:
                 live += 1
-                ps.extents[seg].append((int(m.group(1)), size, ("rep", tenant, key, seg)))
+                ps.extents[seg].append((r.offset, size, ("rep", tenant, key, seg)))
                 if guaranteed:
                     ps.guaranteed[(seg, tenant)] += size
                     ps.guaranteed[(b"", tenant)] += size

@@ -1,0 +1,32 @@
+-- upgrade_objects: rewrite objects of an older layout in this library's (Master.connect runs it
+-- over every object of a store whose schema_version is older; mooncake_redis/upgrade.py).
+--   Layout 1 -> 2: the replica fields rep:<segment> become the one field reps, and an object
+--   with a disk replica field gets disks = 1 (lua/lib/20_object.lua, 27_disk.lua). An object
+--   already in layout 2, or gone, is left alone. Objects of layout 1 stay readable meanwhile
+--   (load_object reads both).
+-- KEYS: P. ARGV: object ids "<tenant>:<key>" (at most MAX_KEYS_PER_CALL).
+-- Reply: the number of objects rewritten.
+
+local K, E, fail, register = Base.K, Base.E, Base.fail, Base.register
+local load_object, decode_reps, write_reps = Object.load_object, Object.decode_reps, Object.write_reps
+local MAX_KEYS_PER_CALL = Object.MAX_KEYS_PER_CALL
+
+local function upgrade_objects(P, args)
+  if #args > MAX_KEYS_PER_CALL then return fail(E.INVALID_PARAMS, 'at most ' .. MAX_KEYS_PER_CALL .. ' ids a call') end
+  local done = 0
+  for _, id in ipairs(args) do
+    local okey = P .. K.object .. id
+    local o = load_object(okey)
+    if o and o.legacy_reps then
+      write_reps(okey, o, decode_reps(o.reps) or {})
+      done = done + 1
+    elseif o and not o.disks then
+      for field in pairs(o) do
+        if string.sub(field, 1, 5) == 'disk:' then redis.call('HSET', okey, 'disks', '1'); done = done + 1; break end
+      end
+    end
+  end
+  return done
+end
+
+register('mc_upgrade_objects', {}, upgrade_objects)

@@ -1,0 +1,54 @@
+"""The object hash's replica field (layout 2, lua/lib/20_object.lua): `reps` holds an object's
+memory replicas, each "<offset> <mount id> <#segment> <segment>" one after another in segment
+order; a layout 1 object has one field rep:<segment> = "<offset> <mount id>" per replica."""
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+REPS_FIELD = "reps"
+LEGACY_PREFIX = b"rep:"
+_HEAD = re.compile(rb"(\d+) (\d+) (\d+) ")
+_LEGACY_VALUE = re.compile(rb"(\d+) (\d+)")
+
+
+class StoredReplica(NamedTuple):
+    segment: bytes
+    offset: int
+    mount: bytes
+
+
+def decode_reps(value: bytes) -> list[StoredReplica] | None:
+    """The replicas of a `reps` value in its order; None when it is malformed."""
+    out, at = [], 0
+    while at < len(value):
+        m = _HEAD.match(value, at)
+        if not m or m.group(3) == b"0":
+            return None
+        start = m.end()
+        end = start + int(m.group(3))
+        if end > len(value):
+            return None
+        out.append(StoredReplica(value[start:end], int(m.group(1)), m.group(2)))
+        at = end
+    return out
+
+
+def encode_reps(replicas: list[StoredReplica]) -> bytes:
+    return b"".join(b"%d %s %d %s" % (r.offset, r.mount, len(r.segment), r.segment)
+                    for r in sorted(replicas, key=lambda r: r.segment))
+
+
+def stored_replicas(fields: dict[bytes, bytes]) -> list[StoredReplica] | None:
+    """An object hash's memory replicas, of either layout (None: a malformed field)."""
+    value = fields.get(REPS_FIELD.encode())
+    out = decode_reps(value) if value is not None else []
+    if out is None:
+        return None
+    for name, v in fields.items():
+        if name.startswith(LEGACY_PREFIX):
+            m = _LEGACY_VALUE.fullmatch(v)
+            if not m:
+                return None
+            out.append(StoredReplica(name[len(LEGACY_PREFIX):], int(m.group(1)), m.group(2)))
+    return sorted(out, key=lambda r: r.segment)

@@ -1,0 +1,35 @@
+"""Bringing a store of an older layout (its `schema_version`, library.SCHEMA_VERSION) to this
+package's: Master.connect runs it before it records the new version.
+
+Layout 2 (schema 2) keeps an object's memory replicas in one field (`reps`, mooncake_redis.layout)
+and marks objects with a disk replica (`disks`); `mc_upgrade_objects` rewrites layout 1 objects,
+which stay readable meanwhile, so the upgrade needs no pause of the engines."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .library import SCHEMA_FIELD
+
+log = logging.getLogger(__name__)
+
+BATCH = 256  # object ids a call (the function takes at most 512)
+
+
+def stored_schema(stored: dict) -> int:
+    """The schema of a store from its shard 0 config hash (a store without the field is schema 1)."""
+    raw = stored.get(SCHEMA_FIELD.encode())
+    return int(raw) if raw is not None else 1
+
+
+def upgrade_objects(transport: Any) -> int:
+    """Rewrite every object of an older layout, shard by shard, in bounded calls; returns how many
+    were rewritten."""
+    done = 0
+    for shard in range(transport.count):
+        for tenant, keys in transport.scan_objects(shard):
+            ids = [tenant.encode() + b":" + key for key in keys]
+            for i in range(0, len(ids), BATCH):
+                done += int(transport.call("mc_upgrade_objects", shard, *ids[i:i + BATCH]))
+        log.info("upgrade: shard %d of %d done, %d objects rewritten so far", shard + 1, transport.count, done)
+    return done
