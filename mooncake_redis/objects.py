@@ -86,7 +86,7 @@ class ObjectsApi(ApiBase):
         if not 1 <= len(bkey) <= self.config.max_key_length:
             raise MasterError(ErrorCode.INVALID_PARAMS, f"{where}: the key is {len(bkey):,} bytes; keys are 1 to "
                               f"max_key_length ({self.config.max_key_length:,}) bytes")
-        if not self._group_shard_ok(bkey, config):
+        if config is not None and not self._group_shard_ok(bkey, config):
             raise MasterError(ErrorCode.INVALID_PARAMS, f"{where}: the key routes to another shard than group "
                               f"{config.group_id!r} (on a store of several shards a member's key carries the "
                               "group id as its hash tag: {<group id>}...)")
