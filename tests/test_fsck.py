@@ -10,7 +10,7 @@ from mooncake_redis.config import ReplicateConfig, SoftPinAction
 from mooncake_redis import fsck as fsck_module
 from mooncake_redis.fsck import KINDS, _Audit, fsck
 
-from helpers import all_shard_keys, keys_of, replicas_in, reps_value, shard_keys, watched_silence
+from helpers import T0, all_shard_keys, keys_of, replicas_in, reps_value, shard_keys, watched_silence
 
 pytestmark = pytest.mark.cluster  # these API tests run on the test cluster too (conftest)
 
@@ -562,3 +562,68 @@ def test_clean_after_a_worker_pass(store):
     assert_clean(m)
     assert m.run_eviction().final  # and eviction down to the (low) target
     assert_clean(m)
+
+
+# ---- deadlines the sweep has not reached yet (issue 24.7) ---------------------------------------
+GUARANTEED_SOFT = dict(guaranteed_ttl_ms=1_000, soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=3_600_000)
+
+
+def test_an_ended_guarantee_awaiting_its_sweep_is_not_drift(new_master):
+    """Between a guarantee's deadline and the sweep that ends it, a soft-pinned object (and a
+    group whose member it is) sits in no tier and has no soft-pin deadline entry yet: the rule
+    already says soft tier, the entries follow at the sweep. fsck asks the functions whether a
+    sweep is due (mc_fsck_sweep_due) and reports nothing; the sweep places both; a deadline
+    entry that is really missing, or a due guarantee the sweep cannot see, is still reported."""
+    m = new_master()
+    m.mount_segment("seg-a", SEG, "client-1")
+    m.put_start("client-1", "gsoft", 1024, ReplicateConfig(**GUARANTEED_SOFT))
+    m.put_end("client-1", "gsoft")
+    m.put_start("client-1", "{gg}m0", 1024, ReplicateConfig(group_id="gg", **GUARANTEED_SOFT))
+    m.put_end("client-1", "{gg}m0")
+    units = [(keys_of(m, "gsoft"), "o:default:gsoft"), (keys_of(m, "gg"), "g:default:gg")]
+    for p, unit in units:
+        assert m.redis.zscore(p.tier_soft, unit) is None and m.redis.zscore(p.deadline_soft_pin, unit) is None
+    assert_clean(m)
+    m.advance_clock(1_000)  # both guarantees end now; no sweep has run
+    for p, unit in units:
+        assert m.redis.zscore(p.tier_soft, unit) is None and m.redis.zscore(p.deadline_soft_pin, unit) is None
+    assert_clean(m)
+    assert fsck(m, repair=True).findings == []
+    for shard in range(m.shards):
+        m.evict_step(shard)  # each step sweeps the due deadlines first
+    for p, unit in units:
+        assert m.redis.zscore(p.tier_soft, unit) is not None
+        assert m.redis.zscore(p.deadline_soft_pin, unit) == T0 + 3_600_000
+    assert_clean(m)
+    # drift is still drift: a deadline entry gone, and (on another store state) a due guarantee
+    # whose P:guaranteed entry is gone, so that no sweep will ever place the unit
+    m.redis.zrem(keys_of(m, "gsoft").deadline_soft_pin, "o:default:gsoft")
+    repair_and_recheck(m, {"soft_deadline"})
+    m.put_start("client-1", "gsoft2", 1024, ReplicateConfig(**GUARANTEED_SOFT))
+    m.put_end("client-1", "gsoft2")
+    m.redis.zrem(keys_of(m, "gsoft2").guaranteed, "default:gsoft2")
+    m.advance_clock(1_000)
+    repair_and_recheck(m, {"guarantee_index", "unit_missing", "soft_deadline"})
+
+
+def test_sweep_due_function_contract(new_master):
+    """mc_fsck_sweep_due: read-only, 1-1024 units, one answer per unit (a unit it does not know,
+    or a key of another type, is 0)."""
+    m = new_master()
+    m.mount_segment("seg-a", SEG, "client-1")
+    m.put_start("client-1", "k", 1024, ReplicateConfig(**GUARANTEED_SOFT))
+    m.put_end("client-1", "k")
+    p = keys_of(m, "k")
+    m.redis.set(p.object("default", "not-a-hash"), "x")
+
+    def due(*units):
+        return m.redis.execute_command("FCALL_RO", "mc_fsck_sweep_due", 1, p.P, *units)
+
+    units = ["o:default:k", "o:default:missing", "g:default:none", "garbage", "o:default:not-a-hash"]
+    assert due(*units) == [0, 0, 0, 0, 0]
+    m.advance_clock(1_000)
+    assert due(*units) == [1, 0, 0, 0, 0]
+    with pytest.raises(Exception, match="INVALID_PARAMS"):
+        due()
+    with pytest.raises(Exception, match="INVALID_PARAMS"):
+        due(*["o:default:k"] * 1025)

@@ -17,6 +17,7 @@ local guarantee_prefix_key = Guarantee.guarantee_prefix_key
 local object_unit, group_unit, agg_key = Units.object_unit, Units.group_unit, Units.agg_key
 local unplace, place_object, place_group = Units.unplace, Units.place_object, Units.place_group
 local retire_group = Units.retire_group
+local DEADLINES, DEADLINE_KINDS = Units.DEADLINES, Units.DEADLINE_KINDS
 
 local FSCK_MAX_GROUP = 10000     -- candidates one mc_fsck_group call may load
 local FSCK_MAX_EXTENTS = 8192    -- extents (+ free-list members) one mc_fsck_rebuild_free call may touch
@@ -410,6 +411,65 @@ local function fsck_rebuild_free(P, args)
   return { 1, #complement }
 end
 
+-- mc_fsck_sweep_due. KEYS: P. ARGV: unit... (1-1024 units, as mc_unit_state names them).
+--   Read-only. Per unit, 1 when the next deadline sweep (sweep_deadlines, lua/lib/30_units.lua)
+--   will re-derive it at the store clock, else 0: an entry that sweep reads names the unit with
+--   a due score and the record agrees that the deadline passed. Those entries are the unit's own
+--   in a deadline index (P:deadline:soft_pin: re-placed unconditionally), the P:guaranteed entry
+--   of its guarantee (an object's own, or for a composite unit the earliest member's in
+--   P:agg:guarantee:<unit>; ended when guaranteed_until is due too) and its P:deadline:retention
+--   entry (dropped when retained_until is not later). Until that sweep runs, a unit's tier and
+--   deadline entries lag behind mc_unit_state's expected ones by design, which the audit must not
+--   report as drift; an entry the sweep would not act on (a stale score, a record with a later
+--   deadline) gives 0, so real drift is still reported.
+-- Reply: {0|1 per unit}.
+local FSCK_MAX_UNITS = 1024
+
+local function due_in(index, member, now)
+  local score = tonumber(redis.call('ZSCORE', index, member))
+  return score ~= nil and score <= now
+end
+
+-- A number field of a record, nil when absent, not a number, or the key is not a hash (an
+-- object key of another type is the audit's bad_object, not an error of this call).
+local function number_field(key, field)
+  local v = redis.pcall('HGET', key, field)
+  return type(v) == 'string' and tonumber(v) or nil
+end
+
+local function guarantee_due(P, tenant, key, now)
+  local g = number_field(obj_key(P, tenant, key), 'guaranteed_until')
+  return g ~= nil and g <= now and due_in(P .. K.guaranteed, obj_id(tenant, key), now)
+end
+
+local function sweep_due(P, unit, now)
+  for _, kind in ipairs(DEADLINE_KINDS) do
+    if due_in(P .. DEADLINES[kind], unit, now) then return true end
+  end
+  local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.+)$')
+  if not kind or not valid_tenant(tenant) then return false end
+  if kind == 'o' then return guarantee_due(P, tenant, name, now) end
+  local first = redis.call('ZRANGEBYSCORE', agg_key(P, 'guarantee', unit), '-inf', S(now), 'LIMIT', 0, 1)
+  if first[1] and guarantee_due(P, tenant, first[1], now) then return true end
+  if kind == 'g' and due_in(P .. K.deadline_retention, unit, now) then
+    local rec = number_field(grp_key(P, tenant, name), 'retained_until')
+    return rec == nil or rec <= now
+  end
+  return false
+end
+
+local function fsck_sweep_due(P, args)
+  if #args < 1 or #args > FSCK_MAX_UNITS then
+    return fail(E.INVALID_PARAMS, 'expected 1-' .. S(FSCK_MAX_UNITS) .. ' units')
+  end
+  for _, unit in ipairs(args) do
+    if type(unit) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected units') end
+  end
+  local now, reply = now_ms(P), {}
+  for i, unit in ipairs(args) do reply[i] = sweep_due(P, unit, now) and 1 or 0 end
+  return reply
+end
+
 register('mc_fsck_counters', {}, fsck_counters)
 register('mc_fsck_guaranteed', {}, fsck_guaranteed)
 register('mc_fsck_segment_used', {}, fsck_segment_used)
@@ -419,3 +479,4 @@ register('mc_fsck_place', {}, fsck_place)
 register('mc_fsck_unit', {}, fsck_unit)
 register('mc_fsck_group', {}, fsck_group)
 register('mc_fsck_rebuild_free', {}, fsck_rebuild_free)
+register('mc_fsck_sweep_due', {}, fsck_sweep_due, { 'no-writes' })

@@ -111,6 +111,7 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
         pipe.execute_command("FCALL_RO", "mc_unit_state", 1, sk.P, unit)
         pipe.zrange(sk.aggregate(b"soft_pin", unit), 0, -1, withscores=True)
         pipe.zrange(sk.aggregate(b"guarantee", unit), 0, -1, withscores=True)
+        pipe.execute_command("FCALL_RO", "mc_fsck_sweep_due", 1, sk.P, unit)
         for key in order:
             pipe.hmget(sk.object(tenant, key), member_field, "status", "hard_pin", "soft_pin_until", "task_refs",
                        "guaranteed_until")
@@ -118,7 +119,8 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
         if set(res[3]) <= cand:
             break
         cand |= set(res[3])
-    now, g, mset, st, agg, g_agg, rows = audit.clock(res), res[2], set(res[3]), res[4], res[5], res[6], res[7:]
+    now, g, mset, st, agg, g_agg = audit.clock(res), res[2], set(res[3]), res[4], res[5], res[6]
+    due, rows = res[7][0] == 1, res[8:]
     members = {k: row for k, row in zip(order, rows) if row[0] == member_value}
     action = Group(shard, tenant, group, tuple(sorted(members)))
     out: list[Finding] = []
@@ -150,7 +152,7 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
     if guarantees != {k: int(v) for k, v in g_agg} and g.get(b"draining") != b"1":
         out.append(audit.finding("group_guarantee", shard, f"group {subject}", f"{len(guarantees)} member guarantees",
                                 f"{len(g_agg)} entries" if len(g_agg) != len(guarantees) else "other values", action))
-    return out + compare_unit(audit, shard, unit, st, now, action)
+    return out + compare_unit(audit, shard, unit, st, due, now, action)
 
 def group_keys(audit: Any, shard: int) -> set[tuple[bytes, bytes]]:
     k = audit.keys(shard)

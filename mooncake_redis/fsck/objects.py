@@ -88,19 +88,21 @@ KINDS: dict[str, Kind] = {
 }
 
 
-def compare_unit(audit: Any, shard: int, unit: bytes, st: list, now: int, action: Action | None) -> list[Finding]:
+def compare_unit(audit: Any, shard: int, unit: bytes, st: list, due: bool, now: int,
+                 action: Action | None) -> list[Finding]:
     """Compare a unit's index entries with what the evictability rule says they should be.
-    `st` is mc_unit_state's reply ({why, expected, actual, deadline indexes}): the rule
-    itself lives in Lua only. A due deadline entry means the sweep has not re-placed the unit
-    yet: its tier may lag behind the rule, and that is not drift."""
-    why, exp_flat, act_flat, dl, sweep_due = st
+    `st` is mc_unit_state's reply ({why, expected, actual, deadline indexes, ...}): the rule
+    itself lives in Lua only. `due` is mc_fsck_sweep_due's answer, read in the same snapshot:
+    a deadline sweep is due to re-derive the unit (a guarantee or a soft pin ran out, a
+    retention ended), so its tier and deadline entries may lag behind the rule until it runs,
+    and that is not drift."""
+    why, exp_flat, act_flat, dl = st[:4]
     expected = {exp_flat[i]: exp_flat[i + 1] for i in range(0, len(exp_flat), 2)}
     actual = {act_flat[i]: int(act_flat[i + 1]) for i in range(0, len(act_flat), 2)}  # ZSCORE replies: never None
     deadlines = set(dl)
     u, why = _d(unit), _d(why) or "evictable"
     exp_t = {i: v for i, v in expected.items() if i not in deadlines}
     act_t = {i: v for i, v in actual.items() if i not in deadlines}
-    due = sweep_due == 1 or any(actual[i] <= now for i in deadlines if i in actual)
     def show(d: dict) -> str:
         return ", ".join(f"{_d(i)}@{v}" for i, v in sorted(d.items())) or "absent"
     if not expected and actual:
@@ -126,16 +128,28 @@ def compare_unit(audit: Any, shard: int, unit: bytes, st: list, now: int, action
                                         f"{_d(i)} entry {_d(want) if want else 'none'}",
                                         "none" if have is None else have, action))
             continue
-        if want is not None and (have is None or _score(want) != have):
+        if want is not None and (have is None or _score(want) != have) and not due:
             out.append(audit.finding("soft_deadline", shard, u, f"{_d(i)} entry {_d(want)}",
                                     "none" if have is None else have, action))
         elif want is None and have is not None and have > now:
             out.append(audit.finding("stray_deadline", shard, u, f"no {_d(i)} entry ({why})", have, action))
     return out
 
+SWEEP_DUE_UNITS = 1024  # units per mc_fsck_sweep_due call (its cap)
+
+
+def sweep_due_calls(pipe: Any, P: bytes, units: list[bytes]) -> int:
+    """Queue mc_fsck_sweep_due for `units` on `pipe`; returns the number of calls queued."""
+    parts = [units[i:i + SWEEP_DUE_UNITS] for i in range(0, len(units), SWEEP_DUE_UNITS)]
+    for part in parts:
+        pipe.execute_command("FCALL_RO", "mc_fsck_sweep_due", 1, P, *part)
+    return len(parts)
+
+
 def snapshot_objects(audit: Any, shard: int, ids: list[tuple[bytes, bytes]]) -> tuple[int, list]:
     """One MULTI: the clock, then per object its hash and its index entries (processing,
-    unit state, guarantee)."""
+    unit state, guarantee), and whether a deadline sweep is due for its unit. Each object's
+    snapshot is [hash, processing score, unit state, guarantee score, sweep due]."""
     k = audit.keys(shard)
     pipe = audit.t.pipeline(shard)
     pipe.hget(k.config, CLOCK_FIELD)
@@ -147,15 +161,18 @@ def snapshot_objects(audit: Any, shard: int, ids: list[tuple[bytes, bytes]]) -> 
         pipe.zscore(k.processing, oid)
         pipe.execute_command("FCALL_RO", "mc_unit_state", 1, k.P, unit)
         pipe.zscore(k.guaranteed, oid)
+    calls = sweep_due_calls(pipe, k.P, [b"o:" + tenant + b":" + key for tenant, key in ids])
     res = pipe.execute(raise_on_error=False)
+    n = 2 + 4 * len(ids)
     for i, x in enumerate(res):
-        if isinstance(x, Exception) and (i < 2 or (i - 2) % 4 in (1, 3)):
+        if isinstance(x, Exception) and (i < 2 or i >= n or (i - 2) % 4 in (1, 3)):
             raise x  # only an object key of the wrong type is tolerated (reported as bad_object)
     now = audit.clock(res)
-    return now, [res[2 + 4 * i: 6 + 4 * i] for i in range(len(ids))]
+    due = [d == 1 for reply in res[n:n + calls] for d in reply]
+    return now, [res[2 + 4 * i: 6 + 4 * i] + [due[i]] for i in range(len(ids))]
 
 def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, now: int) -> list[Finding]:
-    h, s_proc, st, s_guarantee = snap
+    h, s_proc, st, s_guarantee, due = snap
     oid = tenant + b":" + key
     subject = _d(oid)
     if isinstance(h, Exception):
@@ -170,7 +187,7 @@ def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, 
         if s_guarantee is not None:
             out.append(audit.finding("guarantee_index", shard, subject, "no P:guaranteed entry (object missing)",
                                     f"score {_score(s_guarantee)}", place))
-        return out + compare_unit(audit, shard, unit, st, now, place)
+        return out + compare_unit(audit, shard, unit, st, due, now, place)
     status = h.get(b"status")
     complete = status == b"complete"
     bad = []
@@ -203,7 +220,7 @@ def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, 
                                 "no entry" if want is None else f"score {want} (guaranteed_until)",
                                 "absent" if s_guarantee is None else f"score {_score(s_guarantee)}", place))
     if not isinstance(st, Exception):
-        out += compare_unit(audit, shard, unit, st, now, place)
+        out += compare_unit(audit, shard, unit, st, due, now, place)
     return out
 
 
