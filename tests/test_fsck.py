@@ -627,3 +627,115 @@ def test_sweep_due_function_contract(new_master):
         due()
     with pytest.raises(Exception, match="INVALID_PARAMS"):
         due(*["o:default:k"] * 1025)
+
+
+# ---- figures stored malformed (issue 24.8) ---------------------------------------------------
+def guaranteed_replica(m):
+    """A guaranteed object: (its shard keys, the segment of its replica)."""
+    m.put_start("client-1", "gkey", 512, ReplicateConfig(guaranteed_ttl_ms=60_000))
+    m.put_end("client-1", "gkey")
+    [replica] = m.describe("gkey").replicas
+    return keys_of(m, "gkey"), replica.segment
+
+
+def malformed_used_bytes(m):
+    m.redis.hset(shard_keys(m, 0).P, "used_bytes", "notanumber")
+    return {"shard_used_bytes"}
+
+
+def malformed_counters(m):
+    p = shard_keys(m, m.shards - 1).P
+    m.redis.hset(p, mapping={"capacity_bytes": "1e3", "objects": "9007199254740993", "guaranteed_bytes": " 7"})
+    return {"shard_capacity_bytes", "shard_objects", "shard_guaranteed_bytes"}
+
+
+def malformed_segment_used(m):
+    m.redis.hset(shard_keys(m, 0).segment("seg-a"), "used", "notanumber")
+    return {"segment_used"}
+
+
+def malformed_guaranteed_bytes(m):
+    p, seg = guaranteed_replica(m)
+    m.redis.hset(p.guaranteed_tenants, "default", "lots")
+    m.redis.hset(p.segment(seg), "g:default", "-")
+    return {"tenant_guaranteed_bytes", "segment_guaranteed_bytes"}
+
+
+MALFORMED = [malformed_used_bytes, malformed_counters, malformed_segment_used, malformed_guaranteed_bytes]
+
+
+@pytest.mark.parametrize("corrupt", MALFORMED, ids=lambda f: f.__name__[len("malformed_"):])
+def test_malformed_figures_found_and_repaired(store, corrupt):
+    """A derived figure that is not an integer (canonical, within 2^53) is drift: reported with
+    the value stored, and set to the recomputed value (mc_fsck_figures, compare-and-set)."""
+    assert_clean(store)
+    expect = corrupt(store)
+    report = repair_and_recheck(store, expect)
+    assert {f.kind for f in report.findings if f.found.startswith("malformed ")} == expect, report.summary()
+
+
+def test_malformed_figures_nothing_derives_are_reported(store):
+    m = store
+    p = shard_keys(m, 0)
+    m.redis.hset(p.P, "offload_done", "garbage")
+    m.redis.hset(p.metrics, mapping={"passes_total": "zz", "last_worker": "any text"})
+    report = fsck(m, repair=True)
+    assert {(f.kind, f.subject, f.found, f.repairable) for f in report.findings} == {
+        ("bad_figure", "P.offload_done", "malformed 'garbage'", False),
+        ("bad_worker_figure", "P:metrics.passes_total", "malformed 'zz'", False)}, report.summary()
+    assert m.redis.hget(p.P, "offload_done") == b"garbage"  # not repaired
+    m.redis.hset(p.P, "offload_done", 0)
+    m.redis.hset(p.metrics, "passes_total", 0)
+    assert_clean(m)
+
+
+def test_a_malformed_segment_record_is_not_repaired_away(store):
+    """A segment whose size is malformed is reported (bad_segment); fsck --repair neither drops
+    its replicas' objects nor rewrites the shard counters without it."""
+    m = store
+    p = shard_keys(m, 0)
+    size = m.redis.hget(p.segment("seg-a"), "size")
+    counters = m.redis.hgetall(p.P)
+    n = len(objects(m))
+    m.redis.hset(p.segment("seg-a"), "size", "big")
+    report = fsck(m, repair=True)
+    assert "bad_segment" in kinds(report) and "no_live_replica" not in kinds(report), report.summary()
+    refused = [f for f in report.findings if f.kind in ("shard_used_bytes", "shard_capacity_bytes")]
+    assert refused and not any(f.repaired for f in refused) and all("bad_segment" in f.note for f in refused)
+    assert m.redis.hgetall(p.P) == counters and len(objects(m)) == n
+    m.redis.hset(p.segment("seg-a"), "size", size)
+    assert_clean(m)
+
+
+def test_figure_repairs_contracts(store):
+    m = store
+    p = shard_keys(m, 0)
+    fc = lambda fn, *a: m.redis.execute_command("FCALL", fn, 1, p.P, *a)  # noqa: E731
+    used, n_objects = int(m.redis.hget(p.P, "used_bytes")), m.redis.hget(p.P, "objects")
+    # compare-and-add never writes to (nor fails half way on) a malformed figure
+    m.redis.hset(p.P, "objects", "x")
+    assert fc("mc_fsck_counters", "used_bytes", used, 0, "objects", 0, 1) == [[1, used], [0, b"x"]]
+    assert m.redis.hget(p.P, "objects") == b"x"
+    # mc_fsck_figures: compare-and-set on the malformed value read, only a malformed one
+    assert fc("mc_fsck_figures", "", "objects", "y", 5) == [[0, b"x"]]
+    assert fc("mc_fsck_figures", "", "objects", "x", 5) == [[1, 5]]
+    assert m.redis.hget(p.P, "objects") == b"5"
+    for bad in (("", "objects", "5", 6),                 # a number: compare-and-add's job
+                ("", "offload_done", "x", 0),            # not a figure fsck derives
+                ("", "used_bytes", "x", -1),             # values are >= 0
+                ("seg:no-such-segment", "used", "x", 0),
+                ("seg:seg-a", "size", "x", 0),
+                ("seg:seg-a", "used", "x", 1 << 40)):    # more than the segment
+        with pytest.raises(Exception):
+            fc("mc_fsck_figures", *bad)
+    seg_used = m.redis.hget(p.segment("seg-a"), "used")
+    m.redis.hset(p.segment("seg-a"), "used", "u")
+    with pytest.raises(Exception):  # a bad quadruple anywhere: nothing written
+        fc("mc_fsck_figures", "seg:seg-a", "used", "u", seg_used, "", "objects", "5", 0)
+    assert m.redis.hget(p.segment("seg-a"), "used") == b"u"
+    size = int(m.redis.hget(p.segment("seg-a"), "size"))
+    assert fc("mc_fsck_segment_used", "seg-a", 0, 0)[0] == 0  # malformed: no match, no error
+    assert fc("mc_fsck_figures", "seg:seg-a", "used", "u", seg_used) == [[1, int(seg_used)]]
+    assert m.redis.zscore(p.segments, "seg-a") == size - int(seg_used)
+    m.redis.hset(p.P, "objects", n_objects)
+    assert_clean(m)

@@ -236,6 +236,24 @@ def test_fsck_finds_and_repairs_disk_counter_drift(new_master):
     assert used(m) == 1000 and disk_field(m, kb.shard, "inflight_bytes") == 2000
 
 
+def test_fsck_repairs_malformed_disk_figures(new_master):
+    """A disk's used bytes or in-flight count stored malformed is set to the recomputed value."""
+    m = offload_master(new_master)
+    put(m, "a")
+    put(m, "b", 2000)
+    offload(m, ["a"])
+    m.offload_object_heartbeat(DISK)  # b in flight
+    ka, kb = (shard_keys(m, shard_of(x, m.shards)) for x in (b"a", b"b"))
+    m.redis.hset(ka.disk(DISK), "used_bytes", "many")
+    m.redis.hset(kb.disk(DISK), "inflight", "1.0")
+    report = fsck(m, repair=True)
+    assert sorted((f.kind, f.repaired) for f in report.findings) == [("disk_used_bytes", True),
+                                                                     ("offload_inflight_count", True)], report.summary()
+    assert all("malformed" in f.found for f in report.findings)
+    assert fsck(m).ok
+    assert used(m) == 1000 and disk_field(m, kb.shard, "inflight") == 1
+
+
 def test_fsck_disk_used_is_compare_and_add(new_master):
     m = offload_master(new_master)
     k = shard_keys(m, 0)

@@ -22,12 +22,24 @@ local DEADLINES, DEADLINE_KINDS = Units.DEADLINES, Units.DEADLINE_KINDS
 local FSCK_MAX_GROUP = 10000     -- candidates one mc_fsck_group call may load
 local FSCK_MAX_EXTENTS = 8192    -- extents (+ free-list members) one mc_fsck_rebuild_free call may touch
 
+-- A figure as stored: its number (missing = 0), or nil when it is malformed (not an integer in
+-- canonical form: HINCRBY and every function that counts with it fail on it; mc_fsck_figures
+-- replaces it).
+local function figure(raw)
+  if raw == false or raw == nil then return 0 end
+  return int_arg(raw, -MAX_INT, MAX_INT)
+end
+
 -- Compare-and-add of hash fields: todo = { {key, field, expected, delta}, ... }, already
 -- validated. Every field is read before any is written; a field is added to only if it still
--- holds `expected` (missing = 0). Reply: per entry {applied (1|0), value after the call}.
+-- holds `expected` (missing = 0; a malformed value never matches, so the call writes nothing
+-- to it and does not fail half way). Reply: per entry {applied (1|0), value after the call}.
 local function compare_and_add(todo)
   local cur = {}
-  for i, t in ipairs(todo) do cur[i] = tonumber(redis.call('HGET', t[1], t[2])) or 0 end
+  for i, t in ipairs(todo) do
+    local raw = redis.call('HGET', t[1], t[2])
+    cur[i] = figure(raw) or raw
+  end
   local reply = {}
   for i, t in ipairs(todo) do
     if cur[i] == t[3] then
@@ -103,7 +115,7 @@ local function fsck_disk_used(P, args)
   if expected + delta < 0 then return fail(E.INVALID_PARAMS, 'used_bytes would go below 0') end
   local dkey = P .. K.disk .. client
   local cur = redis.call('HMGET', dkey, 'mount', 'used_bytes')
-  if cur[1] ~= S(mount) then return { 0, tonumber(cur[2]) or 0 } end
+  if cur[1] ~= S(mount) then return { 0, figure(cur[2]) or cur[2] } end
   return compare_and_add({ { dkey, 'used_bytes', expected, delta } })[1]
 end
 
@@ -123,12 +135,70 @@ local function fsck_segment_used(P, args)
   local row = redis.call('HMGET', skey, 'size', 'used')
   local size = tonumber(row[1])
   if not size then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. seg .. ' is not mounted') end
-  local used = tonumber(row[2]) or 0
-  if used ~= expected then return { 0, used, size - used } end
+  local used = figure(row[2])
+  if used ~= expected then return { 0, used or row[2], used and size - used or '' } end
   if used + delta < 0 or used + delta > size then return fail(E.INVALID_PARAMS, 'used would leave [0, size]') end
   if delta ~= 0 then used = redis.call('HINCRBY', skey, 'used', S(delta)) end
   redis.call('ZADD', P .. K.segments, S(size - used), seg)
   return { 1, used, size - used }
+end
+
+-- mc_fsck_figures. KEYS: P. ARGV: (hash, field, found, value) quadruples (1-64).
+--   Replaces malformed figures (see `figure` above) with the values fsck recomputed, as a
+--   compare-and-set: a field is set only if it still holds exactly `found`, the malformed value
+--   fsck read (a figure rewritten meanwhile is left alone). `found` must itself be malformed
+--   (numbers are repaired by compare-and-add: mc_fsck_counters and the like) and `value` an
+--   integer >= 0. `hash` names the record: "" for the shard hash P (field one of the shard
+--   counters), "gtenants" for P:gtenants (field a tenant), "seg:<segment>" for a mounted segment
+--   (field "used", at most its size, which also rewrites its P:segs score; or "g:<tenant>"),
+--   "disk:<client>" for a local disk segment (field "used_bytes", "inflight" or "inflight_bytes").
+--   Every quadruple is checked before the first write (INVALID_PARAMS, SEGMENT_NOT_FOUND: nothing
+--   written).
+-- Reply: per quadruple {applied (1|0), the value now}.
+local DISK_FIGURES = { used_bytes = true, inflight = true, inflight_bytes = true }
+
+local function fsck_figures(P, args)
+  if #args == 0 or #args % 4 ~= 0 or #args > 256 then
+    return fail(E.INVALID_PARAMS, 'expected 1-64 hash, field, found, value quadruples')
+  end
+  local todo = {}
+  for i = 1, #args, 4 do
+    local hash, field, found, value = args[i], args[i + 1], args[i + 2], int_arg(args[i + 3], 0, MAX_INT)
+    if type(hash) ~= 'string' or type(field) ~= 'string' or type(found) ~= 'string' or not value then
+      return fail(E.INVALID_PARAMS, 'expected hash, field, found, value (an integer >= 0)')
+    end
+    if figure(found) then return fail(E.INVALID_PARAMS, field .. ': ' .. found .. ' is a number (compare-and-add)') end
+    local key, size
+    if hash == '' and SHARD_COUNTERS[field] then
+      key = P
+    elseif hash == 'gtenants' and valid_tenant(field) then
+      key = P .. K.guaranteed_tenants
+    elseif string.sub(hash, 1, 4) == 'seg:' and valid_name(string.sub(hash, 5), 1024)
+        and (field == 'used' or (string.sub(field, 1, 2) == 'g:' and valid_tenant(string.sub(field, 3)))) then
+      key = P .. K.segment .. string.sub(hash, 5)
+      size = int_arg(redis.call('HGET', key, 'size') or '', 1, MAX_INT)
+      if not size then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. string.sub(hash, 5) .. ' is not mounted with a valid size') end
+      if field == 'used' and value > size then return fail(E.INVALID_PARAMS, 'used would exceed the segment') end
+    elseif string.sub(hash, 1, 5) == 'disk:' and valid_name(string.sub(hash, 6), 256) and DISK_FIGURES[field] then
+      key = P .. K.disk .. string.sub(hash, 6)
+      if redis.call('EXISTS', key) == 0 then return fail(E.INVALID_PARAMS, 'no local disk ' .. string.sub(hash, 6)) end
+    else
+      return fail(E.INVALID_PARAMS, 'not a figure fsck repairs: ' .. hash .. ' ' .. field)
+    end
+    todo[#todo + 1] = { key, field, found, value, field == 'used' and size }
+  end
+  local reply = {}
+  for i, t in ipairs(todo) do
+    local cur = redis.call('HGET', t[1], t[2])
+    if cur == t[3] then
+      redis.call('HSET', t[1], t[2], S(t[4]))
+      if t[5] then redis.call('ZADD', P .. K.segments, S(t[5] - t[4]), string.sub(t[1], #P + #K.segment + 1)) end
+      reply[i] = { 1, t[4] }
+    else
+      reply[i] = { 0, cur or 0 }
+    end
+  end
+  return reply
 end
 
 -- mc_fsck_forget_segment. KEYS: P. ARGV: segment.
@@ -471,6 +541,7 @@ local function fsck_sweep_due(P, args)
 end
 
 register('mc_fsck_counters', {}, fsck_counters)
+register('mc_fsck_figures', {}, fsck_figures)
 register('mc_fsck_guaranteed', {}, fsck_guaranteed)
 register('mc_fsck_segment_used', {}, fsck_segment_used)
 register('mc_fsck_disk_used', {}, fsck_disk_used)

@@ -40,9 +40,16 @@ snapshot), and no script walks the keyspace. What that buys:
 Objects whose replicas are all dead are drift only when no sweep is owed (P:sweep_pending unset:
 after an unmount the worker's sweep removes them); fsck then deletes them with mc_sweep_replicas.
 
+A figure stored malformed (not an integer: mooncake_redis.figures) is drift too: a derived one
+(the shard counters, a segment's used bytes, guaranteed bytes, a disk's used bytes and counts in
+flight) is set to the recomputed value (mc_fsck_figures, compare-and-set on the malformed value);
+any other field of P (bad_figure) or of the workers' P:metrics (bad_worker_figure) is reported.
+
 Not repaired (reported only): overlapping allocations (two objects' bytes collide: at least one
 holds garbage; remove one or both with remove(force=True), then rerun), replicas outside their
-segment, malformed object hashes or segment records, malformed processing entries.
+segment, malformed object hashes or segment records (a segment without a valid base, size or
+mount: its replicas are not judged and the shard counters are not rewritten without it),
+malformed processing entries, malformed figures nothing derives.
 """
 from __future__ import annotations
 

@@ -45,6 +45,11 @@ def _score(s: float | None) -> int | None:
     return None if s is None else int(s)
 
 
+def _malformed(raw: Any) -> str:
+    """How a finding shows a figure stored malformed (mooncake_redis.figures)."""
+    return f"malformed {_d(raw)!r}"
+
+
 @dataclass(frozen=True)
 class Action:
     """One repair: a small immutable record (findings fixed by the same repair share one).
@@ -55,6 +60,22 @@ class Action:
 
     def apply(self, audit: Any) -> tuple[bool, str]:
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SetFigures(Action):
+    """Replace figures stored malformed with the values the pass recomputed (mc_fsck_figures):
+    (hash, field, value read, value) quadruples, compare-and-set on the malformed value read.
+    hash: b"" (P), b"gtenants", b"seg:<segment>" or b"disk:<client>". First of all repairs: the
+    compare-and-add repairs and the free-list rebuild need numbers."""
+    quads: tuple
+    order = 1
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        replies = audit.fcall("mc_fsck_figures", self.shard, *(x for q in self.quads for x in q))
+        if not all(r[0] for r in replies):
+            return False, "not repaired: the figure was rewritten since fsck read it; rerun fsck"
+        return True, ""
 
 
 @dataclass
@@ -122,7 +143,8 @@ class _Seg:
     size: int
     used: int
     mount: bytes
-    guaranteed: dict = field(default_factory=dict)  # tenant -> its g:<tenant> field
+    guaranteed: dict = field(default_factory=dict)  # tenant -> its g:<tenant> field, as stored
+    used_raw: bytes | None = None                   # `used` as stored when it is malformed (used reads 0)
 
 
 @dataclass
@@ -145,6 +167,7 @@ class _Pass:
     used_total: int = 0                                        # recomputed used bytes of the mounted segments
     cap_total: int = 0                                         # their sizes
     sweep_owed: bool = False                                   # P:sweep_pending set: a worker drops dead replicas
+    bad_segments: set = field(default_factory=set)             # segments whose record is malformed (bad_segment)
     disk_mounts: dict = field(default_factory=dict)            # client -> mount id of its local disk
     moved: bool = False                                        # a free list changed during the pass
     stable: bool = False

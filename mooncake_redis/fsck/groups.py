@@ -22,7 +22,7 @@ from .base import (
     _int,
     _Pass,
 )
-from .objects import compare_unit
+from .objects import compare_unit, snapshot
 
 GROUP_MAX_MEMBERS = 4096    # members one group snapshot / mc_fsck_group call may cover (Lua cap: 10000)
 
@@ -103,19 +103,24 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
     cand = set(keys) | set(audit.r.smembers(mkey))
     for _ in range(4):
         order = sorted(cand)
-        pipe = audit.t.pipeline(shard)
-        pipe.hget(sk.config, CLOCK_FIELD)
-        pipe.time()
-        pipe.hgetall(gkey)
-        pipe.smembers(mkey)
-        pipe.execute_command("FCALL_RO", "mc_unit_state", 1, sk.P, unit)
-        pipe.zrange(sk.aggregate(b"soft_pin", unit), 0, -1, withscores=True)
-        pipe.zrange(sk.aggregate(b"guarantee", unit), 0, -1, withscores=True)
-        pipe.execute_command("FCALL_RO", "mc_fsck_sweep_due", 1, sk.P, unit)
-        for key in order:
-            pipe.hmget(sk.object(tenant, key), member_field, "status", "hard_pin", "soft_pin_until", "task_refs",
-                       "guaranteed_until")
-        res = pipe.execute()
+
+        def fill(pipe: Any) -> None:
+            pipe.hget(sk.config, CLOCK_FIELD)
+            pipe.time()
+            pipe.hgetall(gkey)
+            pipe.smembers(mkey)
+            pipe.execute_command("FCALL_RO", "mc_unit_state", 1, sk.P, unit)
+            pipe.zrange(sk.aggregate(b"soft_pin", unit), 0, -1, withscores=True)
+            pipe.zrange(sk.aggregate(b"guarantee", unit), 0, -1, withscores=True)
+            pipe.execute_command("FCALL_RO", "mc_fsck_sweep_due", 1, sk.P, unit)
+            for key in order:
+                pipe.hmget(sk.object(tenant, key), member_field, "status", "hard_pin", "soft_pin_until",
+                           "task_refs", "guaranteed_until")
+
+        res = snapshot(audit, shard, fill)
+        for x in res:
+            if isinstance(x, Exception):
+                raise x
         if set(res[3]) <= cand:
             break
         cand |= set(res[3])

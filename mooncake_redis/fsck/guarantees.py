@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ERROR, WARNING, Action, Checker, Kind, ObjectRead, _d, _int, _Pass
+from ..figures import parse
+from .base import ERROR, WARNING, Action, Checker, Kind, ObjectRead, SetFigures, _d, _malformed, _Pass
 from .objects import Place
 
 
@@ -40,7 +41,7 @@ KINDS: dict[str, Kind] = {
 class Guarantees(Checker):
     name = "guarantees"
     kinds = KINDS
-    actions = (Guaranteed,)
+    actions = (Guaranteed, SetFigures)
 
     def fingerprint(self, audit: Any, k: Any) -> tuple:
         return (audit.r.zcard(k.guaranteed),)
@@ -57,20 +58,31 @@ class Guarantees(Checker):
 def check_books(audit: Any, ps: _Pass) -> None:
     shard, segs = ps.shard, ps.segs
     k = audit.keys(shard)
-    have: dict[tuple[bytes, bytes], int] = {(b"", t): _int(v) or 0
-                                            for t, v in audit.r.hgetall(k.guaranteed_tenants).items()}
+    stored: dict[tuple[bytes, bytes], bytes] = {(b"", t): v for t, v in audit.r.hgetall(k.guaranteed_tenants).items()}
     for name, seg in segs.items():
-        have.update({(name, t): v or 0 for t, v in seg.guaranteed.items()})
-    quads = []
-    for where in sorted(set(have) | set(ps.guaranteed)):
-        want, found = ps.guaranteed.get(where, 0), have.get(where, 0)
-        if want != found:
+        stored.update({(name, t): v for t, v in seg.guaranteed.items()})
+    quads, malformed = [], []
+    for where in sorted(set(stored) | set(ps.guaranteed)):
+        want, found = ps.guaranteed.get(where, 0), parse(stored.get(where))
+        if found is None:  # not a number: set to the recomputed value
+            malformed.append((b"gtenants" if where[0] == b"" else b"seg:" + where[0],
+                              where[1] if where[0] == b"" else b"g:" + where[1], stored[where], want, where))
+        elif want != found:
             quads.append((where[0], where[1], found, want - found))
-    action = Guaranteed(shard, tuple(quads)) if quads else None
-    for seg, tenant, found, delta in quads:
+    held = bool(ps.bad_segments)  # the tenants' totals leave out the replicas on malformed segment records
+    action = Guaranteed(shard, tuple(q for q in quads if not (held and q[0] == b""))) if quads else None
+    put = SetFigures(shard, tuple(m[:4] for m in malformed if not (held and m[4][0] == b""))) if malformed else None
+    rows: list[tuple[bytes, bytes, int, Any, Action | None]] = [
+        (seg, tenant, found + delta, found, action) for seg, tenant, found, delta in quads]
+    rows += [(where[0], where[1], want, _malformed(raw), put) for _, _, raw, want, where in malformed]
+    for seg, tenant, want, found, act in sorted(rows, key=lambda r: (r[0], r[1])):
         kind, subject = (("tenant_guaranteed_bytes", f"P:gtenants {_d(tenant)}") if seg == b"" else
                          ("segment_guaranteed_bytes", f"segment {_d(seg)} g:{_d(tenant)}"))
-        ps.aggregate.append(audit.finding(kind, shard, subject, found + delta, found, action))
+        finding = audit.finding(kind, shard, subject, want, found, act)
+        if held and seg == b"":
+            finding.refuse("not repaired: a segment record is malformed (bad_segment), so the recomputed figure "
+                           "leaves its replicas out")
+        ps.aggregate.append(finding)
     prefix = k.prefix("guarantee_prefix")
     seen: dict[tuple[bytes, bytes], set] = {}
     for set_key in audit.scan(shard, prefix + b"*"):

@@ -6,12 +6,14 @@ extent (segments), guaranteed bytes (guarantees) and live disk bytes (offload); 
 units and processing entries no object accounted for are re-read and judged."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
 from ..keys import CLOCK_FIELD, K
 from ..layout import stored_replicas
+from ..transport.replies import missing_functions, reload
 from .base import (
     _ID_RE,
     _UNIT_RE,
@@ -146,23 +148,41 @@ def sweep_due_calls(pipe: Any, P: bytes, units: list[bytes]) -> int:
     return len(parts)
 
 
+def snapshot(audit: Any, shard: int, fill: Callable[[Any], None]) -> list:
+    """One MULTI on `shard` of the commands `fill` queues, with each error reply in its place;
+    when the functions library is missing (FUNCTION FLUSH, a restart without persistence), it is
+    loaded and the snapshot taken again, once."""
+    for attempt in range(2):
+        pipe = audit.t.pipeline(shard)
+        fill(pipe)
+        res = pipe.execute(raise_on_error=False)
+        if attempt or not missing_functions(res):
+            return res
+        reload(audit.t.node(shard))
+    raise AssertionError("unreachable")
+
+
 def snapshot_objects(audit: Any, shard: int, ids: list[tuple[bytes, bytes]]) -> tuple[int, list]:
     """One MULTI: the clock, then per object its hash and its index entries (processing,
     unit state, guarantee), and whether a deadline sweep is due for its unit. Each object's
     snapshot is [hash, processing score, unit state, guarantee score, sweep due]."""
     k = audit.keys(shard)
-    pipe = audit.t.pipeline(shard)
-    pipe.hget(k.config, CLOCK_FIELD)
-    pipe.time()
-    for tenant, key in ids:
-        oid = tenant + b":" + key
-        unit = b"o:" + oid
-        pipe.hgetall(k.object(tenant, key))
-        pipe.zscore(k.processing, oid)
-        pipe.execute_command("FCALL_RO", "mc_unit_state", 1, k.P, unit)
-        pipe.zscore(k.guaranteed, oid)
-    calls = sweep_due_calls(pipe, k.P, [b"o:" + tenant + b":" + key for tenant, key in ids])
-    res = pipe.execute(raise_on_error=False)
+    calls = 0
+
+    def fill(pipe: Any) -> None:
+        nonlocal calls
+        pipe.hget(k.config, CLOCK_FIELD)
+        pipe.time()
+        for tenant, key in ids:
+            oid = tenant + b":" + key
+            unit = b"o:" + oid
+            pipe.hgetall(k.object(tenant, key))
+            pipe.zscore(k.processing, oid)
+            pipe.execute_command("FCALL_RO", "mc_unit_state", 1, k.P, unit)
+            pipe.zscore(k.guaranteed, oid)
+        calls = sweep_due_calls(pipe, k.P, [b"o:" + tenant + b":" + key for tenant, key in ids])
+
+    res = snapshot(audit, shard, fill)
     n = 2 + 4 * len(ids)
     for i, x in enumerate(res):
         if isinstance(x, Exception) and (i < 2 or i >= n or (i - 2) % 4 in (1, 3)):
@@ -250,7 +270,9 @@ class Objects(Checker):
         for r in stored_replicas(h) or []:
             n_reps += 1
             seg = r.segment
-            if seg in segs and segs[seg].mount == r.mount:
+            if seg in ps.bad_segments:
+                live += 1  # on a segment whose record is malformed: not judged (bad_segment)
+            elif seg in segs and segs[seg].mount == r.mount:
                 live += 1
                 ps.extents[seg].append((r.offset, size, ("rep", tenant, key, seg)))
                 if guaranteed:

@@ -17,7 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from .base import ERROR, WARNING, Action, Checker, Finding, Kind, ObjectRead, _Pass
+from ..figures import parse
+from .base import ERROR, WARNING, Action, Checker, Finding, Kind, ObjectRead, SetFigures, _malformed, _Pass
 
 SNAPSHOT_OBJECTS = 4096  # objects re-read per MULTI (larger sets: several, each exact for its objects)
 
@@ -110,11 +111,16 @@ def disk_used_findings(audit: Any, shard: int, fingerprint: tuple, disk_bytes: d
     """Each disk's used_bytes (as read at the end of the pass) against its live disk replicas."""
     out = []
     for client, mount, used in fingerprint[-1]:
-        have, want = int(used or 0), disk_bytes.get(client, 0)
-        if mount is not None and have != want:
+        have, want = parse(used), disk_bytes.get(client, 0)
+        subject = f"P:disk:{client.decode(errors='replace')}.used_bytes"
+        if mount is None or parse(mount) is None:
+            continue
+        if have is None:  # malformed: set to the recomputed value
+            put = SetFigures(shard, ((b"disk:" + client, b"used_bytes", used, want),))
+            out.append(audit.finding("disk_used_bytes", shard, subject, want, _malformed(used), put))
+        elif have != want:
             action = DiskUsed(shard, client, int(mount), have, want - have)
-            out.append(audit.finding("disk_used_bytes", shard, f"P:disk:{client.decode(errors='replace')}.used_bytes",
-                                     want, have, action))
+            out.append(audit.finding("disk_used_bytes", shard, subject, want, have, action))
     return out
 
 
@@ -153,7 +159,7 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
         (mount, inflight, inflight_bytes), queued, _, removals = res[at:at + 4]
         overflow = sum(1 for _ in entries if next(attempts) is None)
         at += 4
-        disks[c] = (mount, int(inflight or 0), int(inflight_bytes or 0))
+        disks[c] = (mount, inflight, inflight_bytes)  # as stored: parsed below (malformed: None)
         name = c.decode(errors="replace")
         for what, n, limit_share in (("queue", queued, share), ("overflow", overflow, share),
                                      ("removal queue", len(removals), removal_share)):
@@ -183,13 +189,24 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
         if int(refs or 0) < 1:
             out.append(audit.finding("offload_task_ref", shard, subject, "task_refs >= 1", refs or 0))
     if len(ids) <= SNAPSHOT_OBJECTS:  # the counts are exact only over every task in flight
-        for c, (mount, inflight, inflight_bytes) in disks.items():
-            if (inflight, inflight_bytes) != (counted[c], counted_bytes[c]):
-                out.append(audit.finding("offload_inflight_count", shard, f"P:disk:{c.decode(errors='replace')}",
-                                         f"inflight {counted[c]}, inflight_bytes {counted_bytes[c]}",
-                                         f"inflight {inflight}, inflight_bytes {inflight_bytes}",
-                                         OffloadInflight(shard, c, inflight, counted[c], inflight_bytes,
-                                                         counted_bytes[c])))
+        for c, (mount, raw_n, raw_bytes) in disks.items():
+            inflight, inflight_bytes = parse(raw_n), parse(raw_bytes)
+            if (inflight, inflight_bytes) == (counted[c], counted_bytes[c]):
+                continue
+            action: Action
+            if inflight is None or inflight_bytes is None:  # malformed: set to the counts (then rerun fsck)
+                action = SetFigures(shard, tuple((b"disk:" + c, f, raw, want) for f, raw, have, want in
+                                                 ((b"inflight", raw_n, inflight, counted[c]),
+                                                  (b"inflight_bytes", raw_bytes, inflight_bytes, counted_bytes[c]))
+                                                 if have is None))
+            else:
+                action = OffloadInflight(shard, c, inflight, counted[c], inflight_bytes, counted_bytes[c])
+            out.append(audit.finding("offload_inflight_count", shard, f"P:disk:{c.decode(errors='replace')}",
+                                     f"inflight {counted[c]}, inflight_bytes {counted_bytes[c]}",
+                                     "inflight {}, inflight_bytes {}".format(
+                                         _malformed(raw_n) if inflight is None else inflight,
+                                         _malformed(raw_bytes) if inflight_bytes is None else inflight_bytes),
+                                     action))
     return out
 
 
@@ -197,7 +214,7 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
 class Offload(Checker):
     name = "offload"
     kinds = KINDS
-    actions = (OffloadTask, OffloadInflight, DiskUsed)
+    actions = (OffloadTask, OffloadInflight, DiskUsed, SetFigures)
 
     def fingerprint(self, audit: Any, k: Any) -> tuple:
         return disk_fingerprint(audit, k)

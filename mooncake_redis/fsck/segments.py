@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..figures import parse
 from . import allocator
 from .base import (
     _HELD_RE,
@@ -16,8 +17,9 @@ from .base import (
     Checker,
     Finding,
     Kind,
+    SetFigures,
     _d,
-    _int,
+    _malformed,
     _Pass,
     _score,
     _Seg,
@@ -52,12 +54,14 @@ class Forget(Action):
 
 
 KINDS: dict[str, Kind] = {
-    "segment_used": Kind(ERROR, True, "P:seg:<name>.used differs from live replicas + held extents"),
+    "segment_used": Kind(ERROR, True, "P:seg:<name>.used differs from live replicas + held extents (or is "
+                                      "malformed)"),
     "segment_free": Kind(ERROR, True, "the P:segs score differs from size - recomputed used"),
     "segment_not_indexed": Kind(ERROR, True, "a mounted segment is missing from P:segs"),
     "segment_stale_index": Kind(ERROR, True, "P:segs names a segment that is not mounted"),
     "orphan_free_list": Kind(WARNING, True, "free lists of a segment that is not mounted"),
-    "bad_segment": Kind(ERROR, False, "a segment hash without a valid base, size or mount"),
+    "bad_segment": Kind(ERROR, False, "a segment hash without a valid base, size or mount (its replicas are not "
+                                      "judged, and the shard counters it is part of are not repaired)"),
     "bad_held": Kind(ERROR, False, "a P:held entry that is not '<mount> <offset> <size> <segment>'"),
     **allocator.KINDS,
 }
@@ -122,14 +126,18 @@ def read_segments(audit: Any, ps: _Pass) -> None:
                                              "no P:segs entry (not mounted)",
                                              f"P:segs score {_score(index.get(n))}", Forget(shard, n)))
             continue
-        base, size, used, mount = (_int(row.get(b"base")), _int(row.get(b"size")), _int(row.get(b"used")),
-                                   row.get(b"mount"))
-        if base is None or size is None or size <= 0 or mount is None or used is None:
+        base, size, mount = parse(row.get(b"base", b"")), parse(row.get(b"size", b"")), row.get(b"mount")
+        if base is None or size is None or size <= 0 or mount is None:
+            # its facts are unknown: its replicas are neither live nor dead, its bytes not counted
+            ps.bad_segments.add(n)
             ps.aggregate.append(audit.finding("bad_segment", shard, f"segment {_d(n)}",
-                                             "base, size, used, mount", {_d(k): _d(v) for k, v in row.items()}))
+                                             "base, size, mount", {_d(k): _d(v) for k, v in row.items()}))
             continue
-        segs[n] = _Seg(n, base, size, used, mount,
-                       {f[2:]: _int(v) for f, v in row.items() if f.startswith(b"g:")})
+        # used and g:<tenant> are derived: a malformed one is recomputed (check_segment, guarantees)
+        used = parse(row.get(b"used", b""))
+        segs[n] = _Seg(n, base, size, 0 if used is None else used, mount,
+                       {f[2:]: v for f, v in row.items() if f.startswith(b"g:")},
+                       None if used is not None else row.get(b"used", b""))
         if n not in index:
             ps.aggregate.append(audit.finding("segment_not_indexed", shard, f"segment {_d(n)}",
                                              "in P:segs", "absent", None))  # action set with segment_used
@@ -152,9 +160,16 @@ def read_segments(audit: Any, ps: _Pass) -> None:
 def check_segment(audit: Any, shard: int, seg: _Seg, ext: list, used: int, ps: _Pass) -> None:
     sname = _d(seg.name)
     index = ps.segs_index
-    action = SegmentUsed(shard, seg.name, seg.used, used - seg.used)
+    action: Action
+    if seg.used_raw is not None:  # malformed: set to the recomputed value (the P:segs score with it)
+        action = SetFigures(shard, ((b"seg:" + seg.name, b"used", seg.used_raw, used),))
+    else:
+        action = SegmentUsed(shard, seg.name, seg.used, used - seg.used)
     seg_findings = []
-    if seg.used != used:
+    if seg.used_raw is not None:
+        seg_findings.append(audit.finding("segment_used", shard, f"segment {sname}", used, _malformed(seg.used_raw),
+                                          action))
+    elif seg.used != used:
         seg_findings.append(audit.finding("segment_used", shard, f"segment {sname}", used, seg.used, action))
     score = index.get(seg.name)
     if score is not None and _score(score) != seg.size - used:
