@@ -33,6 +33,7 @@ class ApiBase:
     ns: str       # the namespace
     shards: int   # the shard count
     key_pattern: re.Pattern  # radix_key_pattern, compiled (keys.compile_key_pattern)
+    malformed_seen: dict[str, str]  # malformed figures already logged (mooncake_redis.figures.note)
 
     if TYPE_CHECKING:
         # What one family calls on another; Master combines them all. Declared for the type

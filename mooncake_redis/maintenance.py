@@ -6,31 +6,40 @@ import math
 
 from .api import ApiBase
 from .checks import _check_int
+from .figures import Figures, note, parse
 from .keys import CLOCK_FIELD, TIERS
 from .models import EvictionReport, EvictionStep, ShardStats, ShardUsage, Usage
 
 EVICT_STEP_UNITS = 16  # units per eviction step (about 25-40 us of server time each)
+USAGE_FIELDS = ("used_bytes", "capacity_bytes", "objects", "guaranteed_bytes")
+WORKER_TEXT_FIELDS = frozenset({"last_worker"})  # the P:metrics fields that are not figures (as fsck's)
 
 
 class MaintenanceApi(ApiBase):
     # ---- inspection ------------------------------------------------------------------
     def usage(self) -> Usage:
-        rows = self.transport.run([("HMGET", k.P, "used_bytes", "capacity_bytes", "objects", "guaranteed_bytes")
-                                   for k in self.transport.keys])
+        """The shard counters (a malformed one reads as 0, with a logged warning: see
+        mooncake_redis.figures; shard_stats() lists them)."""
+        rows = self.transport.run([("HMGET", k.P, *USAGE_FIELDS) for k in self.transport.keys])
         ratio = self.config.guaranteed_capacity_ratio
         per = []
         for i, row in enumerate(rows):
-            used, cap, objects, guaranteed = (int(v or 0) for v in row)
+            f = Figures("P.")
+            used, cap, objects, guaranteed = (f.get(name, v) for name, v in zip(USAGE_FIELDS, row))
+            note(self.malformed_seen, i, [f"P.{name}" for name in USAGE_FIELDS], f.malformed)
             per.append(ShardUsage(i, used, cap, objects, guaranteed, math.floor(cap * ratio)))
         return Usage(sum(s.used_bytes for s in per), sum(s.capacity_bytes for s in per),
                      sum(s.objects for s in per), per, sum(s.guaranteed_bytes for s in per),
                      sum(s.guaranteed_limit_bytes for s in per))
 
     def shard_stats(self) -> list[ShardStats]:
-        """Every shard's figures in one round trip (a pipeline; on a cluster, per node)."""
+        """Every shard's figures in one round trip (a pipeline; on a cluster, per node). A
+        malformed figure (a field of P, or of the workers' P:metrics, that is not an integer:
+        mooncake_redis.figures) reads as 0, is listed in ShardStats.malformed and left out of
+        worker_figures, and is logged once as a warning."""
         per_shard = []
         for k in self.transport.keys:
-            per_shard += [("HMGET", k.P, "capacity_bytes", "used_bytes", "objects", "guaranteed_bytes"),
+            per_shard += [("HGETALL", k.P),
                           *(("ZCARD", key) for key in (k.processing, k.held, k.clients, k.segments, k.draining,
                                                       k.guaranteed, *k.tiers)),
                           ("HGET", k.config, CLOCK_FIELD), ("GET", k.worker), ("HGETALL", k.metrics)]
@@ -40,14 +49,32 @@ class MaintenanceApi(ApiBase):
         for shard in range(len(self.transport.keys)):
             row = replies[shard * width:(shard + 1) * width]
             counters, zcards, (clock, claim, figures) = row[0], row[1:-3], row[-3:]
-            capacity, used, objects, guaranteed = (int(v or 0) for v in counters)
+            f = Figures("P.")
+            for name, raw in counters.items():  # every field of P is a figure
+                f.get(name.decode(errors="replace"), raw)
+            capacity, used, objects, guaranteed = (f.get(name, counters.get(name.encode()))
+                                                   for name in ("capacity_bytes", "used_bytes", "objects",
+                                                                "guaranteed_bytes"))
+            w = Figures("P:metrics.")
+            worker_figures = {}
+            for name_b, raw in figures.items():
+                name = name_b.decode(errors="replace")
+                if name in WORKER_TEXT_FIELDS or parse(raw) is not None:
+                    worker_figures[name] = raw.decode(errors="replace")
+                else:
+                    w.get(name, raw)
+            c = Figures()
+            clock_ms = c.get("P:clock", clock) if clock is not None else None  # the hook set: frozen
+            malformed = {**f.malformed, **w.malformed, **c.malformed}
+            note(self.malformed_seen, shard, "P.", f.malformed)
+            note(self.malformed_seen, shard, "P:metrics.", w.malformed)
+            note(self.malformed_seen, shard, ["P:clock"], c.malformed)
             busy, held, clients, segments, draining, guaranteed_objects = zcards[:6]
             out.append(ShardStats(shard, capacity, used, objects, guaranteed, busy, held, clients, segments, draining,
                                   guaranteed_objects,
                                   candidates={name: n for (name, _), n in zip(TIERS, zcards[6:])},
-                                  clock_ms=int(clock) if clock is not None else None, claim=claim,
-                                  worker_figures={k.decode(errors="replace"): v.decode(errors="replace")
-                                                  for k, v in figures.items()}))
+                                  clock_ms=clock_ms, claim=claim,
+                                  worker_figures=worker_figures, malformed=malformed))
         return out
 
     # ---- eviction --------------------------------------------------------------------

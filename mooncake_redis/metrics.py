@@ -64,6 +64,7 @@ METRICS = (
     + [f"{PREFIX}shard_eviction_candidates", f"{PREFIX}shard_clock_frozen",
        f"{PREFIX}shard_last_worker_pass_timestamp_seconds", f"{PREFIX}worker_passes_total"]
     + [f"{PREFIX}{field}" for field in _TOTALS]
+    + [f"{PREFIX}shard_malformed_figures"]
     + [f"{PREFIX}{name}" for name in DISK_GAUGES]
     + [f"{PREFIX}offload_queued_tasks", f"{PREFIX}disk_orphaned_removals_total", f"{PREFIX}offload_events_total"]
 )
@@ -85,6 +86,10 @@ class StoreCollector(Collector):
             families = self._read()
         except (MasterError, redis.RedisError) as exc:
             log.warning("metrics: cannot read the store: %s", exc)
+            up.add_metric([], 0)
+            yield up
+        except Exception:  # a scrape answers, whatever the store holds: no HTTP 500
+            log.exception("metrics: cannot make sense of the store's figures")
             up.add_metric([], 0)
             yield up
         else:
@@ -110,20 +115,29 @@ class StoreCollector(Collector):
                                              f"Sum over all workers' passes: {attr.replace('_', ' ')}.",
                                              labels=["shard"])
                   for field, attr in _TOTALS.items()}
+        malformed = GaugeMetricFamily(f"{PREFIX}shard_malformed_figures",
+                                      "Figures of the shard stored malformed (not integers: P and P:metrics "
+                                      "fields, the clock hook); their own series are left out. Run fsck.",
+                                      labels=["shard"])
         for stats in self.master.shard_stats():
             label = [str(stats.shard)]
+            malformed.add_metric(label, len(stats.malformed))
             for name, (_, attr) in SHARD_GAUGES.items():
-                gauges[name].add_metric(label, getattr(stats, attr))
+                if f"P.{attr}" not in stats.malformed:  # a figure read as 0 is not exported as one
+                    gauges[name].add_metric(label, getattr(stats, attr))
             for tier, n in stats.candidates.items():
                 candidates.add_metric([str(stats.shard), tier], n)
             frozen.add_metric(label, int(stats.clock_ms is not None))
             m = {k: int(v) for k, v in stats.worker_figures.items() if v.lstrip("-").isdigit()}
             if "last_pass_ms" in m:
                 last_pass.add_metric(label, m["last_pass_ms"] / 1000)
-            passes.add_metric(label, m.get("passes_total", 0))
+            if "P:metrics.passes_total" not in stats.malformed:
+                passes.add_metric(label, m.get("passes_total", 0))
             for field, family in totals.items():
-                family.add_metric(label, m.get(field, 0))
-        return [*gauges.values(), candidates, frozen, last_pass, passes, *totals.values(), *self._offload()]
+                if f"P:metrics.{field}" not in stats.malformed:
+                    family.add_metric(label, m.get(field, 0))
+        return [*gauges.values(), candidates, frozen, last_pass, passes, *totals.values(), malformed,
+                *self._offload()]
 
     def _offload(self) -> list:
         """The offload tier: each client's disk and queues, and the store's offload counters."""

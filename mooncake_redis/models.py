@@ -85,6 +85,9 @@ class ShardStats:
     clock_ms: int | None           # the clock test hook's value, None when not frozen
     claim: bytes | None            # P:worker: "<worker id> <until ms>"
     worker_figures: dict[str, str] = field(default_factory=dict)  # P:metrics, the workers' figures
+    # figures stored malformed (not integers: mooncake_redis.figures), read as 0 above and left out of
+    # worker_figures: "P.<field>" or "P:metrics.<field>" -> the value as stored
+    malformed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from . import wire
 from .api import ApiBase
 from .checks import _as_key, _check_bool, _check_int, _check_name, _check_tenant
 from .errors import ErrorCode, MasterError
+from .figures import Figures, note
 from .models import DiskRemoval, OffloadTask
 
 PRIORITIES = ("high", "normal", "low")  # rank 0, 1, 2
@@ -203,7 +204,13 @@ class OffloadApi(ApiBase):
         """The offload counters summed over the shards (COUNTERS)."""
         fields = [f"offload_{c}" for c in COUNTERS]
         rows = self.transport.run([("HMGET", k.P, *fields) for k in self.transport.keys])
-        return {c: sum(int(row[i] or 0) for row in rows) for i, c in enumerate(COUNTERS)}
+        out = dict.fromkeys(COUNTERS, 0)
+        for shard, row in enumerate(rows):
+            f = Figures("P.")  # a malformed counter reads as 0, with a warning
+            for c, field, raw in zip(COUNTERS, fields, row):
+                out[c] += f.get(field, raw)
+            note(self.malformed_seen, shard, [f"P.{field}" for field in fields], f.malformed)
+        return out
 
     def offload_clients(self) -> list[OffloadClientStats]:
         """Every client with a local disk segment, with its queue depths per priority (two
@@ -229,10 +236,14 @@ class OffloadApi(ApiBase):
             for s in range(t.count):
                 row, over, removals, *depths = r[6 * s:6 * s + 6]
                 enabled |= row[0] == b"1"
+                fig = Figures(f"P:disk:{name.decode(errors='replace')}.")  # malformed: 0, with a warning
                 if row[1] is not None:
-                    capacity = (capacity or 0) + int(row[1])
-                for f, v in zip(("inflight", "used", "inflight_bytes", "orphaned"), row[2:]):
-                    n[f] += int(v or 0)
+                    capacity = (capacity or 0) + fig.get("capacity_bytes", row[1])
+                for f, field, v in zip(("inflight", "used", "inflight_bytes", "orphaned"),
+                                       ("inflight", "used_bytes", "inflight_bytes", "orphaned"), row[2:]):
+                    n[f] += fig.get(field, v)
+                note(self.malformed_seen, s, [fig.where + x for x in ("capacity_bytes", "inflight", "used_bytes",
+                                                                     "inflight_bytes", "orphaned")], fig.malformed)
                 n["overflow"] += over
                 n["removals"] += removals
                 for p, d in zip(PRIORITIES, depths):

@@ -8,6 +8,7 @@ from . import wire
 from .api import ApiBase
 from .checks import _check_int, _check_name
 from .errors import MasterError
+from .figures import Figures, note
 from .keys import segment_slice
 from .steps import Steps
 from .transport import CHUNK_OF
@@ -91,13 +92,15 @@ class SegmentsApi(ApiBase):
         wanted = [(k, name) for k, shard_names in zip(self.transport.keys, names) for name in shard_names]
         rows = self.transport.run([("HGETALL", k.segment(name)) for k, name in wanted]) if wanted else []
         merged: dict[str, dict[str, Any]] = {}
-        for (_, name), row in zip(wanted, rows):
+        for (k, name), row in zip(wanted, rows):
             if not row:
                 continue
             text = name.decode(errors="backslashreplace")  # names and ids are bytes on the wire
-            seg = merged.setdefault(text, {"name": text, "client": row[b"client"].decode(errors="backslashreplace"),
-                                           "size": 0, "used": 0})
-            seg["size"] += int(row[b"size"])
-            seg["used"] += int(row[b"used"])
+            client = row.get(b"client", b"").decode(errors="backslashreplace")
+            seg = merged.setdefault(text, {"name": text, "client": client, "size": 0, "used": 0})
+            f = Figures(f"P:seg:{text}.")  # a malformed figure reads as 0, with a warning
+            seg["size"] += f.get("size", row.get(b"size"))
+            seg["used"] += f.get("used", row.get(b"used"))
+            note(self.malformed_seen, k.shard, [f"P:seg:{text}.size", f"P:seg:{text}.used"], f.malformed)
         return list(merged.values())
 

@@ -251,3 +251,27 @@ def test_the_offload_tier(valkey):
             assert got[("mooncake_offload_events_total", (("event", event),))] == n
     finally:
         m.close()
+
+
+def test_the_endpoint_answers_whatever_the_store_holds(store, monkeypatch):
+    """A malformed figure (`HSET P used_bytes notanumber`) is a gauge, not an HTTP 500; and a
+    scrape that meets anything it cannot make sense of answers mooncake_up 0."""
+    store.redis.hset(store.transport.keys[0].P, "used_bytes", "notanumber")
+    port = free_port()
+    http = serve_metrics(store, port, "127.0.0.1")
+    try:
+        got = samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+        assert got[("mooncake_up", ())] == 1
+        assert got[("mooncake_shard_malformed_figures", (("shard", "0"),))] == 1
+        assert got[("mooncake_shard_malformed_figures", (("shard", "1"),))] == 0
+        assert ("mooncake_shard_used_bytes", (("shard", "0"),)) not in got
+        assert got[("mooncake_shard_used_bytes", (("shard", "1"),))] > 0
+
+        def broken(self):
+            raise ValueError("a figure nobody expected")
+        monkeypatch.setattr(Master, "shard_stats", broken)
+        got = samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+        assert got == {("mooncake_up", ()): 0}
+    finally:
+        http.shutdown()
+        http.server_close()
