@@ -64,11 +64,11 @@ class MaintenanceApi(ApiBase):
                 else:
                     w.get(name, raw)
             c = Figures()
-            clock_ms = c.get("P:clock", clock) if clock is not None else None  # the hook set: frozen
+            clock_ms = c.get("P:config.clock", clock) if clock is not None else None  # the hook set: frozen
             malformed = {**f.malformed, **w.malformed, **c.malformed}
             note(self.malformed_seen, shard, "P.", f.malformed)
             note(self.malformed_seen, shard, "P:metrics.", w.malformed)
-            note(self.malformed_seen, shard, ["P:clock"], c.malformed)
+            note(self.malformed_seen, shard, ["P:config.clock"], c.malformed)
             busy, held, clients, segments, draining, guaranteed_objects = zcards[:6]
             out.append(ShardStats(shard, capacity, used, objects, guaranteed, busy, held, clients, segments, draining,
                                   guaranteed_objects,
