@@ -317,23 +317,42 @@ local function lease_plain_object(rescore, unit, until_ms, slack, now)
   return until_ms
 end
 
+-- A read's lease of a group (its record `gkey`, its unit, its lease `cur`): see extend_lease.
+-- A group's lease lives in its record, which every re-check reads (eviction, placement), so a
+-- tier score is only its rank: `tiers` may leave out tiers the group is not expected in (a
+-- re-score that misses lags until the next placement, and costs a pop, never a wrong eviction).
+local function lease_group(gkey, unit, cur, until_ms, slack, rescore, tiers)
+  if until_ms <= cur then return cur end
+  until_ms = renewal(until_ms, slack)
+  local score = rescore[until_ms] or S(until_ms)
+  rescore[until_ms] = score
+  redis.call('HSET', gkey, 'lease_until', score)
+  queue_rescore(rescore, tiers or TIERS, nil, score, unit)
+  return until_ms
+end
+
+-- The tiers a group is expected in by its retention (retained_until, as stored) at `now`.
+local RETAINED_TIERS, UNRETAINED_TIERS = { TIER_RETAINED, TIER_SOFT_RETAINED }, { TIER_ORDINARY, TIER_SOFT }
+local function group_tiers(retained_until, now)
+  return (tonumber(retained_until) or 0) > now and RETAINED_TIERS or UNRETAINED_TIERS
+end
+
 local function extend_lease(P, tenant, key, okey, o, until_ms, slack, rescore, now)
-  local grouped = o.group ~= nil
   local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
-  if grouped then
+  if o.group then
     target, unit = grp_key(P, tenant, o.group), group_unit(tenant, o.group)
-    cur = tonumber(redis.call('HGET', target, 'lease_until')) or 0
+    return lease_group(target, unit, tonumber(redis.call('HGET', target, 'lease_until')) or 0, until_ms, slack,
+      rescore)
   end
   if until_ms <= cur then return cur end
   until_ms = renewal(until_ms, slack)
   local score = rescore[until_ms] or S(until_ms) -- a batch's keys share one deadline: format it once
   rescore[until_ms] = score
-  if not grouped and not o.guaranteed_until and unit_rule(object_facts(o), now) == '' then
+  if not o.guaranteed_until and unit_rule(object_facts(o), now) == '' then
     queue_rescore(rescore, possible_tiers(o), GT_OF, score, unit)
     return until_ms
   end
   redis.call('HSET', target, 'lease_until', score)
-  if grouped then queue_rescore(rescore, TIERS, nil, score, unit) end
   return until_ms
 end
 
@@ -500,7 +519,7 @@ return {
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,
-  being_evicted = being_evicted, extend_lease = extend_lease, lease_plain_object = lease_plain_object, lease_of = lease_of, keep_lease = keep_lease, renewal = renewal, flush_rescore = flush_rescore,
+  being_evicted = being_evicted, extend_lease = extend_lease, lease_plain_object = lease_plain_object, lease_group = lease_group, group_tiers = group_tiers, lease_of = lease_of, keep_lease = keep_lease, renewal = renewal, flush_rescore = flush_rescore,
   join_group = join_group, group_member_completed = group_member_completed,
   retire_group = retire_group, leave_group = leave_group, drop_object = drop_object,
   delete_object = delete_object, end_guarantee = end_guarantee, renew_guarantee = renew_guarantee,

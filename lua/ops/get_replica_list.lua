@@ -24,11 +24,14 @@ local settle_disk_only = Offload.settle_disk_only
 
 local NO_DISKS = {} -- read only
 local lease_plain_object, object_unit = Units.lease_plain_object, Units.object_unit
+local lease_group, group_unit, group_tiers = Units.lease_group, Units.group_unit, Units.group_tiers
+local grp_key, RADIX_MARK = Object.grp_key, Object.RADIX_MARK
 local mount_of, decode_reps = Alloc.mount_of, Object.decode_reps
 
 -- The fields of an object hash a read takes first (one HMGET): enough to answer a plain object
--- (complete, ungrouped, no guarantee, hard pin, task or soft pin, every replica live) without
--- more calls; any other object goes through read_one, which loads the whole hash.
+-- (complete, no guarantee, hard pin, task, soft pin or disk replica, every replica live) without
+-- more calls but, for a group member (or a radix node's key), one HMGET of its group's record;
+-- any other object goes through read_one, which loads the whole hash.
 local READ_FIELDS = { 'status', 'size', 'reps', 'group', 'node', 'guaranteed_until', 'hard_pin', 'task_refs',
   'soft_pin_until', 'disks', 'checksum' }
 local GENERAL = {} -- plain_read's answer for an object that needs read_one
@@ -42,7 +45,13 @@ local function plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
   local v = redis.call('HMGET', obj_key(P, tenant, key), unpack(READ_FIELDS))
   local status, reps = v[1], v[3]
   if not status then return E.OBJECT_NOT_FOUND end
-  if v[4] or v[5] then return GENERAL end -- grouped (or a radix node's key): its group's rules
+  local gkey, group_lease, retained_until -- a group member (or a radix node's key): the group is the unit
+  if v[4] or v[5] then
+    gkey = grp_key(P, tenant, v[4] or (RADIX_MARK .. v[5]))
+    local g = redis.call('HMGET', gkey, 'draining', 'lease_until', 'retained_until')
+    if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
+    group_lease, retained_until = tonumber(g[2]) or 0, g[3]
+  end
   if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   if not reps or v[6] or not unset(v[7]) or not unset(v[8]) or not unset(v[9]) or v[10] then return GENERAL end
   local r, at, n = nil, 1, #reps
@@ -62,8 +71,14 @@ local function plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
     end
     at = s3 + len + 1
   end
-  local until_ms = lease_plain_object(rescore, object_unit(tenant, key), now + cfg.default_kv_lease_ttl,
-    cfg.kv_lease_slack, now)
+  local until_ms
+  if gkey then
+    until_ms = lease_group(gkey, group_unit(tenant, v[4] or (RADIX_MARK .. v[5])), group_lease,
+      now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, rescore, group_tiers(retained_until, now))
+  else
+    until_ms = lease_plain_object(rescore, object_unit(tenant, key), now + cfg.default_kv_lease_ttl,
+      cfg.kv_lease_slack, now)
+  end
   if not r then return 1 end
   r[1] = until_ms - now
   return r
