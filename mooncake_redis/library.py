@@ -33,7 +33,7 @@ LIBRARY_PROTOCOL = 2
 # The store's layout (keys and fields), written as `schema_version` into every shard's config
 # hash by Master.connect; a package refuses a store of a newer schema. Stores written before the
 # field existed have schema 1.
-SCHEMA_VERSION = 2  # 2: an object's memory replicas in one field (mooncake_redis/layout.py)
+SCHEMA_VERSION = 3  # 2: an object's memory replicas in one field (mooncake_redis/layout.py); 3: the read mark
 SCHEMA_FIELD = "schema_version"
 
 

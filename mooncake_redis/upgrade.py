@@ -1,8 +1,9 @@
 """Bringing a store of an older layout (its `schema_version`, library.SCHEMA_VERSION) to this
 package's: Master.connect runs it before it records the new version.
 
-Layout 2 (schema 2) keeps an object's memory replicas in one field (`reps`, mooncake_redis.layout)
-and marks objects with a disk replica (`disks`); `mc_upgrade_objects` rewrites layout 1 objects,
+Schema 2 keeps an object's memory replicas in one field (`reps`, mooncake_redis.layout); schema 3
+marks an object that has (or had) a guarantee, hard pin, task reference, soft pin or disk replica
+(`special`: such an object takes the general read). `mc_upgrade_objects` rewrites older objects,
 which stay readable meanwhile, so the upgrade needs no pause of the engines."""
 from __future__ import annotations
 

@@ -228,6 +228,12 @@ def corrupt_tier_score(m):
     return {"unit_score"}
 
 
+def corrupt_read_mark(m):
+    shard, key, h = pick(m, lambda k, h: h.get("special") == "1" and int(h.get("soft_pin_until", 0)) > 0)
+    m.redis.hdel(shard_keys(m, shard).object("default", key), "special")
+    return {"read_mark_missing"}
+
+
 def corrupt_tier_placement(m):
     (_, k1, _), (_, k2, _) = [o for o in objects(m) if o[1].startswith("longsoft")][:2]
     p1, u1 = keys_of(m, k1), f"o:default:{k1}"
@@ -342,7 +348,7 @@ def corrupt_dead_object(m):
 
 
 CORRUPTIONS = [corrupt_used_bytes, corrupt_capacity_and_objects, corrupt_tier_entry, corrupt_bogus_units,
-               corrupt_tier_score, corrupt_tier_placement, corrupt_deadline, corrupt_processing, corrupt_segment_used,
+               corrupt_tier_score, corrupt_read_mark, corrupt_tier_placement, corrupt_deadline, corrupt_processing, corrupt_segment_used,
                corrupt_segment_index, corrupt_group_member, corrupt_group_record, corrupt_group_soft_pin, corrupt_group_unit,
                corrupt_free_extent, corrupt_free_lists, corrupt_free_over_allocated]
 

@@ -1,5 +1,6 @@
 """A store of layout 1 (schema 1: one rep:<segment> field per replica) is readable by this
-package's functions as it is, and Master.connect rewrites its objects to layout 2."""
+package's functions as it is, and Master.connect rewrites its objects to this package's layout;
+a store of schema 2 gets its read marks."""
 from __future__ import annotations
 
 import pytest
@@ -51,4 +52,28 @@ def test_layout_1_objects_are_read_then_upgraded_by_connect(request, server):
         assert fsck(again).ok
     finally:
         again.close()
+        m.close()
+
+
+def test_schema_2_objects_get_their_read_mark_and_read_right(valkey):
+    m = make_master("valkey", valkey, shards=1)
+    m.freeze_clock(T0)
+    try:
+        mount(m, "seg", 1 << 20)
+        m.put_start("w", "pinned", 100, ReplicateConfig(with_hard_pin=True))
+        m.put_end("w", "pinned")
+        put(m, "plain", 100)
+        okey = all_shard_keys(m)[0].object("default", "pinned")
+        assert m.redis.hget(okey, "special") == b"1"
+        m.redis.hdel(okey, "special")  # as a schema 2 store wrote it
+        for p in all_shard_keys(m):
+            m.redis.hset(p.config, SCHEMA_FIELD, 2)
+        again = Master.connect(valkey.url, MasterConfig(shards=1))
+        try:
+            assert again.redis.hget(okey, "special") == b"1"
+            assert not again.redis.hexists(all_shard_keys(m)[0].object("default", "plain"), "special")
+            assert fsck(again).ok
+        finally:
+            again.close()
+    finally:
         m.close()

@@ -3,6 +3,7 @@
 --   progress), lease_until (absent: 0; see object_lease in 30_units.lua),
 --   soft_pin_until (absent or 0: none), hard_pin (1; absent or 0: none), group (only when grouped),
 --   soft_pin_action / soft_pin_ttl (only until the first put_end commits them),
+--   special = 1 (the read mark: needs_read_mark below),
 --   reps = its memory replicas (size = the object's size), each "<offset> <mount id> <#segment>
 --     <segment>" (the segment name's length, then the name: names are any bytes), one after
 --     another in segment-name order, so that a read takes an object's facts and its replicas
@@ -21,7 +22,7 @@ local function obj_key(P, tenant, key) return P .. K.object .. tenant .. ':' .. 
 -- Fields of an object that are never a replica: the loops that look for replica fields
 -- ('rep:', 'disk:') skip them with one table lookup. A field missing here costs only a string
 -- check more.
-local SCALAR_FIELDS = { reps = true, disks = true, size = true, status = true, writer = true, put_started = true, lease_until = true,
+local SCALAR_FIELDS = { reps = true, special = true, size = true, status = true, writer = true, put_started = true, lease_until = true,
   soft_pin_until = true, hard_pin = true, group = true, node = true, prefix = true, checksum = true,
   guaranteed_until = true, task_refs = true, soft_pin_action = true, soft_pin_ttl = true }
 local function obj_id(tenant, key) return tenant .. ':' .. key end
@@ -84,6 +85,20 @@ local function keys_spec(option, kind)
   local opts = { tenant = 'optional' }
   if option then opts[option] = kind end
   return { opts = opts, fields = { key = 'required' }, max_rows = MAX_KEYS_PER_CALL }
+end
+
+-- The read mark: the field special = 1 on an object that has (or had) a guarantee, a hard pin, a
+-- task reference, a soft pin or a disk replica, so that a read tells from a few fields that an
+-- object without it has none of them (get_replica_list's plain_read) and takes the general path
+-- for one that has. Set where those fields are written (put_start, put_end, task references,
+-- offload), never taken back but with the object: a stale mark costs a read the general path.
+local function needs_read_mark(o)
+  if o.guaranteed_until or o.hard_pin == '1' or (tonumber(o.task_refs) or 0) > 0
+    or (tonumber(o.soft_pin_until) or 0) > 0 then return true end
+  for field in pairs(o) do
+    if string.sub(field, 1, 5) == 'disk:' then return true end
+  end
+  return false
 end
 
 -- The `reps` field of replicas {seg=, off=, mount=} (any order; written in segment order).
@@ -149,12 +164,10 @@ end
 
 -- Write an object's memory replicas (none: the field goes), in the hash and in `o`.
 local function write_reps(okey, o, list)
-  if o.legacy_reps then -- a layout 1 object: its replica fields go, and a disk replica gets its mark
+  if o.legacy_reps then -- an object of an older layout: its replica fields go, and it gets its read mark
     redis.call('HDEL', okey, unpack(o.legacy_reps))
     o.legacy_reps = nil
-    for field in pairs(o) do
-      if string.sub(field, 1, 5) == 'disk:' then redis.call('HSET', okey, 'disks', '1'); o.disks = '1'; break end
-    end
+    if not o.special and needs_read_mark(o) then redis.call('HSET', okey, 'special', '1'); o.special = '1' end
   end
   if #list == 0 then
     if o.reps then redis.call('HDEL', okey, 'reps') end
@@ -210,6 +223,6 @@ return {
   radix_hash = radix_hash, grp_key = grp_key, grp_members_key = grp_members_key,
   MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,
   keys_spec = keys_spec, load_object = load_object, replicas_of = replicas_of,
-  encode_reps = encode_reps, decode_reps = decode_reps, write_reps = write_reps,
+  encode_reps = encode_reps, decode_reps = decode_reps, write_reps = write_reps, needs_read_mark = needs_read_mark,
   live_replicas = live_replicas, lease_until = lease_until,
 }

@@ -7,8 +7,7 @@
 --   inflight_bytes (its tasks in flight on this shard: count and sizes), orphaned (files whose
 --   removal found its removal queue full)
 -- and the entry client -> mount in P:disks. A disk replica is the object field
---   disk:<client> = "<mount> <location>", and an object with one has the field disks = 1 (which
---   lets a read tell from a few fields that an object has none: get_replica_list's plain_read)
+--   disk:<client> = "<mount> <location>" (and its object has the read mark: 20_object.lua)
 -- (location: where the client keeps the bytes, e.g. a file path); it is live while
 -- P:disk:<client> has that mount, as a memory replica is live while its segment does.
 -- An object whose memory replicas are gone but that has a live disk replica ("disk only")
@@ -54,17 +53,15 @@ end
 
 -- Live disk replicas; dead ones (disk segment unmounted) are dropped from the hash on the way.
 local function live_disk_replicas(P, okey, o, cache)
-  local live, dropped = {}, false
+  local live = {}
   for _, r in ipairs(disk_replicas_of(P, o, cache)) do
     if r.live then
       live[#live + 1] = r
     else
       redis.call('HDEL', okey, 'disk:' .. r.client)
       o['disk:' .. r.client] = nil
-      dropped = true
     end
   end
-  if dropped and #live == 0 then redis.call('HDEL', okey, 'disks'); o.disks = nil end
   return live
 end
 

@@ -46,7 +46,7 @@ end
 local function add_task_refs(P, tenant, key, okey, o, delta, now)
   local refs = (tonumber(o.task_refs) or 0) + delta
   if refs < 0 then return nil end
-  if refs == 0 then redis.call('HDEL', okey, 'task_refs') else redis.call('HSET', okey, 'task_refs', S(refs)) end
+  if refs == 0 then redis.call('HDEL', okey, 'task_refs') else redis.call('HSET', okey, 'task_refs', S(refs), 'special', '1') end
   o.task_refs = refs
   if o.group then redis.call('HINCRBY', grp_key(P, tenant, o.group), 'task_refs', delta) end
   place_unit_of(P, tenant, key, o, now)

@@ -12,7 +12,8 @@ local valid_name, register = Base.valid_name, Base.register
 local free_keys, add_free = Alloc.free_keys, Alloc.add_free
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local grp_key, grp_members_key = Object.grp_key, Object.grp_members_key
-local load_object, decode_reps = Object.load_object, Object.decode_reps
+local load_object, decode_reps, needs_read_mark = Object.load_object, Object.decode_reps, Object.needs_read_mark
+local keep_lease = Units.keep_lease
 local guarantee_prefix_key = Guarantee.guarantee_prefix_key
 local object_unit, group_unit, agg_key = Units.object_unit, Units.group_unit, Units.agg_key
 local unplace, place_object, place_group = Units.unplace, Units.place_object, Units.place_group
@@ -221,8 +222,8 @@ end
 -- grouped: members are placed through their group, see mc_fsck_group). A missing object leaves
 -- neither. Returns 1 if the object exists, else 0.
 local function fsck_place_object(P, tenant, key, now)
-  local id, unit = obj_id(tenant, key), object_unit(tenant, key)
-  local o = load_object(obj_key(P, tenant, key))
+  local id, unit, okey = obj_id(tenant, key), object_unit(tenant, key), obj_key(P, tenant, key)
+  local o = load_object(okey)
   if not o then
     redis.call('ZREM', P .. K.processing, id)
     unplace(P, unit)
@@ -239,6 +240,8 @@ local function fsck_place_object(P, tenant, key, now)
   else
     redis.call('ZREM', P .. K.guaranteed, id)
   end
+  if not o.special and needs_read_mark(o) then redis.call('HSET', okey, 'special', '1'); o.special = '1' end
+  if not o.group then keep_lease(P, unit, okey, o) end -- the tier's lease, before unplace drops it
   unplace(P, unit) -- every index: a stray entry anywhere goes
   if not o.group then place_object(P, tenant, key, o, now) end
   return 1

@@ -32,8 +32,7 @@ local mount_of, decode_reps = Alloc.mount_of, Object.decode_reps
 -- (complete, no guarantee, hard pin, task, soft pin or disk replica, every replica live) without
 -- more calls but, for a group member (or a radix node's key), one HMGET of its group's record;
 -- any other object goes through read_one, which loads the whole hash.
-local READ_FIELDS = { 'status', 'size', 'reps', 'group', 'node', 'guaranteed_until', 'hard_pin', 'task_refs',
-  'soft_pin_until', 'disks', 'checksum' }
+local READ_FIELDS = { 'status', 'size', 'reps', 'group', 'node', 'special', 'checksum' }
 local GENERAL = {} -- plain_read's answer for an object that needs read_one
 
 local function unset(v) return not v or v == '0' end
@@ -53,9 +52,9 @@ local function plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
     group_lease, retained_until = tonumber(g[2]) or 0, g[3]
   end
   if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
-  if not reps or v[6] or not unset(v[7]) or not unset(v[8]) or not unset(v[9]) or v[10] then return GENERAL end
+  if not reps or v[6] then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
   local r, at, n = nil, 1, #reps
-  if kind == 'get' then r = { 0, tonumber(v[2]) } elseif kind == 'disk' then r = { 0, tonumber(v[2]), v[11] or '', 0 } end
+  if kind == 'get' then r = { 0, tonumber(v[2]) } elseif kind == 'disk' then r = { 0, tonumber(v[2]), v[7] or '', 0 } end
   while at <= n do
     local s1 = string.find(reps, ' ', at, true)
     local s2 = s1 and string.find(reps, ' ', s1 + 1, true)

@@ -2,7 +2,7 @@
 
 local E, fail, S, now_ms, register = Base.E, Base.fail, Base.S, Base.now_ms, Base.register
 local obj_key, object_call, load_object = Object.obj_key, Object.object_call, Object.load_object
-local replicas_of, lease_of = Object.replicas_of, Units.lease_of
+local replicas_of, lease_of, needs_read_mark = Object.replicas_of, Units.lease_of, Object.needs_read_mark
 local DEADLINES, DEADLINE_KINDS, INDEXES = Units.DEADLINES, Units.DEADLINE_KINDS, Units.INDEXES
 local unit_state = Units.unit_state
 local retention_state = Retention.retention_state
@@ -31,7 +31,8 @@ end
 -- sweep_due} where why is "" (evictable), a protection ("processing", "hard_pin", "task_ref",
 -- "guaranteed", "no_members"), "draining", "grouped" (an object whose group is the unit) or "missing"; an
 -- index is a key suffix (":evict:soft"); an expected score "" means any; sweep_due is 1 while a
--- guarantee of the unit ran out and the sweep has not ended it (its entries lag until then).
+-- guarantee of the unit ran out and the sweep has not ended it (its entries lag until then),
+-- then mark_missing: 1 for an object that needs the read mark and lacks it (20_object.lua).
 -- fsck compares the two.
 local function unit_state_reply(P, args)
   local unit = args[1]
@@ -53,7 +54,10 @@ local function unit_state_reply(P, args)
   end
   for _, kind in ipairs(DEADLINE_KINDS) do deadlines[#deadlines + 1] = DEADLINES[kind] end
   retention_state(P, unit, expected, actual, deadlines)
-  return { why, expected, actual, deadlines, sweep_due and 1 or 0 }
+  local tenant, key = string.match(unit, '^o:([^:]+):(.*)$')
+  local o = tenant and load_object(obj_key(P, tenant, key))
+  local mark_missing = o and not o.special and needs_read_mark(o) and 1 or 0
+  return { why, expected, actual, deadlines, sweep_due and 1 or 0, mark_missing }
 end
 
 -- now. KEYS: P. Reply: the store clock in ms.

@@ -231,7 +231,7 @@ local function done_one(P, tenant, row, now, client, mount, success, cfg)
     elseif old_location ~= row.location then -- the client's replica moves: its old file goes
       queue_disk_removal(P, client, tenant, row.key, old_location)
     end
-    redis.call('HSET', okey, field, mount .. ' ' .. row.location, 'disks', '1')
+    redis.call('HSET', okey, field, mount .. ' ' .. row.location, 'special', '1') -- the read mark
     redis.call('ZREM', P .. K.disk_removals .. client, removal_entry(tenant, row.key, row.location))
     if ours then
       release_offload_task(P, tenant, row.key, okey, o, now)

@@ -45,7 +45,10 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until) or 0, now))
   o.soft_pin_until = commit_soft_pin(o, now)
   local fields = { 'status', o.status }
-  if ever_soft_pinned(o) then fields[#fields + 1] = 'soft_pin_until'; fields[#fields + 1] = o.soft_pin_until end
+  if ever_soft_pinned(o) then -- and the read mark
+    fields[#fields + 1] = 'soft_pin_until'; fields[#fields + 1] = o.soft_pin_until
+    fields[#fields + 1] = 'special'; fields[#fields + 1] = '1'
+  end
   if checksum then fields[#fields + 1] = 'checksum'; fields[#fields + 1] = checksum end
   redis.call('HSET', okey, unpack(fields))
   -- what only a put in progress needs goes (a complete object keeps its writer: put_end and

@@ -180,6 +180,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   if node then fields[#fields + 1] = 'node'; fields[#fields + 1] = node end
   if prefix then fields[#fields + 1] = 'prefix'; fields[#fields + 1] = prefix end
   if guaranteed_until then fields[#fields + 1] = 'guaranteed_until'; fields[#fields + 1] = S(guaranteed_until) end
+  if guaranteed_until or a.hard_pin == '1' then fields[#fields + 1] = 'special'; fields[#fields + 1] = '1' end -- the read mark
   local reply = {}
   for _, r in ipairs(got) do -- in the order allocated (preferred segments first)
     reply[#reply + 1] = r.seg

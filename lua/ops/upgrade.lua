@@ -1,14 +1,15 @@
 -- upgrade_objects: rewrite objects of an older layout in this library's (Master.connect runs it
 -- over every object of a store whose schema_version is older; mooncake_redis/upgrade.py).
---   Layout 1 -> 2: the replica fields rep:<segment> become the one field reps, and an object
---   with a disk replica field gets disks = 1 (lua/lib/20_object.lua, 27_disk.lua). An object
---   already in layout 2, or gone, is left alone. Objects of layout 1 stay readable meanwhile
---   (load_object reads both).
+--   Layout 1 -> 3: the replica fields rep:<segment> become the one field reps; layout 2 -> 3: an
+--   object that needs the read mark (special, lua/lib/20_object.lua) gets it. An object already
+--   in layout 3, or gone, is left alone. Objects of older layouts stay readable meanwhile
+--   (load_object reads both replica layouts; an object without reps takes the general read).
 -- KEYS: P. ARGV: object ids "<tenant>:<key>" (at most MAX_KEYS_PER_CALL).
 -- Reply: the number of objects rewritten.
 
 local K, E, fail, register = Base.K, Base.E, Base.fail, Base.register
 local load_object, decode_reps, write_reps = Object.load_object, Object.decode_reps, Object.write_reps
+local needs_read_mark = Object.needs_read_mark
 local MAX_KEYS_PER_CALL = Object.MAX_KEYS_PER_CALL
 
 local function upgrade_objects(P, args)
@@ -20,10 +21,9 @@ local function upgrade_objects(P, args)
     if o and o.legacy_reps then
       write_reps(okey, o, decode_reps(o.reps) or {})
       done = done + 1
-    elseif o and not o.disks then
-      for field in pairs(o) do
-        if string.sub(field, 1, 5) == 'disk:' then redis.call('HSET', okey, 'disks', '1'); done = done + 1; break end
-      end
+    elseif o and not o.special and needs_read_mark(o) then
+      redis.call('HSET', okey, 'special', '1')
+      done = done + 1
     end
   end
   return done

@@ -80,6 +80,8 @@ KINDS: dict[str, Kind] = {
     "unit_wrong_tier": Kind(ERROR, True, "a unit sits in the wrong tier for its soft pin"),
     "unit_in_both_tiers": Kind(ERROR, True, "a unit sits in both candidate tiers"),
     "unit_score": Kind(ERROR, True, "a unit's tier score differs from its lease (below the lease_until of its hash)"),
+    "read_mark_missing": Kind(ERROR, True, "an object with a guarantee, pin, task reference or disk replica lacks "
+                              "the read mark (special): reads would answer it as a plain object"),
     "soft_deadline": Kind(ERROR, True, "a soft-tier unit without the right P:deadline:soft_pin entry"),
     "stray_deadline": Kind(WARNING, True, "a P:deadline:soft_pin entry for a unit not in the soft tier"),
     "stray_unit": Kind(ERROR, True,
@@ -240,6 +242,8 @@ def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, 
                                 "no entry" if want is None else f"score {want} (guaranteed_until)",
                                 "absent" if s_guarantee is None else f"score {_score(s_guarantee)}", place))
     if not isinstance(st, Exception):
+        if len(st) > 5 and st[5] == 1:  # the functions say so (mc_unit_state)
+            out.append(audit.finding("read_mark_missing", shard, subject, "special=1", "absent", place))
         out += compare_unit(audit, shard, unit, st, due, now, place)
     return out
 
