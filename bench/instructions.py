@@ -119,8 +119,7 @@ redis.register_function('mcb_zadd2', function(k, a)
 -- exist_key / get_replica_list of ARGV[2..] (ARGV[1]: their segment): config (with the clock and
 -- the mount epoch), the clock, then per key the HMGET of the fields a read takes (the segment's
 -- mount id is remembered between calls), one ZADD XX GT for all (the lease lives in the tier)
-local READ_FIELDS = {{ 'status', 'size', 'reps', 'group', 'node', 'guaranteed_until', 'hard_pin', 'task_refs',
-  'soft_pin_until', 'disks', 'checksum' }}
+local READ_FIELDS = {{ 'status', 'size', 'reps', 'group', 'node', 'special', 'checksum' }}
 local function read(P, args, fields, shape)
   local cfg = redis.call('HMGET', P .. K.config, unpack(fields))
   local ttl = tonumber(cfg[2])

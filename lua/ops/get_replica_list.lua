@@ -35,8 +35,6 @@ local mount_of, decode_reps = Alloc.mount_of, Object.decode_reps
 local READ_FIELDS = { 'status', 'size', 'reps', 'group', 'node', 'special', 'checksum' }
 local GENERAL = {} -- plain_read's answer for an object that needs read_one
 
-local function unset(v) return not v or v == '0' end
-
 -- A read's reply for a plain object, or GENERAL (and an error code for a missing or unfinished
 -- one). `kind`: 'exist', 'get' or 'disk' (get_replica_list with with_disk=1). The replicas are
 -- walked in place (plain finds, no pattern, no table per replica): this is every read's path.
