@@ -3,6 +3,7 @@ that it supervises: mooncake_redis.server.start_private_valkey) and `cluster-up`
 Cluster for development and tests)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -16,6 +17,7 @@ from click.core import ParameterSource
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.cluster import is_cluster_url
 from mooncake_redis.functions import LIBRARY_NAME, library_source
+from mooncake_redis.keys import KEY_PROFILES
 from mooncake_redis.server import (
     PASSWORD_FILE,
     URL_FILE,
@@ -45,20 +47,29 @@ from .logs import log_options
 from .output import CliError
 
 
-def _connect_for_serve(url: str, namespace: str, shards: int | None) -> Master:
+def _connect_for_serve(url: str, namespace: str, shards: int | None, key_profile: str | None = None) -> Master:
     """Master.connect with the store's own configuration (so a restart does not reset tuned
-    settings); a new store gets the defaults with `shards` (default 1)."""
+    settings); a new store gets the defaults with `shards` (default 1) and `key_profile`
+    (default: the default profile). An existing store of one shard takes a different
+    `key_profile` (for the keys written from now on); one of several shards refuses it."""
     client = redis_client(url)
     try:
         config = stored_config(client, namespace)
     finally:
         client.close()
     if config is None:
-        config = MasterConfig(namespace=namespace, shards=shards or 1)
+        config = MasterConfig(namespace=namespace, shards=shards or 1, key_profile=key_profile or "")
     elif shards is not None and shards != config.shards:
         raise MasterError(ErrorCode.INVALID_PARAMS,
                           f"store {namespace!r} has {config.shards} shards, --shards says {shards} "
                           f"(the shard count of a store cannot change)")
+    elif key_profile is not None and key_profile != config.key_profile:
+        if config.shards > 1:
+            raise MasterError(ErrorCode.INVALID_PARAMS,
+                              f"store {namespace!r} routes keys by key profile {config.key_profile!r}, "
+                              f"--key-profile says {key_profile!r} (the key profile of a store of "
+                              f"several shards cannot change: its keys would move)")
+        config = dataclasses.replace(config, key_profile=key_profile, radix_key_pattern="")
     return Master.connect(url, config)
 
 
@@ -90,12 +101,17 @@ def _serve_banner(private: PrivateValkey, tool: str) -> None:
 @click.option("--shards", type=click.IntRange(1, 16384), default=None,
               help="Shard count of a new store (default 1). An existing store keeps its own; "
                    "a different value is an error.")
+@click.option("--key-profile", type=click.Choice(sorted(KEY_PROFILES)), default=None,
+              help="The engine key format of a new store (radix_key_pattern; default sglang, see "
+                   "docs/engines.md). An existing store keeps its own; one of several shards "
+                   "refuses a different one.")
 @click.option("--no-gateway", is_flag=True, help="Do not start the Mooncake wire gateway.")
 @gateway_options
 @metrics_options
 @log_options
 @click.pass_context
-def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None, metrics_port: int | None,
+def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None, key_profile: str | None,
+          metrics_port: int | None,
           metrics_addr: str, no_gateway: bool, host: str, rpc_port: int, metadata_port: int,
           gateway_metrics_port: int) -> None:
     """Run a master until SIGINT/SIGTERM.
@@ -141,11 +157,12 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
                 proc.wait()
                 stop.set()
             threading.Thread(target=stop_with_valkey, daemon=True).start()
-        master = _connect_for_serve(url, opts.namespace, shards)
+        master = _connect_for_serve(url, opts.namespace, shards, key_profile)
         version = library_source()[1]
         out = click.echo
         out(f"mooncake-redis master: {safe_url(url)}")
-        out(f"  namespace {master.ns}, {master.shards} shard(s), functions library {LIBRARY_NAME!r} "
+        out(f"  namespace {master.ns}, {master.shards} shard(s), key profile {master.config.key_profile}, "
+            f"functions library {LIBRARY_NAME!r} "
             f"version {version}")
         tool = valkey_cli_binary() or "valkey-cli"
         if private is not None:

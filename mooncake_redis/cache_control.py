@@ -234,9 +234,9 @@ def page_key(page_hash: str, tag: str | None = None, suffix: str = "") -> str:
     """An object key as SGLang's Mooncake backend writes it: `<tag>_<hash><suffix>`, or
     `<hash><suffix>` without a tag; the suffix names the part of the page (e.g. "_0_k" and
     "_0_v", tensor-parallel rank 0, for an MHA model's K and V; "__k" for MLA).
-    A key without a tag starts with its page hash, so the store routes all parts of a page to
-    one shard and `expire_guaranteed` of that hash reaches them; with a tag, each key is routed
-    and matched as a whole (see keys.routing_part)."""
+    With the default key profile ("sglang", docs/engines.md) the store takes the page hash out
+    of every such key, tagged or not, so all parts of a page route to one shard, index under
+    one radix node and `expire_guaranteed` of that hash reaches them (see keys.routing_part)."""
     return f"{tag}_{page_hash}{suffix}" if tag else f"{page_hash}{suffix}"
 
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 
 from .errors import ErrorCode, MasterError
-from .keys import DEFAULT_KEY_PATTERN, LEGACY_KEY_PATTERN, compile_key_pattern
+from .keys import CUSTOM_PROFILE, DEFAULT_KEY_PROFILE, KEY_PROFILES, LEGACY_KEY_PATTERN, compile_key_pattern, profile_of
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # namespaces and tenant ids: use fullmatch
 
@@ -107,9 +107,13 @@ class MasterConfig:
     allow_evict_retained_groups: bool = True
     # the radix index (lua/lib/32_radix.lua): off means no index writes at all; the pattern is a
     # regex with one group capturing a key's prefix hash, the one extraction rule of routing,
-    # the index and expire_guaranteed (keys.prefix_of)
+    # the index and expire_guaranteed (keys.prefix_of). key_profile names the pattern of an
+    # engine's key format (keys.KEY_PROFILES, docs/engines.md); give one or the other: the
+    # other follows ("" = unset; neither: the default profile; a pattern of no profile is
+    # profile "custom")
     enable_radix_tree: bool = False
-    radix_key_pattern: str = DEFAULT_KEY_PATTERN
+    key_profile: str = ""
+    radix_key_pattern: str = ""
     # SSD offload (mooncake_redis.offload): queue each object at its first readable put_end for
     # the disk of the client owning its memory replica; a task handed out and not acknowledged
     # in offload_task_timeout is handed out again (HIGH: until it succeeds; NORMAL and LOW: up to
@@ -130,12 +134,7 @@ class MasterConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):
             raise _bad("namespace must match [A-Za-z0-9_.-]{1,64}")
-        if not isinstance(self.radix_key_pattern, str):
-            raise _bad("radix_key_pattern must be a str")
-        try:
-            compile_key_pattern(self.radix_key_pattern)
-        except ValueError as exc:
-            raise _bad(f"radix_key_pattern {self.radix_key_pattern!r}: {exc}") from None
+        self._resolve_key_profile()
         if self.max_retained_groups_per_tenant is None:
             object.__setattr__(self, "max_retained_groups_per_tenant", self.max_retained_groups)
         for f in fields(self):
@@ -164,6 +163,33 @@ class MasterConfig:
         if self.put_start_release_timeout <= self.put_start_discard_timeout:
             raise _bad("put_start_release_timeout must be greater than put_start_discard_timeout")
 
+    def _resolve_key_profile(self) -> None:
+        """key_profile and radix_key_pattern, each from the other (or the default profile);
+        INVALID_PARAMS for an unknown profile, a bad pattern, or a profile and a pattern that
+        disagree."""
+        profile, pattern = self.key_profile, self.radix_key_pattern
+        if not isinstance(profile, str):
+            raise _bad("key_profile must be a str")
+        if not isinstance(pattern, str):
+            raise _bad("radix_key_pattern must be a str")
+        if profile and profile != CUSTOM_PROFILE and profile not in KEY_PROFILES:
+            raise _bad(f"key_profile must be one of {sorted(KEY_PROFILES)} (or {CUSTOM_PROFILE!r} with "
+                       f"a radix_key_pattern), not {profile!r}")
+        if not pattern:
+            if profile == CUSTOM_PROFILE:
+                raise _bad(f"key_profile {CUSTOM_PROFILE!r} needs a radix_key_pattern")
+            pattern = KEY_PROFILES[profile or DEFAULT_KEY_PROFILE]
+        try:
+            compile_key_pattern(pattern)
+        except ValueError as exc:
+            raise _bad(f"radix_key_pattern {pattern!r}: {exc}") from None
+        named = profile_of(pattern)
+        if profile and profile != CUSTOM_PROFILE and named != profile:
+            raise _bad(f"key_profile {profile!r} is radix_key_pattern {KEY_PROFILES[profile]!r}, "
+                       f"not {pattern!r} (give one of the two)")
+        object.__setattr__(self, "key_profile", named)
+        object.__setattr__(self, "radix_key_pattern", pattern)
+
     def to_redis(self) -> dict[str, str]:
         """The stored form: integers in decimal, booleans as 0/1, ratios as repr (finite, so
         Lua's tonumber reads back the same double)."""
@@ -182,10 +208,15 @@ class MasterConfig:
         defaults); a corrupt value is INTERNAL_ERROR naming the field."""
         where = f"stored configuration {namespace}:{{{namespace}:0}}:config"
         kwargs: dict = {}
-        if stored and b"radix_key_pattern" not in stored:  # written before the pattern was configurable
+        legacy = stored and b"radix_key_pattern" not in stored  # written before the pattern was configurable
+        if legacy:
             kwargs["radix_key_pattern"] = LEGACY_KEY_PATTERN
+        # key_profile follows the stored pattern: a store written before profiles (no such
+        # field) gets the profile of its pattern ("hash-first": the former default), so a new
+        # default never reinterprets an existing store's keys
+        skip = {"namespace"} | ({"key_profile"} if legacy else set())
         for f in fields(cls):
-            raw = stored.get(f.name.encode()) if f.name != "namespace" else None
+            raw = stored.get(f.name.encode()) if f.name not in skip else None
             if raw is None:
                 continue
             try:

@@ -6,8 +6,9 @@ Cluster hash tag, so one shard's keys share a slot. The rest of a key is one of 
 they agree); `ShardKeys` builds a shard's keys from it, so no other module spells a suffix.
 
 An object's shard comes from its routing part: a `{tag}` inside the user key if present, else
-its prefix hash (`prefix_of`: the first group of the store's radix_key_pattern, by default 64
-lowercase hex characters at the start followed by `_` or the end), else the whole key; shard =
+its prefix hash (`prefix_of`: the first group of the store's radix_key_pattern, by default the
+64 lowercase hex characters of a page hash, at the start or after a `<tag>_`, followed by `_` or
+the end: profile "sglang" of KEY_PROFILES), else the whole key; shard =
 first 8 bytes of blake3(routing part), big-endian, modulo the shard count. The same extraction
 gives the radix node of a key and the prefix of expire_guaranteed, so all keys of a node live on
 the node's shard.
@@ -18,12 +19,30 @@ import re
 
 from blake3 import blake3
 
-# MasterConfig.radix_key_pattern's default (the blake3 rule of Mooncake's radix RFC), and the
-# rule of stores written before the pattern was configurable (their config hash has no
+# Key profiles (MasterConfig.key_profile): the radix_key_pattern of each engine's key format,
+# recorded with its sources in docs/engines.md. The default, "sglang", takes the 64-hex page hash
+# after an optional `<tag>_` (SGLang HiCache's `<tag>_<model>_<hash>_<rank>_k`, MLA's
+# `<tag>_<model>_<hash>__k`, and untagged keys that start with the hash); "hash-first" is the
+# former default (the blake3 rule of Mooncake's radix RFC: the hash at the key's start only).
+HASH_FIRST_PATTERN = r"^([0-9a-f]{64})(?:_|$)"
+KEY_PROFILES: dict[str, str] = {
+    "sglang": r"^(?:.*?_)?([0-9a-f]{64})(?:_|$)",
+    "hash-first": HASH_FIRST_PATTERN,
+    "vllm": r"^.*@([0-9a-f]{32,128})$",
+    "lmcache": r"^[^@]*@[0-9]+@[0-9]+@(-?[0-9a-f]{1,128})@",
+}
+CUSTOM_PROFILE = "custom"  # the key_profile of a pattern that is none of KEY_PROFILES'
+DEFAULT_KEY_PROFILE = "sglang"
+DEFAULT_KEY_PATTERN = KEY_PROFILES[DEFAULT_KEY_PROFILE]
+# The rule of stores written before the pattern was configurable (their config hash has no
 # radix_key_pattern field; Master keeps routing them by it).
-DEFAULT_KEY_PATTERN = r"^([0-9a-f]{64})(?:_|$)"
 LEGACY_KEY_PATTERN = r"^([0-9a-f]{32,128})(?:_|$)"
 PREFIX_KEY_RE = re.compile(DEFAULT_KEY_PATTERN.encode())
+
+
+def profile_of(pattern: str) -> str:
+    """The key profile whose pattern `pattern` is, or CUSTOM_PROFILE."""
+    return next((name for name, p in KEY_PROFILES.items() if p == pattern), CUSTOM_PROFILE)
 
 # Fields of P:config that are not configuration: the store clock's test hook (absolute ms; absent
 # in production) and the mount epoch (lua/lib/00_base.lua).

@@ -81,8 +81,10 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
                               f"store {namespace!r} has {current.shards} shards, config says {config.shards}")
         elif current and current.shards > 1 and current.radix_key_pattern != config.radix_key_pattern:
             raise MasterError(ErrorCode.INVALID_PARAMS,  # the pattern routes keys: its keys would move
-                              f"store {namespace!r} routes keys by radix_key_pattern {current.radix_key_pattern!r}, "
-                              f"config says {config.radix_key_pattern!r}")
+                              f"store {namespace!r} routes keys by radix_key_pattern {current.radix_key_pattern!r} "
+                              f"(key_profile {current.key_profile!r}), config says {config.radix_key_pattern!r} "
+                              f"({config.key_profile!r}): the pattern of a store of several shards cannot change; "
+                              f"connect with the store's key_profile, or without a config")
         load(client)
         master = cls(client, config)
         if stored and stored_schema(stored) < SCHEMA_VERSION:  # older objects first, then the new version

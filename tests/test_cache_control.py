@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 
 import pytest
 from blake3 import blake3
@@ -15,7 +16,7 @@ from mooncake_redis import ErrorCode
 from mooncake_redis.cache_control import (
     CacheMark, PromptPages, blake3_page_hashes, cache_control_ttl_ms, model_tag, page_key, page_ttls,
     prompt_marks, prompt_pages, read_pages, render_segments, sglang_page_hashes)
-from mooncake_redis.keys import routing_part
+from mooncake_redis.keys import KEY_PROFILES, routing_part
 
 FIVE_MIN, ONE_HOUR = 300_000, 3_600_000
 EPHEMERAL = {"type": "ephemeral"}
@@ -265,10 +266,14 @@ def test_page_key_forms_and_routing():
     assert page_key(h) == h
     assert page_key(h, suffix="_0_k") == f"{h}_0_k"
     assert page_key(h, "Qwen-Qwen3-8B", "_0_v") == f"Qwen-Qwen3-8B_{h}_0_v"
-    # untagged keys route by their page hash (all parts of a page on one shard); tagged ones whole
+    # every key of a page routes by its page hash (all parts of a page on one shard), tagged or not
+    # (the default key profile, "sglang"); the former default matched untagged keys only
     assert routing_part(page_key(h, suffix="_0_k").encode()) == h.encode()
     assert routing_part(page_key(h, suffix="__k").encode()) == h.encode()
-    assert routing_part(page_key(h, "m", "_0_k").encode()) == f"m_{h}_0_k".encode()
+    assert routing_part(page_key(h, "m", "_0_k").encode()) == h.encode()
+    assert routing_part(page_key(h, "fp8_Qwen-Qwen3-8B", "__k").encode()) == h.encode()
+    hash_first = re.compile(KEY_PROFILES["hash-first"].encode())
+    assert routing_part(page_key(h, "m", "_0_k").encode(), hash_first) == f"m_{h}_0_k".encode()
 
 
 # ---- page selection ------------------------------------------------------------------------
