@@ -290,11 +290,14 @@ def _by_ttl(ttls: Sequence[int]) -> dict[int, list[int]]:
 
 
 def put_start_pages(master: Any, client_id: str, pages: PromptPages, sizes: int | Sequence[int], *,
-                    config: ReplicateConfig | None = None, guarantee_fallback: bool = False,
+                    config: ReplicateConfig | None = None, guarantee_fallback: bool = True,
                     tenant_id: str = "default") -> list[Any]:
     """`batch_put_start` of every object of `pages`, one call per distinct TTL: guaranteed keys
     with `config` (default ReplicateConfig()) given `guaranteed_ttl_ms=ttl` and
-    `guarantee_fallback`, the others with `config` as it is. `sizes`: one size for all objects
+    `guarantee_fallback`, the others with `config` as it is. By default a guaranteed key past
+    the guaranteed-capacity limit is written as an ordinary object (RFC 000: the write falls back
+    to a normal put, so the limit never blocks a write); `guarantee_fallback=False` gets
+    GUARANTEED_CAPACITY_EXCEEDED for it instead. `sizes`: one size for all objects
     or one per key. Returns per key, in key order, its replicas or an ErrorCode. Ending the puts
     after the data transfer is the caller's: `master.batch_put_end(client_id, pages.keys,
     tenant_id=...)` (or `batch_put_revoke` for a failed transfer)."""

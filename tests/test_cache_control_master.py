@@ -114,14 +114,31 @@ def test_expire_guaranteed_by_page_hash_reaches_every_part_of_the_page(new_maste
 
 
 def test_guarantee_fallback_is_passed_to_the_put(new_master):
-    """guaranteed_capacity_ratio=0 turns guarantees off: a guaranteed put is refused, or written
-    ordinary with guarantee_fallback; ordinary pages are written either way."""
+    """guaranteed_capacity_ratio=0 turns guarantees off: a guaranteed put is refused with
+    guarantee_fallback=False, and written ordinary by default (RFC 000: the write falls back to a
+    normal put); ordinary pages are written either way."""
     m = new_master(guaranteed_capacity_ratio=0.0)
     mount(m, "seg", 1 << 20)
     pages = the_pages()
-    results = put_start_pages(m, WRITER, pages, PAGE_BYTES)
+    results = put_start_pages(m, WRITER, pages, PAGE_BYTES, guarantee_fallback=False)
     assert [r == ErrorCode.GUARANTEED_CAPACITY_EXCEEDED for r in results] == [t > 0 for t in pages.ttl_ms]
     m.batch_put_revoke(WRITER, pages.keys[-2:])
-    write(m, pages, guarantee_fallback=True)
+    write(m, pages)
     assert guarantees(m, pages) == [None] * len(pages.keys)
+    assert read_pages(m, pages).hit_pages == 6
+
+
+def test_at_the_guaranteed_limit_the_helper_falls_back_by_default(new_master):
+    """A shard's guaranteed share holds a few pages: by default every key is still written, the
+    pages within the limit guaranteed and the rest ordinary; none is refused."""
+    m = new_master(guaranteed_capacity_ratio=0.125)
+    mount(m, "seg", 16 * PAGE_BYTES)  # room for every key; 2 guaranteed keys per shard at most
+    pages = the_pages()
+    results = write(m, pages)
+    assert not any(isinstance(r, ErrorCode) for r in results), results
+    until = guarantees(m, pages)
+    marked = [t > 0 for t in pages.ttl_ms]
+    assert 0 < sum(u is not None for u in until) < sum(marked)
+    assert all(u is None for u, g in zip(until, marked) if not g)
+    assert m.usage().guaranteed_bytes <= m.usage().guaranteed_limit_bytes
     assert read_pages(m, pages).hit_pages == 6
