@@ -45,6 +45,15 @@ SHARD_GAUGES = {
     "guaranteed_objects": ("Objects with a guarantee not yet swept (P:guaranteed).", "guaranteed_objects"),
 }
 
+# group retention, per shard (mc_retention_usage, as `mooncake-redis status` shows it):
+# name -> (help, the ShardRetention attribute it shows)
+RETENTION_GAUGES = {
+    "retained_groups": ("Groups whose retention is active (retained_until ahead of the store clock).", "active"),
+    "retention_records": ("Retention records holding an admission slot (active, or expired and not yet swept).",
+                          "held"),
+    "retained_groups_limit": ("The shard's share of max_retained_groups.", "share"),
+}
+
 # the SSD offload tier, per client with a local disk (label client), summed over the shards as
 # `mooncake-redis status` shows them (OffloadApi.offload_clients): name -> (help, attribute)
 DISK_GAUGES = {
@@ -61,6 +70,7 @@ DISK_GAUGES = {
 METRICS = (
     ["mooncake_up"]
     + [f"{PREFIX}shard_{name}" for name in SHARD_GAUGES]
+    + [f"{PREFIX}shard_{name}" for name in RETENTION_GAUGES]
     + [f"{PREFIX}shard_eviction_candidates", f"{PREFIX}shard_clock_frozen",
        f"{PREFIX}shard_last_worker_pass_timestamp_seconds", f"{PREFIX}worker_passes_total"]
     + [f"{PREFIX}{field}" for field in _TOTALS]
@@ -136,8 +146,16 @@ class StoreCollector(Collector):
             for field, family in totals.items():
                 if f"P:metrics.{field}" not in stats.malformed:
                     family.add_metric(label, m.get(field, 0))
-        return [*gauges.values(), candidates, frozen, last_pass, passes, *totals.values(), malformed,
-                *self._offload()]
+        return [*gauges.values(), *self._retention(), candidates, frozen, last_pass, passes, *totals.values(),
+                malformed, *self._offload()]
+
+    def _retention(self) -> list:
+        gauges = {name: GaugeMetricFamily(f"{PREFIX}shard_{name}", text, labels=["shard"])
+                  for name, (text, _) in RETENTION_GAUGES.items()}
+        for row in self.master.retention_usage():
+            for name, (_, attr) in RETENTION_GAUGES.items():
+                gauges[name].add_metric([str(row.shard)], getattr(row, attr))
+        return list(gauges.values())
 
     def _offload(self) -> list:
         """The offload tier: each client's disk and queues, and the store's offload counters."""

@@ -205,6 +205,31 @@ def test_guaranteed_bytes_and_objects(valkey):
         m.close()
 
 
+def test_retained_groups_records_and_candidates(valkey):
+    """Retention figures per shard: active retained groups, records holding a slot (an expired
+    record until the sweep), the shard's share; a retained member is a candidate of the
+    retained tier."""
+    redis.Redis.from_url(valkey.url).flushall()
+    m = Master.connect(valkey.url, MasterConfig(shards=1, max_retained_groups=10))
+    try:
+        m.freeze_clock(T0)
+        m.mount_segment("seg-a", 1 << 20, "client-1")
+        m.retain_groups(["g1", "g2"], 60_000)
+        m.put_start("client-1", "{g1}a", 4096, ReplicateConfig(group_id="g1"))
+        m.put_end("client-1", "{g1}a")
+        got = samples(exposition(m))
+        shard = (("shard", "0"),)
+        assert got[("mooncake_shard_retained_groups", shard)] == 2
+        assert got[("mooncake_shard_retention_records", shard)] == 2
+        assert got[("mooncake_shard_retained_groups_limit", shard)] == 10
+        assert got[("mooncake_shard_eviction_candidates", (("shard", "0"), ("tier", "retained")))] == 1
+        m.advance_clock(60_001)
+        got = samples(exposition(m))
+        assert got[("mooncake_shard_retained_groups", shard)] == 0
+    finally:
+        m.close()
+
+
 def test_the_offload_tier(valkey):
     """Each client's disk (capacity, used and in-flight bytes, tasks in flight, queue depths per
     priority, removals) and the offload counters, as `mooncake-redis status` reads them."""
