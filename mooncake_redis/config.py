@@ -168,6 +168,7 @@ class MasterConfig:
         INVALID_PARAMS for an unknown profile, a bad pattern, or a profile and a pattern that
         disagree."""
         profile, pattern = self.key_profile, self.radix_key_pattern
+        chosen = bool(profile or pattern)
         if not isinstance(profile, str):
             raise _bad("key_profile must be a str")
         if not isinstance(pattern, str):
@@ -189,6 +190,14 @@ class MasterConfig:
                        f"not {pattern!r} (give one of the two)")
         object.__setattr__(self, "key_profile", named)
         object.__setattr__(self, "radix_key_pattern", pattern)
+        # not a field: whether the caller chose the pattern (Master.connect keeps an existing
+        # store's own pattern for a config that did not)
+        object.__setattr__(self, "_pattern_chosen", chosen)
+
+    @property
+    def pattern_chosen(self) -> bool:
+        """Did the caller give key_profile or radix_key_pattern (rather than take the default)?"""
+        return bool(getattr(self, "_pattern_chosen", True))
 
     def to_redis(self) -> dict[str, str]:
         """The stored form: integers in decimal, booleans as 0/1, ratios as repr (finite, so

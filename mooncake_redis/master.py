@@ -6,6 +6,8 @@ a mixin over the one shard transport (`Master.transport`, mooncake_redis.transpo
 Worker, fsck and the CLI share too."""
 from __future__ import annotations
 
+import dataclasses
+
 import redis
 
 from .checks import _check_bool
@@ -74,6 +76,8 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
         stored = run(client, [("HGETALL", ShardKeys(namespace, 0).config)])[0]
         check_schema(namespace, stored)
         current = MasterConfig.from_redis(namespace, stored) if stored else None
+        if config is not None and current and not config.pattern_chosen:  # the store's own pattern, kept
+            config = dataclasses.replace(config, key_profile="", radix_key_pattern=current.radix_key_pattern)
         if config is None:
             config = current or MasterConfig()
         elif current and current.shards != config.shards:

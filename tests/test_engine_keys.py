@@ -246,8 +246,9 @@ def test_expire_guaranteed_by_page_hash_ends_every_key_of_that_page(new_master, 
 
 def test_the_pattern_of_an_existing_store_is_kept(new_master):
     """A store written with the former default ("hash-first") keeps it: reopened without a
-    config it routes by it; with a config of another profile, a store of several shards is
-    refused (its keys would move), one of one shard takes it for the keys written from now on."""
+    config, or with one that names no profile or pattern, it routes by it; with a config of
+    another profile, a store of several shards is refused (its keys would move), one of one
+    shard takes it for the keys written from now on."""
     m = new_master(key_profile="hash-first")
     for k in m.transport.keys:  # a store written before key_profile existed: no such field
         m.redis.hdel(k.config, "key_profile")
@@ -255,12 +256,13 @@ def test_the_pattern_of_an_existing_store_is_kept(new_master):
     assert reopened.config.key_profile == "hash-first"
     tagged = sglang_keys(sha("p"), model=MODEL)[0].encode()
     assert prefix_of(tagged, reopened.transport.key_pattern) == tagged
+    assert Master._open(m.redis, MasterConfig(shards=m.shards)).config.key_profile == "hash-first"
     if m.shards > 1:
         with raises_code(ErrorCode.INVALID_PARAMS):
-            Master._open(m.redis, MasterConfig(shards=m.shards))
+            Master._open(m.redis, MasterConfig(shards=m.shards, key_profile="sglang"))
         assert Master._open(m.redis, MasterConfig(shards=m.shards, key_profile="hash-first")).config == m.config
     else:
-        assert Master._open(m.redis, MasterConfig(shards=1)).config.key_profile == "sglang"
+        assert Master._open(m.redis, MasterConfig(shards=1, key_profile="sglang")).config.key_profile == "sglang"
         assert Master._open(m.redis, None).config.key_profile == "sglang"
 
 

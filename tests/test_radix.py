@@ -565,8 +565,9 @@ def test_a_guaranteed_key_is_indexed_and_its_guarantee_protects_the_node(rm):
 
 
 def test_a_store_written_before_the_pattern_keeps_its_routing(new_master):
-    """A stored configuration without radix_key_pattern routes by the former rule (32-128 hex);
-    a different pattern for an existing store of several shards is refused (its keys would move)."""
+    """A stored configuration without radix_key_pattern routes by the former rule (32-128 hex),
+    also for a config that names no pattern; a different pattern for an existing store of several
+    shards is refused (its keys would move)."""
     from mooncake_redis import Master
     from mooncake_redis.keys import LEGACY_KEY_PATTERN
 
@@ -577,8 +578,10 @@ def test_a_store_written_before_the_pattern_keeps_its_routing(new_master):
     assert reopened.config.radix_key_pattern == LEGACY_KEY_PATTERN
     key = ("ab" * 16 + "_0").encode()  # 32 hex: a prefix under the former rule only
     assert reopened.transport.shard_of(key) == reopened.transport.shard_of(b"ab" * 16)
+    assert Master._open(m.redis, MasterConfig(shards=m.shards)).config.radix_key_pattern == LEGACY_KEY_PATTERN
     if m.shards > 1:
         with raises_code(ErrorCode.INVALID_PARAMS):
-            Master._open(m.redis, MasterConfig(shards=m.shards))
+            Master._open(m.redis, MasterConfig(shards=m.shards, key_profile="sglang"))
     else:
-        assert Master._open(m.redis, MasterConfig(shards=1)).config.radix_key_pattern != LEGACY_KEY_PATTERN
+        assert Master._open(m.redis, MasterConfig(shards=1, key_profile="sglang")).config.radix_key_pattern \
+            != LEGACY_KEY_PATTERN
