@@ -7,7 +7,7 @@
 --   reps = its memory replicas (size = the object's size), each "<offset> <mount id> <#segment>
 --     <segment>" (the segment name's length, then the name: names are any bytes), one after
 --     another in segment-name order, so that a read takes an object's facts and its replicas
---     with one HMGET (layout 2; layout 1 had one field rep:<segment> = "<offset> <mount id"> per
+--     with one HMGET (layout 2; layout 1 had one field rep:<segment> = "<offset> <mount id>" per
 --     replica, which load_object still reads and mc_upgrade_objects rewrites)
 -- A replica is live while its segment is mounted with the same mount id.
 -- Indexes: P:processing (zset, member "<tenant>:<key>", score = put_started).

@@ -270,10 +270,12 @@ end
 -- when it goes to the hash. Re-scores are queued in `rescore` (one per call: tier -> {score,
 -- unit, ...}, 'gt:' .. tier for the GT ones; until_ms -> its score string) for flush_rescore,
 -- which sends one variadic ZADD per tier and kind for the whole batch.
-local function renewal(until_ms, slack)
-  if slack == 0 then return until_ms end
-  local r = until_ms % slack
-  return r == 0 and until_ms or until_ms - r + slack
+local function renewal(rescore, until_ms, slack)
+  local r = slack > 0 and until_ms % slack or 0
+  if r ~= 0 then until_ms = until_ms - r + slack end
+  local score = rescore[until_ms] or S(until_ms) -- a batch's keys share one deadline: format it once
+  rescore[until_ms] = score
+  return until_ms, score
 end
 
 local GT_OF = {} -- tier -> its key in `rescore` for the GT re-scores
@@ -305,15 +307,12 @@ local function plain_object_tier(now)
 end
 
 -- A read's lease of such an object: its tier's score only (see extend_lease).
+local PLAIN_TIERS = {}
 local function lease_plain_object(rescore, unit, until_ms, slack, now)
-  until_ms = renewal(until_ms, slack)
-  local score = rescore[until_ms] or S(until_ms)
-  rescore[until_ms] = score
-  local tier = GT_OF[plain_object_tier(now)]
-  local q = rescore[tier]
-  if not q then q = {}; rescore[tier] = q end
-  q[#q + 1] = score
-  q[#q + 1] = unit
+  local score
+  until_ms, score = renewal(rescore, until_ms, slack)
+  PLAIN_TIERS[1] = plain_object_tier(now)
+  queue_rescore(rescore, PLAIN_TIERS, GT_OF, score, unit)
   return until_ms
 end
 
@@ -323,9 +322,8 @@ end
 -- re-score that misses lags until the next placement, and costs a pop, never a wrong eviction).
 local function lease_group(gkey, unit, cur, until_ms, slack, rescore, tiers)
   if until_ms <= cur then return cur end
-  until_ms = renewal(until_ms, slack)
-  local score = rescore[until_ms] or S(until_ms)
-  rescore[until_ms] = score
+  local score
+  until_ms, score = renewal(rescore, until_ms, slack)
   redis.call('HSET', gkey, 'lease_until', score)
   queue_rescore(rescore, tiers or TIERS, nil, score, unit)
   return until_ms
@@ -345,9 +343,8 @@ local function extend_lease(P, tenant, key, okey, o, until_ms, slack, rescore, n
       rescore)
   end
   if until_ms <= cur then return cur end
-  until_ms = renewal(until_ms, slack)
-  local score = rescore[until_ms] or S(until_ms) -- a batch's keys share one deadline: format it once
-  rescore[until_ms] = score
+  local score
+  until_ms, score = renewal(rescore, until_ms, slack)
   if not o.guaranteed_until and unit_rule(object_facts(o), now) == '' then
     queue_rescore(rescore, possible_tiers(o), GT_OF, score, unit)
     return until_ms
@@ -519,7 +516,7 @@ return {
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,
-  being_evicted = being_evicted, extend_lease = extend_lease, lease_plain_object = lease_plain_object, lease_group = lease_group, group_tiers = group_tiers, lease_of = lease_of, keep_lease = keep_lease, renewal = renewal, flush_rescore = flush_rescore,
+  being_evicted = being_evicted, extend_lease = extend_lease, lease_plain_object = lease_plain_object, lease_group = lease_group, group_tiers = group_tiers, lease_of = lease_of, keep_lease = keep_lease, flush_rescore = flush_rescore,
   join_group = join_group, group_member_completed = group_member_completed,
   retire_group = retire_group, leave_group = leave_group, drop_object = drop_object,
   delete_object = delete_object, end_guarantee = end_guarantee, renew_guarantee = renew_guarantee,

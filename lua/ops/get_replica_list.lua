@@ -42,15 +42,15 @@ local function plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
   local v = redis.call('HMGET', obj_key(P, tenant, key), unpack(READ_FIELDS))
   local status, reps = v[1], v[3]
   if not status then return E.OBJECT_NOT_FOUND end
-  local gkey, group_lease, retained_until -- a group member (or a radix node's key): the group is the unit
-  if v[4] or v[5] then
-    gkey = grp_key(P, tenant, v[4] or (RADIX_MARK .. v[5]))
+  if not reps or v[6] then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
+  local group, gkey, group_lease, retained_until = v[4] or (v[5] and RADIX_MARK .. v[5])
+  if group then -- a group member (or a radix node's key): the group is the unit
+    gkey = grp_key(P, tenant, group)
     local g = redis.call('HMGET', gkey, 'draining', 'lease_until', 'retained_until')
     if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
     group_lease, retained_until = tonumber(g[2]) or 0, g[3]
   end
   if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
-  if not reps or v[6] then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
   local r, at, n = nil, 1, #reps
   if kind == 'get' then r = { 0, tonumber(v[2]) } elseif kind == 'disk' then r = { 0, tonumber(v[2]), v[7] or '', 0 } end
   while at <= n do
@@ -70,7 +70,7 @@ local function plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
   end
   local until_ms
   if gkey then
-    until_ms = lease_group(gkey, group_unit(tenant, v[4] or (RADIX_MARK .. v[5])), group_lease,
+    until_ms = lease_group(gkey, group_unit(tenant, group), group_lease,
       now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, rescore, group_tiers(retained_until, now))
   else
     until_ms = lease_plain_object(rescore, object_unit(tenant, key), now + cfg.default_kv_lease_ttl,
