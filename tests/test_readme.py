@@ -72,6 +72,20 @@ def _env(tmp: Path) -> dict:
     return env
 
 
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"({exc})"
+
+
+def _serve_report(tmp: Path, proc: subprocess.Popen) -> str:
+    """What serve left behind, for a failed block: whether it still runs, its stderr, Valkey's log."""
+    state = "running" if proc.poll() is None else f"exited with {proc.returncode}"
+    return (f"--- serve {state}; serve.err\n{_tail(tmp / 'serve.err')}\n"
+            f"--- valkey.log\n{_tail(tmp / 'mooncake-data' / 'valkey.log')}")
+
+
 @pytest.fixture
 def serving(tmp_path):
     """`mooncake-redis serve` with no options, run in tmp_path."""
@@ -87,7 +101,7 @@ def serving(tmp_path):
             if line.strip().startswith("stop with") or time.monotonic() > end:
                 break
         assert (tmp_path / "mooncake-data" / "url").exists(), "".join(banner) + (tmp_path / "serve.err").read_text()
-        yield tmp_path, env
+        yield tmp_path, env, lambda: _serve_report(tmp_path, proc)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -103,11 +117,21 @@ def serving(tmp_path):
         err.close()
 
 
+@pytest.mark.xdist_group("gateway_default_ports")
+def test_xdist_groups_take_effect(request):
+    """The tests that bind the default ports share one worker only if --dist loadgroup sees
+    their mark (it names the group in the node id); otherwise two serves race for port 50051."""
+    if getattr(request.config.option, "loadgroup", False):  # set in each worker of --dist loadgroup
+        assert request.node.nodeid.endswith("@gateway_default_ports"), request.node.nodeid
+    else:
+        pytest.skip("not run by pytest-xdist workers with --dist loadgroup")
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("gateway_default_ports")  # serve as printed binds 50051 and 8080 when free
 @pytest.mark.parametrize("doc", RUN_DOCS)
 def test_examples_run_as_printed_against_serve(serving, doc):
-    cwd, env = serving
+    cwd, env, report = serving
     outputs = []
     for lang, code in readme_blocks(doc=doc):
         if lang == "python":
@@ -119,7 +143,7 @@ def test_examples_run_as_printed_against_serve(serving, doc):
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)  # not a terminal: nothing waits for a reader
         assert done.returncode == 0, f"{doc} {lang} block failed ({done.returncode}):\n{code}\n" \
-                                     f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+                                     f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}\n{report()}"
         outputs.append(done.stdout)
     text = "\n".join(outputs)
     for pattern in EXPECTED[doc]:
@@ -131,7 +155,7 @@ def test_examples_run_as_printed_against_serve(serving, doc):
 def test_the_quickstart_run_by_hand_keeps_its_client_alive_until_enter(serving):
     """From a terminal the quickstart waits at its prompt, node-a pinging: its object can be
     inspected for as long as the reader likes (here: while it waits), and Enter ends it."""
-    cwd, env = serving
+    cwd, env, _ = serving
     code = next(code for lang, code in readme_blocks("python"))
     primary, secondary = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env=env, stdin=secondary,
