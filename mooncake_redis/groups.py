@@ -2,7 +2,9 @@
 
 A group's retention is a fixed, tenant-scoped deadline kept in the group's own record on the
 group's shard (lua/lib/35_retention.lua): declared before or after members exist, moved only by
-retain_groups, and while active the group's members rank in the fallback eviction tier."""
+retain_groups, and while active the group's members rank in the fallback eviction tier. A group
+id routes by keys.group_shard_of: SGLang's `sglang-hicache:<page key>` goes to its page's shard,
+with the page's keys."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -70,7 +72,8 @@ class GroupsApi(ApiBase):
         out: list[Any] = [ErrorCode.INVALID_PARAMS] * len(group_ids)
         todo = [(i, b) for i, b in enumerate(map(_group_bytes, group_ids)) if b is not None]
         head = wire.head(("group",), tenant=tenant_id, ttl_ms=ttl_ms)
-        replies = self.transport.batch("mc_retain_groups", head, [(b,) for _, b in todo], [b for _, b in todo])
+        replies = self.transport.batch("mc_retain_groups", head, [(b,) for _, b in todo], [b for _, b in todo],
+                                       route=self.transport.group_shard)
         for (i, _), reply in zip(todo, replies):
             out[i] = ErrorCode(reply) if reply < 0 else int(reply)
         return out
@@ -83,7 +86,7 @@ class GroupsApi(ApiBase):
         b = _group_bytes(group_id)
         if b is None:
             raise MasterError(ErrorCode.INVALID_PARAMS, "group_id must be a non-empty id of at most 256 bytes")
-        shard = self.transport.shard_of(b)
+        shard = self.transport.group_shard(b)
         reply = self.transport.call("mc_describe_group", shard, *wire.options(tenant=tenant_id, group=b))
         if isinstance(reply, int):
             raise MasterError(ErrorCode(reply), f"describe_group {group_id!r}")

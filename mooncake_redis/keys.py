@@ -248,6 +248,27 @@ def shard_of(key: bytes, shards: int, pattern: re.Pattern | None = None) -> int:
     return int.from_bytes(digest, "big") % shards
 
 
+def group_routing_part(group: bytes, pattern: re.Pattern | None = None) -> bytes:
+    """A group id's routing part: a key's rule (a `{tag}`, else the pattern's prefix hash), and
+    for an id of the form `<namespace>:<key>` that neither matches (SGLang's
+    `sglang-hicache:<page key>`, untagged, or under a hash-first pattern) the prefix hash of
+    `<key>`. So a group named after a page key shares that page's shard with its keys."""
+    part = routing_part(group, pattern)
+    if part == group:
+        _, sep, rest = group.partition(b":")
+        m = (pattern or PREFIX_KEY_RE).match(rest) if sep else None
+        if m and m.group(1):
+            return m.group(1)
+    return part
+
+
+def group_shard_of(group: bytes, shards: int, pattern: re.Pattern | None = None) -> int:
+    """The shard of a group id (its record and its members): see group_routing_part."""
+    if shards == 1:
+        return 0
+    return int.from_bytes(blake3(group_routing_part(group, pattern)).digest(8), "big") % shards
+
+
 def node_shard(node: bytes, shards: int) -> int:
     """The shard of radix node `node` (a prefix hash): where its record and all its keys live.
     A hash routes as itself (no {tag}, no pattern applied)."""

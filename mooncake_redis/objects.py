@@ -50,8 +50,9 @@ class ObjectsApi(ApiBase):
                          guaranteed_ttl_ms=guarantee or None, guarantee_fallback=int(fallback) if guarantee else None)
 
     def _radix_put(self, c: ReplicateConfig) -> bool:
-        """Do this put's keys register in the radix index? (Only ungrouped keys, index on.)"""
-        return self.config.enable_radix_tree and c.group_id in (None, "")
+        """Do this put's keys register in the radix index? (Index on; a grouped key too: its node
+        is its unit, and it is an indexed member of its group.)"""
+        return self.config.enable_radix_tree
 
     def _put_rows(self, keys: list[bytes], sizes: Sequence[int], c: ReplicateConfig, guaranteed: bool) -> list[tuple]:
         """Each key's row: key, size [, prefix hash (guaranteed puts)] [, radix node [, parent,
@@ -73,7 +74,7 @@ class ObjectsApi(ApiBase):
     def _group_shard_ok(self, key: bytes, config: ReplicateConfig | None) -> bool:
         if config is None or config.group_id in (None, "") or self.shards == 1:
             return True
-        return self.transport.shard_of(key) == self.transport.shard_of(config.group_id.encode())
+        return self.transport.shard_of(key) == self.transport.group_shard(config.group_id.encode())
 
     def put_start(self, client_id: str, key: Any, size: int, config: ReplicateConfig | None = None,
                   tenant_id: str = "default") -> list[Replica]:
@@ -356,4 +357,4 @@ class ObjectsApi(ApiBase):
                           put_started_ms=int(f["put_started"]) if "put_started" in f else None,
                           lease_until_ms=int(lease),
                           soft_pin_until_ms=pin or None, hard_pinned=f.get("hard_pin") == "1",
-                          group_id=f.get("group"), replicas=replicas, fields=f, dead_replicas=dead)
+                          group_id=f.get("group", f.get("ugroup")), replicas=replicas, fields=f, dead_replicas=dead)

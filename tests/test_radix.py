@@ -136,13 +136,16 @@ def test_radix_off_writes_no_index(new_master):
         m.register_radix_node(H("a"))
 
 
-def test_grouped_keys_are_not_indexed(rm):
+def test_grouped_keys_are_indexed_and_members_of_their_group(rm):
     m = rm
-    key = "{g}" + H("a")
-    put(m, key, SMALL, config=ReplicateConfig(group_id="g", parent_block_hash=H("p")))
-    assert "node" not in m.describe(key).fields and m.describe(key).group_id == "g"
-    with raises_code(ErrorCode.OBJECT_NOT_FOUND):
-        m.describe_radix_node(H("a"))
+    key = f"{H('a')}_0"
+    group = f"sglang-hicache:{H('a')}"  # routes with the key (tests/test_radix_groups.py)
+    put(m, key, SMALL, config=ReplicateConfig(group_id=group, parent_block_hash=H("p")))
+    info = m.describe(key)
+    assert info.fields["node"] == H("a") and info.group_id == group and "group" not in info.fields
+    assert m.describe_radix_node(H("a")).keys == [key.encode()]
+    assert m.describe_radix_node(H("p")).children == [H("a").encode()]
+    assert m.describe_group(group).members == 1
 
 
 def test_a_key_the_pattern_does_not_match_is_its_own_node(rm):

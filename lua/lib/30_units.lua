@@ -15,6 +15,7 @@
 -- group without members; a group while any member is so. New protections, tiers and deadline
 -- kinds are one entry in TIERS / DEADLINES and one line in unit_rule.
 --
+-- A key with a group id under the radix index is its node's, not its group's (see below).
 -- Composite units keep counters of their members' protections (members, processing,
 -- hard_pinned, task_refs in P:grp:<tenant>:<group>) and, for each kind of member deadline
 -- (AGG_KINDS: soft_pin, guarantee), a zset of the members' values (P:agg:<kind>:<unit>, member key
@@ -66,6 +67,60 @@ local function group_unit(tenant, group)
   return 'g:' .. tenant .. ':' .. group
 end
 local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. unit end
+
+-- Grouped radix keys (a put with a group id while the radix index is on). Such a key's eviction
+-- unit is its radix node (its object has `node`, and its user group in the field `ugroup`, so
+-- load_object's o.group is the node's internal group name); it is also a member of its user
+-- group, kept apart from the group's own unit members (P:grpm, counted in `members`):
+--   P:agg:indexed:g:<tenant>:<group>  zset key -> 0: the group's members whose unit is their node
+--   P:agg:nodes:g:<tenant>:<group>    zset node hash -> the group's keys in that node
+--   P:agg:groups:r:<tenant>:<hash>    zset group -> the node's keys in that group
+-- The unit rule composes them: a node's facts are its keys' (processing, pins, tasks, guarantees,
+-- lease), its children, and the latest active retention among its keys' groups, so a retained
+-- member ranks its whole node in the fallback level, and through has_children every ancestor
+-- stays while the node does. Bounds: a node has keys of at most MAX_NODE_GROUPS groups and a
+-- group keys in at most MAX_GROUP_NODES nodes (put_start answers INVALID_PARAMS beyond), so a
+-- node's placement reads at most MAX_NODE_GROUPS retention records and a retention change
+-- re-places at most MAX_GROUP_NODES nodes.
+local MAX_NODE_GROUPS, MAX_GROUP_NODES = 8, 64
+local function user_unit(tenant, group) return 'g:' .. tenant .. ':' .. group end
+local function node_unit(tenant, h) return 'r:' .. tenant .. ':' .. h end
+
+-- The latest retention deadline among the groups of node h's keys (0: none).
+local function node_retention(P, tenant, h)
+  local best = 0
+  for _, g in ipairs(redis.call('ZRANGE', agg_key(P, 'groups', node_unit(tenant, h)), 0, MAX_NODE_GROUPS - 1)) do
+    local r = tonumber(redis.call('HGET', grp_key(P, tenant, g), 'retained_until')) or 0
+    if r > best then best = r end
+  end
+  return best
+end
+
+-- May a key of user group `group` join node h without passing a bound?
+local function indexed_room(P, tenant, group, h)
+  local gk, nk = agg_key(P, 'groups', node_unit(tenant, h)), agg_key(P, 'nodes', user_unit(tenant, group))
+  if not redis.call('ZSCORE', gk, group) and redis.call('ZCARD', gk) >= MAX_NODE_GROUPS then return false end
+  return redis.call('ZSCORE', nk, h) ~= false or redis.call('ZCARD', nk) < MAX_GROUP_NODES
+end
+
+local function join_indexed(P, tenant, key, group, h)
+  if redis.call('ZADD', agg_key(P, 'indexed', user_unit(tenant, group)), 'NX', 0, key) == 0 then return end
+  redis.call('ZINCRBY', agg_key(P, 'nodes', user_unit(tenant, group)), 1, h)
+  redis.call('ZINCRBY', agg_key(P, 'groups', node_unit(tenant, h)), 1, group)
+end
+
+-- The key leaves its user group (its node is re-placed or retired by the caller).
+local function leave_indexed(P, tenant, key, group, h)
+  if redis.call('ZREM', agg_key(P, 'indexed', user_unit(tenant, group)), key) == 0 then return end
+  local nk, gk = agg_key(P, 'nodes', user_unit(tenant, group)), agg_key(P, 'groups', node_unit(tenant, h))
+  if tonumber(redis.call('ZINCRBY', nk, -1, h)) <= 0 then redis.call('ZREM', nk, h) end
+  if tonumber(redis.call('ZINCRBY', gk, -1, group)) <= 0 then redis.call('ZREM', gk, group) end
+end
+
+-- The group's members that are radix-indexed (their nodes are their units).
+local function indexed_members(P, tenant, group)
+  return redis.call('ZCARD', agg_key(P, 'indexed', user_unit(tenant, group)))
+end
 
 -- The indexes a unit can be in by the rule: an object unit never drains and never sits in a
 -- retention tier, and one that never had a soft pin (soft_pin_until is written only by the first
@@ -132,7 +187,10 @@ local function group_facts(P, tenant, group)
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
     draining = g[6] == '1', retained_until = tonumber(g[7]) or 0 }
   local h = radix_hash(group)
-  if h then f.children = redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h) end -- a node with a live child stays
+  if h then -- a node with a live child stays; a retained key's group ranks its node as retained
+    f.children = redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
+    f.retained_until = node_retention(P, tenant, h)
+  end
   for _, kind in ipairs(AGG_KINDS) do
     local top = redis.call('ZREVRANGE', agg_key(P, kind, group_unit(tenant, group)), 0, 0, 'WITHSCORES')
     f[kind] = tonumber(top[2]) or 0
@@ -207,6 +265,13 @@ end
 local function place_group(P, tenant, group, now)
   local _, entries = unit_rule(group_facts(P, tenant, group), now)
   apply_rule(P, group_unit(tenant, group), entries, now)
+end
+
+-- Re-place the nodes of a group's indexed keys (its retention changed).
+local function place_group_nodes(P, tenant, group, now)
+  for _, h in ipairs(redis.call('ZRANGE', agg_key(P, 'nodes', user_unit(tenant, group)), 0, MAX_GROUP_NODES - 1)) do
+    place_group(P, tenant, RADIX_MARK .. h, now)
+  end
 end
 
 -- Re-place the unit an object belongs to after its state changed.
@@ -399,6 +464,7 @@ local function retire_group(P, tenant, group, now)
   unplace(P, unit)
   redis.call('DEL', grp_members_key(P, tenant, group))
   for _, kind in ipairs(AGG_KINDS) do redis.call('DEL', agg_key(P, kind, unit)) end
+  if string.sub(unit, 1, 2) == 'r:' then redis.call('DEL', agg_key(P, 'groups', unit)) end
   redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining')
   local h = radix_hash(group)
   if h then Radix.node_retired(P, tenant, h, now or now_ms(P)) end
@@ -406,6 +472,7 @@ end
 
 local function leave_group(P, tenant, key, o, now)
   local group = o.group
+  if o.ugroup and o.node then leave_indexed(P, tenant, key, o.ugroup, o.node) end
   if redis.call('SREM', grp_members_key(P, tenant, group), key) == 0 then return end
   local gkey = grp_key(P, tenant, group)
   if o.status ~= 'complete' then redis.call('HINCRBY', gkey, 'processing', -1) end
@@ -517,6 +584,9 @@ return {
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,
   being_evicted = being_evicted, extend_lease = extend_lease, lease_plain_object = lease_plain_object, lease_group = lease_group, group_tiers = group_tiers, lease_of = lease_of, keep_lease = keep_lease, flush_rescore = flush_rescore,
+  MAX_NODE_GROUPS = MAX_NODE_GROUPS, MAX_GROUP_NODES = MAX_GROUP_NODES, indexed_room = indexed_room,
+  join_indexed = join_indexed, leave_indexed = leave_indexed, indexed_members = indexed_members,
+  place_group_nodes = place_group_nodes, node_retention = node_retention,
   join_group = join_group, group_member_completed = group_member_completed,
   retire_group = retire_group, leave_group = leave_group, drop_object = drop_object,
   delete_object = delete_object, end_guarantee = end_guarantee, renew_guarantee = renew_guarantee,

@@ -10,10 +10,12 @@
 --   P:retained_tenants     hash tenant -> records of that tenant on this shard
 -- until sweep_retention drops it after its deadline (freeing its slot): the index's ZCARD and
 -- the tenant's count are what admission checks against this shard's share of the limits.
+-- A group's radix-indexed keys (30_units.lua) have their nodes as units: a node ranks as retained
+-- while a group of its keys is, so a retention that starts or ends re-places those nodes.
 
 local K, S, valid_tenant = Base.K, Base.S, Base.valid_tenant
 local grp_key = Object.grp_key
-local group_unit, place_group = Units.group_unit, Units.place_group
+local group_unit, place_group, place_group_nodes = Units.group_unit, Units.place_group, Units.place_group_nodes
 
 local RETENTION_INDEX, RETAINED_TENANTS = K.deadline_retention, K.retained_tenants
 
@@ -31,6 +33,7 @@ local function drop_retention(P, tenant, group, now)
   end
   redis.call('HDEL', grp_key(P, tenant, group), 'retained_until') -- the last field: the key goes
   if group_has_members(P, tenant, group) then place_group(P, tenant, group, now) end
+  place_group_nodes(P, tenant, group, now) -- the nodes of its radix-indexed keys
 end
 
 -- Bounded sweep of due retention records (re-checked against the record: an entry whose record

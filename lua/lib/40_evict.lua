@@ -11,6 +11,7 @@ local unplace, unplace_object, unit_rule = Units.unplace, Units.unplace_object, 
 local object_facts, group_facts = Units.object_facts, Units.group_facts
 local apply_rule, place_group = Units.apply_rule, Units.place_group
 local retire_group, drop_object, keep_lease = Units.retire_group, Units.drop_object, Units.keep_lease
+local leave_indexed = Units.leave_indexed
 
 -- May units of this tier be evicted under `cfg`? (A tier without a flag always may.)
 -- A flag may be a list of flags, all of which must allow it.
@@ -103,9 +104,10 @@ local function evict_group(P, tenant, group, now, budget, cfg)
   for _, key in ipairs(keys) do
     local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
+    if o and o.ugroup then leave_indexed(P, tenant, key, o.ugroup, o.node) end -- a grouped radix key
     if o and #live_disk_replicas(P, okey, o) > 0 then -- kept from disk, out of the group
       bytes = bytes + shed_memory(P, tenant, key, okey, o)
-      redis.call('HDEL', okey, 'group', 'node') -- (a radix node's key leaves it the same way)
+      redis.call('HDEL', okey, 'group', 'node', 'ugroup') -- (a radix node's key leaves it the same way)
       objects = objects + 1
     elseif o then
       bytes = bytes + drop_object(P, tenant, key, okey, o, nil)

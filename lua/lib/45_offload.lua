@@ -158,8 +158,8 @@ local function settle_disk_only(P, tenant, key, okey, now)
   if not o or not is_disk_only(o) then return end
   if o.group then
     leave_group(P, tenant, key, o, now)
-    redis.call('HDEL', okey, 'group', 'node') -- a radix node's key leaves its node the same way
-    o.group, o.node = nil, nil
+    redis.call('HDEL', okey, 'group', 'node', 'ugroup') -- a radix node's key leaves its node the same way
+    o.group, o.node, o.ugroup = nil, nil, nil
   end
   place_object(P, tenant, key, o, now)
 end

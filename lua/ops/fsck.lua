@@ -17,7 +17,7 @@ local keep_lease = Units.keep_lease
 local guarantee_prefix_key = Guarantee.guarantee_prefix_key
 local object_unit, group_unit, agg_key = Units.object_unit, Units.group_unit, Units.agg_key
 local unplace, place_object, place_group = Units.unplace, Units.place_object, Units.place_group
-local retire_group = Units.retire_group
+local retire_group, MAX_NODE_GROUPS = Units.retire_group, Units.MAX_NODE_GROUPS
 local DEADLINES, DEADLINE_KINDS = Units.DEADLINES, Units.DEADLINE_KINDS
 
 local FSCK_MAX_GROUP = 10000     -- candidates one mc_fsck_group call may load
@@ -491,7 +491,7 @@ end
 --   in a deadline index (P:deadline:soft_pin: re-placed unconditionally), the P:guaranteed entry
 --   of its guarantee (an object's own, or for a composite unit the earliest member's in
 --   P:agg:guarantee:<unit>; ended when guaranteed_until is due too) and its P:deadline:retention
---   entry (dropped when retained_until is not later). Until that sweep runs, a unit's tier and
+--   entry (dropped when retained_until is not later; for a radix node, that of a group of its keys). Until that sweep runs, a unit's tier and
 --   deadline entries lag behind mc_unit_state's expected ones by design, which the audit must not
 --   report as drift; an entry the sweep would not act on (a stale score, a record with a later
 --   deadline) gives 0, so real drift is still reported.
@@ -515,6 +515,13 @@ local function guarantee_due(P, tenant, key, now)
   return g ~= nil and g <= now and due_in(P .. K.guaranteed, obj_id(tenant, key), now)
 end
 
+-- Will the sweep end group `group`'s retention (a due index entry, a record not later)?
+local function retention_due(P, tenant, group, now)
+  if not due_in(P .. K.deadline_retention, 'g:' .. tenant .. ':' .. group, now) then return false end
+  local rec = number_field(grp_key(P, tenant, group), 'retained_until')
+  return rec == nil or rec <= now
+end
+
 local function sweep_due(P, unit, now)
   for _, kind in ipairs(DEADLINE_KINDS) do
     if due_in(P .. DEADLINES[kind], unit, now) then return true end
@@ -524,9 +531,11 @@ local function sweep_due(P, unit, now)
   if kind == 'o' then return guarantee_due(P, tenant, name, now) end
   local first = redis.call('ZRANGEBYSCORE', agg_key(P, 'guarantee', unit), '-inf', S(now), 'LIMIT', 0, 1)
   if first[1] and guarantee_due(P, tenant, first[1], now) then return true end
-  if kind == 'g' and due_in(P .. K.deadline_retention, unit, now) then
-    local rec = number_field(grp_key(P, tenant, name), 'retained_until')
-    return rec == nil or rec <= now
+  if kind == 'g' then return retention_due(P, tenant, name, now) end
+  if kind == 'r' then -- a node ranks by the retention of its keys' groups (30_units.lua)
+    for _, g in ipairs(redis.call('ZRANGE', agg_key(P, 'groups', unit), 0, MAX_NODE_GROUPS - 1)) do
+      if retention_due(P, tenant, g, now) then return true end
+    end
   end
   return false
 end

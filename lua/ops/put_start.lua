@@ -8,12 +8,13 @@
 --   instead of failing); fields key, size, prefix (optional: the key's prefix hash, computed by
 --   the caller with the store's one extraction rule; kept as the object's `prefix` field for
 --   prefix-wide operations such as expire_guaranteed; a guaranteed key without one is its own
---   prefix), node, parent and parent_shard (optional: with enable_radix_tree, an ungrouped key
---   registers under the radix node `node` (its prefix hash, computed by the caller with the same
---   rule; '' = not indexed), and the node under `parent`, whose shard the caller computes with the
---   store's routing ('' = a root); see 32_radix.lua).
---   Per key also INVALID_PARAMS when the node has another parent, NO_AVAILABLE_HANDLE while
---   the node is being evicted.
+--   prefix), node, parent and parent_shard (optional: with enable_radix_tree, a key registers
+--   under the radix node `node` (its prefix hash, computed by the caller with the same rule;
+--   '' = not indexed), and the node under `parent`, whose shard the caller computes with the
+--   store's routing ('' = a root); see 32_radix.lua). A grouped key with a node has the node as
+--   its unit and is an indexed member of its group (field `ugroup`, 30_units.lua).
+--   Per key also INVALID_PARAMS when the node has another parent, or a grouped key would pass
+--   MAX_NODE_GROUPS / MAX_GROUP_NODES; NO_AVAILABLE_HANDLE while the node is being evicted.
 -- Reply: one entry per key: {segment, offset, segment, offset, ...} or an error code
 --   (GUARANTEED_CAPACITY_EXCEEDED: the shard's or the tenant's guaranteed bytes would pass their
 --   limit, see guarantee_room; nothing is allocated).
@@ -34,6 +35,7 @@ local replicas_of, encode_reps = Object.replicas_of, Object.encode_reps
 local guarantee_room, start_guarantee = Guarantee.guarantee_room, Guarantee.start_guarantee
 local group_draining, being_evicted = Units.group_draining, Units.being_evicted
 local join_group, delete_object = Units.join_group, Units.delete_object
+local indexed_room, join_indexed = Units.indexed_room, Units.join_indexed
 local sweep_guarantees, sweep_deadlines = Units.sweep_guarantees, Units.sweep_deadlines
 local radix_group, radix_settle = Radix.radix_group, Radix.radix_settle
 local radix_check, radix_register = Radix.radix_check, Radix.radix_register
@@ -131,14 +133,15 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
   if prefix ~= nil and not valid_name(prefix, 256) then return E.INVALID_PARAMS end
   if a.group and group_draining(P, a.tenant, a.group) then return E.NO_AVAILABLE_HANDLE end
-  -- the radix index: an ungrouped key with a prefix hash registers under its node (a grouped
-  -- key is not indexed: its group stays its unit)
-  local node = a.radix and not a.group and row.node ~= '' and row.node or nil
+  -- the radix index: a key with a prefix hash registers under its node, its unit; a grouped
+  -- one is also a member of its group (join_indexed, 30_units.lua)
+  local node = a.radix and row.node ~= '' and row.node or nil
   local parent, pshard
   if node then
     parent, pshard = radix_parent_of(row)
     local code = radix_check(P, a.tenant, node, parent, pshard, cfg.shards)
     if code then return code end
+    if a.group and not indexed_room(P, a.tenant, a.group, node) then return E.INVALID_PARAMS end
     if group_draining(P, a.tenant, radix_group(node)) then return E.NO_AVAILABLE_HANDLE end
   end
   local okey = obj_key(P, a.tenant, key)
@@ -176,7 +179,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     'put_started', a.now_s, 'soft_pin_action', a.pin_action }
   if a.hard_pin == '1' then fields[#fields + 1] = 'hard_pin'; fields[#fields + 1] = '1' end
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
-  if a.group then fields[#fields + 1] = 'group'; fields[#fields + 1] = a.group end
+  if a.group then fields[#fields + 1] = node and 'ugroup' or 'group'; fields[#fields + 1] = a.group end
   if node then fields[#fields + 1] = 'node'; fields[#fields + 1] = node end
   if prefix then fields[#fields + 1] = 'prefix'; fields[#fields + 1] = prefix end
   if guaranteed_until then fields[#fields + 1] = 'guaranteed_until'; fields[#fields + 1] = S(guaranteed_until) end
@@ -192,7 +195,11 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   redis.call('ZADD', P .. K.processing, now, obj_id(a.tenant, key))
   redis.call('HINCRBY', P, 'objects', 1)
   if guaranteed_until then start_guarantee(P, a.tenant, key, prefix, guaranteed_until, got, size) end
-  if a.group then join_group(P, a.tenant, key, a.group, a.hard_pin, guaranteed_until, now) end
+  if a.group and node then
+    join_indexed(P, a.tenant, key, a.group, node)
+  elseif a.group then
+    join_group(P, a.tenant, key, a.group, a.hard_pin, guaranteed_until, now)
+  end
   if node then join_group(P, a.tenant, key, radix_group(node), a.hard_pin, guaranteed_until, now) end
   return reply
 end

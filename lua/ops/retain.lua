@@ -12,7 +12,8 @@
 -- describe_group. KEYS: P. ARGV: options group (required), tenant. No writes.
 --   Reply: OBJECT_NOT_FOUND (-704) when the group has no member and no active retention, else
 --   {members, retained_until (0: none active), lease_until, {flat HGETALL of the group
---   record}, why (as mc_unit_state: "" evictable, a protection, "no_members", "draining"),
+--   record}, why (as mc_unit_state: "" evictable, a protection, "no_members", "draining";
+--   "radix_nodes" when every member is radix-indexed, its node its unit; members counts those too),
 --   tier (the index suffix of the tier it ranks in, "" for none)}.
 -- retention_usage. KEYS: P. No writes. Reply: {active records (deadline > now), records
 --   holding a slot (until swept), this shard's share of max_retained_groups, of
@@ -29,7 +30,7 @@ local valid_name, register = Base.valid_name, Base.register
 local grp_key, MAX_KEYS_PER_CALL = Object.grp_key, Object.MAX_KEYS_PER_CALL
 local object_call = Object.object_call
 local TIERS, group_unit, place_group = Units.TIERS, Units.group_unit, Units.place_group
-local unit_state = Units.unit_state
+local unit_state, place_group_nodes, indexed_members = Units.unit_state, Units.place_group_nodes, Units.indexed_members
 local RETENTION_INDEX, RETAINED_TENANTS = Retention.RETENTION_INDEX, Retention.RETAINED_TENANTS
 local group_has_members, sweep_retention = Retention.group_has_members, Retention.sweep_retention
 
@@ -52,7 +53,10 @@ local function retain_one(P, tenant, group, until_wanted, now, limits)
   local until_ms = math.max(cur, until_wanted)
   if until_ms ~= cur then redis.call('HSET', gkey, 'retained_until', S(until_ms)) end
   redis.call('ZADD', P .. RETENTION_INDEX, S(until_ms), unit)
-  if cur <= now and group_has_members(P, tenant, group) then place_group(P, tenant, group, now) end
+  if cur <= now then
+    if group_has_members(P, tenant, group) then place_group(P, tenant, group, now) end
+    place_group_nodes(P, tenant, group, now) -- its radix-indexed keys' nodes rank as retained too
+  end
   return until_ms
 end
 
@@ -83,10 +87,12 @@ local function describe_group(P, args)
   local now = now_ms(P)
   local gkey = grp_key(P, tenant, group)
   local row = redis.call('HMGET', gkey, 'members', 'retained_until', 'lease_until')
-  local members, retained = tonumber(row[1]) or 0, tonumber(row[2]) or 0
+  local own, retained = tonumber(row[1]) or 0, tonumber(row[2]) or 0
+  local members = own + indexed_members(P, tenant, group)
   if retained <= now then retained = 0 end
   if members <= 0 and retained == 0 then return E.OBJECT_NOT_FOUND end
   local why, entries = unit_state(P, group_unit(tenant, group), now)
+  if own <= 0 and members > 0 then why = 'radix_nodes' end -- every member's unit is its radix node
   local tier = ''
   for _, t in ipairs(TIERS) do
     if entries[t] ~= nil then tier = t end

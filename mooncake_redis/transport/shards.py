@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import redis
 
 from ..config import NAME_RE
-from ..keys import ShardKeys, shard_of
+from ..keys import ShardKeys, group_shard_of, shard_of
 from ..steps import Steps, drive
 from . import cluster, resp
 from .send import run
@@ -43,6 +43,10 @@ class Shards:
         """The shard of a user key (or a group id): see keys.shard_of."""
         return shard_of(key, self.count, self.key_pattern)
 
+    def group_shard(self, group: bytes) -> int:
+        """The shard of a group id: see keys.group_shard_of."""
+        return group_shard_of(group, self.count, self.key_pattern)
+
     # ---- commands --------------------------------------------------------------------
     def run(self, commands: Sequence[Sequence[Any]], raise_on_error: bool = True) -> list[Any]:
         """Run commands (several: one pipeline, no MULTI); replies in order (send.run)."""
@@ -60,19 +64,20 @@ class Shards:
         return self.run([self.command(fn, shard, *args) for shard in range(self.count)], raise_on_error)
 
     def batch(self, fn: str, head: Sequence[Any], rows: Sequence[Sequence[Any]], keys: Sequence[bytes],
-              chunk: int | None = None) -> list[Any]:
+              chunk: int | None = None, route: Callable[[bytes], int] | None = None) -> list[Any]:
         """Run `fn` over rows (each one key's ARGV tail, after the common `head`) grouped by the
-        shard of `keys[i]`, at most `chunk` rows per call (default: CHUNK_OF), all calls
-        pipelined; the per-key replies in input order."""
-        return drive(self.batch_steps(fn, head, rows, keys, chunk), self.run)
+        shard of `keys[i]` (`route`, default shard_of), at most `chunk` rows per call (default:
+        CHUNK_OF), all calls pipelined; the per-key replies in input order."""
+        return drive(self.batch_steps(fn, head, rows, keys, chunk, route), self.run)
 
     def batch_steps(self, fn: str, head: Sequence[Any], rows: Sequence[Sequence[Any]], keys: Sequence[bytes],
-                    chunk: int | None = None) -> Steps[list[Any]]:
+                    chunk: int | None = None, route: Callable[[bytes], int] | None = None) -> Steps[list[Any]]:
         """batch as steps (mooncake_redis.steps): one round trip."""
         size = chunk or CHUNK_OF.get(fn, BATCH_CHUNK)
+        shard_of = route or self.shard_of
         by_shard: dict[int, list[int]] = defaultdict(list)
         for i, key in enumerate(keys):
-            by_shard[self.shard_of(key)].append(i)
+            by_shard[shard_of(key)].append(i)
         calls = []
         for shard, idx in by_shard.items():
             for start in range(0, len(idx), size):
