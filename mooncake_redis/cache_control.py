@@ -13,7 +13,8 @@ Three steps, each usable alone:
 3. Pages in the store. `page_ttls` gives every whole page the guarantee of the marks that cover
    it (a page is covered when it ends at or before a mark's offset); `prompt_pages` ties keys and
    TTLs together; `put_start_pages` and `read_pages` call a `Master` with the matching
-   `guaranteed_ttl_ms`.
+   `guaranteed_ttl_ms`; `guarantee_cached_pages` guarantees marked pages that are already cached
+   (first written without a mark), which put_start_pages does for such keys by default.
 
 Example (ChatML template, a HuggingFace tokenizer, SGLang HiCache keys with 64-token pages)::
 
@@ -289,16 +290,40 @@ def _by_ttl(ttls: Sequence[int]) -> dict[int, list[int]]:
     return groups
 
 
+def guarantee_cached_pages(master: Any, pages: PromptPages, keys: Sequence[int] | None = None,
+                           tenant_id: str = "default") -> list[Any]:
+    """Guarantee the marked pages' objects that are already in the store (`Master.guarantee_cached`,
+    one call per distinct TTL): a prefix first cached without a mark becomes guaranteed when a
+    marked request covers it, bounded by the same guaranteed-capacity limit as a guaranteed put
+    (reads stay renew-only). `keys`: the indexes of `pages.keys` to take (default: all).
+    Returns per key, in key order: None for a key outside a mark (or not taken), else the
+    guarantee's deadline (ms) or an ErrorCode (OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY,
+    GUARANTEED_CAPACITY_EXCEEDED)."""
+    chosen = range(len(pages.keys)) if keys is None else keys
+    out: list[Any] = [None] * len(pages.keys)
+    for ttl, idx in _by_ttl([pages.ttl_ms[i] for i in chosen]).items():
+        if not ttl:
+            continue
+        picked = [chosen[j] for j in idx]
+        for i, result in zip(picked, master.guarantee_cached([pages.keys[i] for i in picked], ttl,
+                                                             tenant_id=tenant_id)):
+            out[i] = result
+    return out
+
+
 def put_start_pages(master: Any, client_id: str, pages: PromptPages, sizes: int | Sequence[int], *,
                     config: ReplicateConfig | None = None, guarantee_fallback: bool = True,
-                    tenant_id: str = "default") -> list[Any]:
+                    guarantee_cached: bool = True, tenant_id: str = "default") -> list[Any]:
     """`batch_put_start` of every object of `pages`, one call per distinct TTL: guaranteed keys
     with `config` (default ReplicateConfig()) given `guaranteed_ttl_ms=ttl` and
     `guarantee_fallback`, the others with `config` as it is. By default a guaranteed key past
     the guaranteed-capacity limit is written as an ordinary object (RFC 000: the write falls back
     to a normal put, so the limit never blocks a write); `guarantee_fallback=False` gets
     GUARANTEED_CAPACITY_EXCEEDED for it instead. `sizes`: one size for all objects
-    or one per key. Returns per key, in key order, its replicas or an ErrorCode. Ending the puts
+    or one per key. Returns per key, in key order, its replicas or an ErrorCode. A marked key
+    already in the store (OBJECT_ALREADY_EXISTS: nothing to write) is guaranteed in place with
+    `guarantee_cached_pages` unless `guarantee_cached=False` (its entry stays
+    OBJECT_ALREADY_EXISTS; call guarantee_cached_pages for its outcome). Ending the puts
     after the data transfer is the caller's: `master.batch_put_end(client_id, pages.keys,
     tenant_id=...)` (or `batch_put_revoke` for a failed transfer)."""
     per_key = [sizes] * len(pages.keys) if isinstance(sizes, int) else list(sizes)
@@ -313,6 +338,9 @@ def put_start_pages(master: Any, client_id: str, pages: PromptPages, sizes: int 
                                          cfg, tenant_id=tenant_id)
         for i, result in zip(idx, results):
             out[i] = result
+    cached = [i for i, r in enumerate(out) if pages.ttl_ms[i] and r == ErrorCode.OBJECT_ALREADY_EXISTS]
+    if guarantee_cached and cached:
+        guarantee_cached_pages(master, pages, cached, tenant_id=tenant_id)
     return out
 
 

@@ -306,6 +306,31 @@ class ObjectsApi(ApiBase):
                 todo = left
         return ended
 
+    def guarantee_cached(self, keys: Sequence[Any], ttl_ms: int, tenant_id: str = "default") -> list[int | ErrorCode]:
+        """Guarantee objects already in the store until now + ttl_ms (store clock), as a
+        guaranteed put would have: the pages of a marked request first cached without a
+        guarantee (reads only renew an active one). Per key, in input order: the deadline in
+        effect after the call (absolute ms; an active guarantee is extended to the later one), or
+        OBJECT_NOT_FOUND (no such object, being evicted, no live memory replica),
+        REPLICA_IS_NOT_READY (its put is in progress), GUARANTEED_CAPACITY_EXCEEDED (the same
+        limit as put_start's: nothing written for that key). A bad ttl_ms raises
+        MasterError(INVALID_PARAMS)."""
+        _check_tenant(tenant_id)
+        _check_int(ttl_ms, "ttl_ms", 1, self.config.max_guaranteed_ttl)
+        bkeys = _as_keys(keys)
+        out: list[int | ErrorCode] = [ErrorCode.INVALID_PARAMS] * len(bkeys)
+        todo, rows = [], []
+        for i, k in enumerate(bkeys):
+            p = prefix_of(k, self.key_pattern)
+            if 1 <= len(k) <= self.config.max_key_length and len(p) <= 256:
+                todo.append(i)
+                rows.append((k, p))
+        head = wire.head(("key", "prefix"), tenant=tenant_id, ttl_ms=ttl_ms)
+        replies = self.transport.batch("mc_guarantee_cached", head, rows, [bkeys[i] for i in todo])
+        for i, reply in zip(todo, replies):
+            out[i] = ErrorCode(reply) if reply < 0 else int(reply)
+        return out
+
     # ---- task references ---------------------------------------------------------------
     def _task_ref(self, key: Any, delta: int, tenant_id: str) -> int:
         _check_tenant(tenant_id)

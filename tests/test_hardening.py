@@ -208,7 +208,7 @@ FUNCTIONS = ["mc_mount_segment", "mc_unmount_segment", "mc_sweep_replicas", "mc_
              "mc_evict", "mc_describe", "mc_now", "mc_unit_state", "mc_discard_puts", "mc_expire_clients", "mc_sweep_done",
              "mc_claim", "mc_release_claim", "mc_fsck_counters", "mc_fsck_segment_used",
              "mc_fsck_forget_segment", "mc_fsck_place", "mc_fsck_unit", "mc_fsck_group",
-             "mc_fsck_rebuild_free", "mc_expire_guaranteed", "mc_fsck_guaranteed"]
+             "mc_fsck_rebuild_free", "mc_expire_guaranteed", "mc_fsck_guaranteed", "mc_guarantee_cached"]
 FUNCTIONS += ["mc_retain_groups", "mc_describe_group", "mc_retention_usage", "mc_fsck_retention",
               "mc_fsck_retention_counts"]
 FUNCTIONS += ["mc_radix_register", "mc_radix_nodes", "mc_radix_describe", "mc_radix_outbox", "mc_radix_apply",
