@@ -218,7 +218,8 @@ FUNCTIONS += ["mc_mount_local_disk", "mc_unmount_local_disk", "mc_report_ssd_cap
 FUNCTIONS += ["mc_disk_removal_heartbeat", "mc_disk_removal_ack", "mc_disk_referenced", "mc_fsck_disk_used"]
 FUNCTIONS += ["mc_gw_segment_record", "mc_gw_segment_forget", "mc_gw_reap", "mc_gw_metadata_put",
               "mc_gw_metadata_delete", "mc_gw_register_client", "mc_gw_heartbeat"]
-FUNCTIONS += ["mc_fsck_gateway", "mc_fsck_sweep_due", "mc_fsck_figures", "mc_upgrade_objects"]
+FUNCTIONS += ["mc_fsck_gateway", "mc_fsck_sweep_due", "mc_fsck_figures", "mc_upgrade_objects",
+              "mc_fsck_indexed"]
 
 
 def test_every_function_is_listed_here():

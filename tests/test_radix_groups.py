@@ -322,3 +322,31 @@ def test_grouped_tagged_chains_keep_parents_and_protected_nodes(new_master, ops)
     m.reconcile_radix_all(grace_ms=0)
     report = fsck(m)
     assert report.ok, report.summary()
+
+
+# ---- fsck ------------------------------------------------------------------------------------
+
+def test_fsck_finds_and_repairs_the_indexed_membership(new_master):
+    m = radix(new_master)
+    a, b = sha("fa"), sha("fb")
+    ka = sglang_keys(a, tag="t", model=MODEL)
+    ga = group_of("sglang", a, ka[0])
+    m.batch_put_start("w", ka, [SMALL] * len(ka), ReplicateConfig(group_id=ga))
+    m.batch_put_end("w", ka)
+    m.retain_groups([ga], ttl_ms=60_000)
+    assert fsck(m).ok
+    k = m.transport.keys[m.node_shard(a.encode())]
+    unit = b"g:default:" + ga.encode()
+    m.redis.zrem(k.aggregate(b"indexed", unit), ka[0])            # a member lost
+    m.redis.zadd(k.aggregate(b"nodes", unit), {b.encode(): 3})     # a node it has no key in
+    m.redis.zrem(k.aggregate(b"groups", b"r:default:" + a.encode()), ga)  # the node forgets its group
+    m.redis.zadd(k.tier_ordinary, {b"r:default:" + a.encode(): 0})  # and ranks as not retained
+    m.redis.zrem(k.tier_retained, b"r:default:" + a.encode())
+    report = fsck(m)
+    kinds = {f.kind for f in report.findings}
+    assert {"indexed_members", "indexed_nodes"} <= kinds, report.summary()
+    fsck(m, repair=True)
+    report = fsck(m)
+    assert report.ok, report.summary()
+    assert unit_tier(m, a) == "retained" and m.describe_group(ga).members == len(ka)
+    assert not m.redis.exists(k.aggregate(b"groups", b"r:default:" + b.encode()))

@@ -28,6 +28,8 @@ local E, fail, S, MAX_INT, int_arg = Base.E, Base.fail, Base.S, Base.MAX_INT, Ba
 local now_ms, shard_share, valid_tenant = Base.now_ms, Base.shard_share, Base.valid_tenant
 local valid_name, register = Base.valid_name, Base.register
 local grp_key, MAX_KEYS_PER_CALL = Object.grp_key, Object.MAX_KEYS_PER_CALL
+local obj_key, RADIX_MARK = Object.obj_key, Object.RADIX_MARK
+local agg_key, MAX_GROUP_NODES = Units.agg_key, Units.MAX_GROUP_NODES
 local object_call = Object.object_call
 local TIERS, group_unit, place_group = Units.TIERS, Units.group_unit, Units.place_group
 local unit_state, place_group_nodes, indexed_members = Units.unit_state, Units.place_group_nodes, Units.indexed_members
@@ -144,6 +146,55 @@ local function fsck_retention_counts(P, args)
   return reply
 end
 
+-- fsck_indexed. KEYS: P. ARGV: tenant, group, n, key x n, node...: re-derives the group's
+--   radix-indexed membership (30_units.lua) from the objects of the given keys and of its
+--   current P:agg:indexed entries: P:agg:indexed and P:agg:nodes of the group, and the group's
+--   entry in P:agg:groups of every node named (given, or in P:agg:nodes), then re-places those
+--   nodes. At most FSCK_INDEXED_MAX keys and MAX_GROUP_NODES + 64 nodes in all.
+--   Reply: {indexed members, nodes}.
+local FSCK_INDEXED_MAX = 4096
+
+local function fsck_indexed(P, args)
+  local tenant, group, n = args[1], args[2], int_arg(args[3] or '', 0, FSCK_INDEXED_MAX)
+  if not n or #args < 3 + n or not valid_tenant(tenant) or not valid_name(group, MAX_GROUP_ID) then
+    return fail(E.INVALID_PARAMS, 'expected tenant, group, n, n keys, nodes')
+  end
+  local uunit = 'g:' .. tenant .. ':' .. group
+  local ikey, nkey = agg_key(P, 'indexed', uunit), agg_key(P, 'nodes', uunit)
+  if redis.call('ZCARD', ikey) + n > FSCK_INDEXED_MAX or redis.call('ZCARD', nkey) + #args - 3 - n > MAX_GROUP_NODES + 64 then
+    return fail(E.INVALID_PARAMS, 'too many keys or nodes')
+  end
+  local seen, cand, nodes, node_list = {}, {}, {}, {}
+  local function node(h) if not nodes[h] then nodes[h] = 0; node_list[#node_list + 1] = h end end
+  for _, k in ipairs(redis.call('ZRANGE', ikey, 0, -1)) do seen[k] = true; cand[#cand + 1] = k end
+  for i = 4, 3 + n do if not seen[args[i]] then seen[args[i]] = true; cand[#cand + 1] = args[i] end end
+  for _, h in ipairs(redis.call('ZRANGE', nkey, 0, -1)) do node(h) end
+  for i = 4 + n, #args do node(args[i]) end
+  redis.call('DEL', ikey, nkey)
+  local members = 0
+  for _, k in ipairs(cand) do
+    local o = redis.call('HMGET', obj_key(P, tenant, k), 'ugroup', 'node')
+    if o[1] == group and o[2] then
+      redis.call('ZADD', ikey, 0, k)
+      node(o[2])
+      nodes[o[2]] = nodes[o[2]] + 1
+      members = members + 1
+    end
+  end
+  local now = now_ms(P)
+  for _, h in ipairs(node_list) do
+    local gk = agg_key(P, 'groups', 'r:' .. tenant .. ':' .. h)
+    if nodes[h] > 0 then
+      redis.call('ZADD', nkey, nodes[h], h)
+      redis.call('ZADD', gk, nodes[h], group)
+    else
+      redis.call('ZREM', gk, group)
+    end
+    if redis.call('EXISTS', grp_key(P, tenant, RADIX_MARK .. h)) == 1 then place_group(P, tenant, RADIX_MARK .. h, now) end
+  end
+  return { members, #node_list }
+end
+
 register('mc_retain_groups', { 'max_group_retention', 'max_retained_groups', 'max_retained_groups_per_tenant' },
   retain_groups)
 register('mc_describe_group', {}, describe_group, { 'no-writes' })
@@ -151,3 +202,4 @@ register('mc_retention_usage', { 'max_retained_groups', 'max_retained_groups_per
   { 'no-writes' })
 register('mc_fsck_retention', {}, fsck_retention)
 register('mc_fsck_retention_counts', {}, fsck_retention_counts)
+register('mc_fsck_indexed', {}, fsck_indexed)

@@ -176,6 +176,7 @@ class _Pass:
     guarantee_prefix: dict = field(default_factory=lambda: defaultdict(set))  # (tenant, prefix) -> {key}
     offload_tasks: set = field(default_factory=set)  # tenant:key of objects with an offload task in flight
     disk_bytes: dict = field(default_factory=lambda: defaultdict(int))  # client -> sizes of its live disk replicas
+    indexed: dict = field(default_factory=lambda: defaultdict(dict))  # (tenant, group) -> {key: node} (ugroup)
 
 
 class ObjectRead(NamedTuple):

@@ -9,6 +9,7 @@ from .counters import ShardCounters
 from .gateway import Gateway
 from .groups import Groups
 from .guarantees import Guarantees
+from .indexed import IndexedMembers
 from .objects import Objects
 from .offload import Offload
 from .radix import Radix
@@ -22,6 +23,7 @@ CHECKERS: tuple[Checker, ...] = (
     ShardCounters(),  # P.used_bytes, capacity_bytes, objects, guaranteed_bytes
     Groups(),         # groups and radix nodes' keys (composite units)
     Retention(),      # group retention counts
+    IndexedMembers(), # grouped radix keys: their groups' and nodes' membership
     Radix(),          # the radix index
     Offload(),        # the SSD offload tier
     Gateway(),        # the Mooncake wire gateway's segment records (shard 0)
