@@ -70,7 +70,7 @@ DISK_GAUGES = {
 METRICS = (
     ["mooncake_up"]
     + [f"{PREFIX}shard_{name}" for name in SHARD_GAUGES]
-    + [f"{PREFIX}shard_{name}" for name in RETENTION_GAUGES]
+    + [f"{PREFIX}shard_{name}" for name in RETENTION_GAUGES] + [f"{PREFIX}shard_retained_group_members"]
     + [f"{PREFIX}shard_eviction_candidates", f"{PREFIX}shard_clock_frozen",
        f"{PREFIX}shard_last_worker_pass_timestamp_seconds", f"{PREFIX}worker_passes_total"]
     + [f"{PREFIX}{field}" for field in _TOTALS]
@@ -155,7 +155,12 @@ class StoreCollector(Collector):
         for row in self.master.retention_usage():
             for name, (_, attr) in RETENTION_GAUGES.items():
                 gauges[name].add_metric([str(row.shard)], getattr(row, attr))
-        return list(gauges.values())
+        members = GaugeMetricFamily(f"{PREFIX}shard_retained_group_members",
+                                    "Members of the groups whose retention is active (radix-indexed ones too).",
+                                    labels=["shard"])
+        for shard, n in enumerate(self.master.retention_members()):
+            members.add_metric([str(shard)], n)
+        return [*gauges.values(), members]
 
     def _offload(self) -> list:
         """The offload tier: each client's disk and queues, and the store's offload counters."""

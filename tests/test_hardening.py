@@ -209,7 +209,7 @@ FUNCTIONS = ["mc_mount_segment", "mc_unmount_segment", "mc_sweep_replicas", "mc_
              "mc_claim", "mc_release_claim", "mc_fsck_counters", "mc_fsck_segment_used",
              "mc_fsck_forget_segment", "mc_fsck_place", "mc_fsck_unit", "mc_fsck_group",
              "mc_fsck_rebuild_free", "mc_expire_guaranteed", "mc_fsck_guaranteed", "mc_guarantee_cached"]
-FUNCTIONS += ["mc_retain_groups", "mc_describe_group", "mc_retention_usage", "mc_fsck_retention",
+FUNCTIONS += ["mc_retain_groups", "mc_describe_group", "mc_retention_usage", "mc_retention_members", "mc_fsck_retention",
               "mc_fsck_retention_counts"]
 FUNCTIONS += ["mc_radix_register", "mc_radix_nodes", "mc_radix_describe", "mc_radix_outbox", "mc_radix_apply",
               "mc_radix_ack", "mc_radix_probe", "mc_radix_reconcile", "mc_radix_stats", "mc_fsck_radix_index"]

@@ -223,9 +223,11 @@ def test_retained_groups_records_and_candidates(valkey):
         assert got[("mooncake_shard_retention_records", shard)] == 2
         assert got[("mooncake_shard_retained_groups_limit", shard)] == 10
         assert got[("mooncake_shard_eviction_candidates", (("shard", "0"), ("tier", "retained")))] == 1
+        assert got[("mooncake_shard_retained_group_members", shard)] == 1
         m.advance_clock(60_001)
         got = samples(exposition(m))
         assert got[("mooncake_shard_retained_groups", shard)] == 0
+        assert got[("mooncake_shard_retained_group_members", shard)] == 0
     finally:
         m.close()
 

@@ -350,3 +350,18 @@ def test_fsck_finds_and_repairs_the_indexed_membership(new_master):
     assert report.ok, report.summary()
     assert unit_tier(m, a) == "retained" and m.describe_group(ga).members == len(ka)
     assert not m.redis.exists(k.aggregate(b"groups", b"r:default:" + b.encode()))
+
+
+def test_retention_members_counts_own_and_indexed_members_page_by_page(new_master):
+    m = radix(new_master)
+    m.retain_groups([f"empty{i}" for i in range(1030)], ttl_ms=60_000)  # more than a page (1,024)
+    m.advance_clock(1)  # the groups with members come last in deadline order
+    h = sha("counted")
+    ks = sglang_keys(h, tag="t", model=MODEL)
+    g = group_of("sglang", h, ks[0])
+    m.batch_put_start("w", ks, [SMALL] * len(ks), ReplicateConfig(group_id=g))
+    put(m, "{req}x", SMALL, config=ReplicateConfig(group_id="req"))  # not indexed: routed by its tag
+    m.retain_groups([g, "req"], ttl_ms=60_000)
+    assert sum(m.retention_members()) == len(ks) + 1
+    m.advance_clock(60_000)
+    assert m.retention_members() == [0] * m.shards

@@ -109,6 +109,27 @@ local function retention_usage(P, args, cfg)
     shard_share(P, cfg.max_retained_groups_per_tenant, cfg.shards) }
 end
 
+-- retention_members. KEYS: P. ARGV: offset (>= 0). No writes. The members (own and
+--   radix-indexed) of up to MEMBERS_PAGE active retained groups, from the offset-th active record
+--   in deadline order. Reply: {members, next offset, or -1 when no record is left}.
+local MEMBERS_PAGE = 1024
+
+local function retention_members(P, args)
+  local offset = int_arg(args[1] or '', 0, MAX_INT)
+  if #args ~= 1 or not offset then return fail(E.INVALID_PARAMS, 'expected offset >= 0') end
+  local units = redis.call('ZRANGEBYSCORE', P .. RETENTION_INDEX, '(' .. S(now_ms(P)), '+inf', 'LIMIT', offset,
+    MEMBERS_PAGE)
+  local members = 0
+  for _, unit in ipairs(units) do
+    local tenant, group = string.match(unit, '^g:([^:]+):(.+)$')
+    if tenant then
+      members = members + (tonumber(redis.call('HGET', grp_key(P, tenant, group), 'members')) or 0)
+        + indexed_members(P, tenant, group)
+    end
+  end
+  return { members, #units < MEMBERS_PAGE and -1 or offset + #units }
+end
+
 local function fsck_retention(P, args)
   local tenant, group = args[1], args[2]
   if #args ~= 2 or not valid_tenant(tenant) or not valid_name(group, MAX_GROUP_ID) then
@@ -200,6 +221,7 @@ register('mc_retain_groups', { 'max_group_retention', 'max_retained_groups', 'ma
 register('mc_describe_group', {}, describe_group, { 'no-writes' })
 register('mc_retention_usage', { 'max_retained_groups', 'max_retained_groups_per_tenant' }, retention_usage,
   { 'no-writes' })
+register('mc_retention_members', {}, retention_members, { 'no-writes' })
 register('mc_fsck_retention', {}, fsck_retention)
 register('mc_fsck_retention_counts', {}, fsck_retention_counts)
 register('mc_fsck_indexed', {}, fsck_indexed)
