@@ -26,10 +26,11 @@ class GroupInfo:
     group_id: str
     tenant_id: str
     shard: int
-    members: int
+    members: int      # its own and its radix-indexed members
     retained_until_ms: int | None   # None: no active retention
     lease_until_ms: int
-    why: str          # "" evictable, or what protects it ("processing", "hard_pin", "no_members", ...)
+    why: str          # "" evictable, what protects it ("processing", "hard_pin", "no_members", ...), or
+    #                   "radix_nodes": every member is radix-indexed, its node its unit (docs/radix.md)
     tier: str         # the tier it ranks in ("ordinary", "soft", "retained", "soft_retained"), "" for none
     fields: dict[str, str] = field(repr=False, default_factory=dict)  # the group record as stored
 
