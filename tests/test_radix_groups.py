@@ -215,9 +215,10 @@ def test_a_retention_that_starts_after_the_put_and_ends_re_places_the_node(new_m
 
 N_PAGES = 8  # page i's parent is page (i - 1) // 2
 op_st = st.one_of(
-    st.tuples(st.just("put"), st.integers(0, N_PAGES - 1), st.integers(0, 1), st.sampled_from(["", "pin", "g"])),
+    st.tuples(st.just("put"), st.integers(0, N_PAGES - 1), st.integers(0, 1), st.sampled_from(["", "pin", "g"]),
+              st.sampled_from(["page", "req"])),
     st.tuples(st.just("read"), st.integers(0, N_PAGES - 1)),
-    st.tuples(st.just("retain"), st.integers(0, N_PAGES - 1), st.sampled_from([3_000, 30_000])),
+    st.tuples(st.just("retain"), st.integers(-1, N_PAGES - 1), st.sampled_from([3_000, 30_000])),
     st.tuples(st.just("remove"), st.integers(0, N_PAGES - 1)),
     st.tuples(st.just("advance"), st.sampled_from([1_000, 6_000, 20_000])),
     st.tuples(st.just("evict"), st.integers(0, 3), st.integers(1, 3)),
@@ -235,23 +236,30 @@ EVICT_ALL = [("evict", s, 3) for s in range(4)]
 @example(ops=[("put", 0, 0, ""), ("put", 2, 1, "pin"), ("put", 2, 0, ""), *EVICT_ALL, ("remove", 2), *EVICT_ALL])
 @example(ops=[("put", 3, 0, "g"), ("put", 1, 0, ""), ("put", 0, 1, ""), *EVICT_ALL, ("advance", 20_000), *EVICT_ALL])
 @example(ops=[("put", 0, 0, ""), ("put", 1, 1, ""), ("read", 1), *EVICT_ALL, ("advance", 20_000), *EVICT_ALL])
+# a request-level group over pages 3 and 4 (one key each), retained; page 1 keys in both groups
+@example(ops=[("put", 0, 0, ""), ("put", 1, 0, ""), ("put", 3, 0, "", "req"), ("put", 4, 1, "", "req"),
+              ("put", 1, 1, "", "req"), ("retain", -1, 3_000), *EVICT_ALL, ("advance", 6_000), *EVICT_ALL])
 @given(ops=st.lists(op_st, min_size=5, max_size=40))
 def test_grouped_tagged_chains_keep_parents_and_protected_nodes(new_master, ops):
-    """SGLang tagged pages (TP ranks 0 and 1, each a _k/_v pair, one group per page), chained as
-    a binary tree. A put may hard-pin its keys or guarantee them ("pin", "g"); retain gives a
-    page's group a retention; reads lease the page's node. After every step: a page whose keys
-    vanished without a remove had no live child, and was not protected before the step (a hard
-    pin, an active guarantee, an active retention of its group, a lease); fsck is clean at the
-    end."""
+    """SGLang tagged pages (TP ranks 0 and 1, each a _k/_v pair), chained as a binary tree; a
+    put's keys join their page's group or a request-level group over several pages ("req", on
+    the pages' shard). A put may hard-pin its keys or guarantee them ("pin", "g"); retain gives a
+    page's group (or the request's, -1) a retention; reads lease the page's node. After every
+    step: a page whose keys vanished without a remove had no live child, and was not protected
+    before the step (a hard pin, an active guarantee, an active retention of a group of one of
+    its keys, a lease); fsck is clean at the end."""
     m = radix(new_master)
-    hashes = [sha(f"chain{i}") for i in range(N_PAGES)]
+    req = "req-chain"
+    shard = group_shard_of(req.encode(), m.shards)
+    hashes = [h for h in (sha(f"chain{i}") for i in range(400)) if node_shard(h.encode(), m.shards) == shard][:N_PAGES]
     keys = {i: {r: sglang_keys(hashes[i], tag="prod", model=MODEL, tp_rank=r) for r in (0, 1)} for i in range(N_PAGES)}
     groups = [group_of("sglang", hashes[i], keys[i][0][0]) for i in range(N_PAGES)]
     parent = {i: (i - 1) // 2 if i else None for i in range(N_PAGES)}
     pinned: set[int] = set()
     guaranteed: dict[int, int] = {}
-    retained: dict[int, int] = {}
+    retained: dict[str, int] = {}  # group -> its retention deadline
     leased: dict[int, int] = {}
+    assigned: dict[str, str] = {}  # key -> the group it was put with
     now = m.now_ms()
 
     def page_keys(i: int) -> list[str]:
@@ -261,7 +269,8 @@ def test_grouped_tagged_chains_keep_parents_and_protected_nodes(new_master, ops)
         return node_alive(m, hashes[i], page_keys(i))
 
     def protected(i: int) -> bool:
-        return (i in pinned or guaranteed.get(i, 0) > now or retained.get(i, 0) > now or leased.get(i, 0) > now)
+        by_group = any(retained.get(assigned[k], 0) > now for k in page_keys(i) if k in assigned)
+        return i in pinned or guaranteed.get(i, 0) > now or by_group or leased.get(i, 0) > now
 
     live: set[int] = set()
     for op in ops:
@@ -269,8 +278,9 @@ def test_grouped_tagged_chains_keep_parents_and_protected_nodes(new_master, ops)
         before = {i for i in live if protected(i)}
         if kind == "put":
             i, r, how = op[1], op[2], op[3]
+            group = req if len(op) > 4 and op[4] == "req" else groups[i]
             p = hashes[parent[i]] if parent[i] is not None else None
-            cfg = ReplicateConfig(group_id=groups[i], parent_block_hash=p, with_hard_pin=how == "pin",
+            cfg = ReplicateConfig(group_id=group, parent_block_hash=p, with_hard_pin=how == "pin",
                                   guaranteed_ttl_ms=20_000 if how == "g" else 0)
             got = m.batch_put_start("w", keys[i][r], [SMALL] * 2, cfg)
             done = [k for k, g in zip(keys[i][r], got) if not isinstance(g, ErrorCode)]
@@ -280,6 +290,7 @@ def test_grouped_tagged_chains_keep_parents_and_protected_nodes(new_master, ops)
                     ErrorCode.GUARANTEED_CAPACITY_EXCEEDED), g
             if done:
                 m.batch_put_end("w", done)
+                assigned.update((k, group) for k in done)
                 if how == "pin":
                     pinned.add(i)
                 elif how == "g" and any(m.describe(k).guaranteed_until_ms for k in done):
@@ -292,9 +303,10 @@ def test_grouped_tagged_chains_keep_parents_and_protected_nodes(new_master, ops)
             except MasterError as exc:
                 assert exc.code in (ErrorCode.OBJECT_NOT_FOUND, ErrorCode.REPLICA_IS_NOT_READY)
         elif kind == "retain":
-            until = m.retain_groups([groups[op[1]]], ttl_ms=op[2])[0]
+            group = req if op[1] < 0 else groups[op[1]]
+            until = m.retain_groups([group], ttl_ms=op[2])[0]
             assert not isinstance(until, ErrorCode)
-            retained[op[1]] = until
+            retained[group] = until
         elif kind == "remove":
             i = op[1]
             m.batch_remove(page_keys(i), force=True)
@@ -313,8 +325,11 @@ def test_grouped_tagged_chains_keep_parents_and_protected_nodes(new_master, ops)
                 assert i not in before, f"page {i} evicted while protected ({op})"
                 kids = [c for c in range(N_PAGES) if parent[c] == i]
                 assert not any(c in now_live for c in kids), f"page {i} evicted with a live child ({op})"
-        for i in range(N_PAGES):  # a page that is gone lost its keys' pins and guarantees
-            if not any(alive(m, k) for k in page_keys(i)):
+        for i in range(N_PAGES):  # a page that is gone lost its keys' pins, guarantees and groups
+            gone = [k for k in page_keys(i) if not alive(m, k)]
+            for k in gone:
+                assigned.pop(k, None)
+            if len(gone) == len(page_keys(i)):
                 pinned.discard(i)
                 guaranteed.pop(i, None)
         live = now_live
