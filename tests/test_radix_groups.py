@@ -357,6 +357,7 @@ def test_fsck_finds_and_repairs_the_indexed_membership(new_master):
     m.redis.zrem(k.aggregate(b"groups", b"r:default:" + a.encode()), ga)  # the node forgets its group
     m.redis.zadd(k.tier_ordinary, {b"r:default:" + a.encode(): 0})  # and ranks as not retained
     m.redis.zrem(k.tier_retained, b"r:default:" + a.encode())
+    m.redis.hdel(k.radix_node(b"default", a.encode()), "grouped")   # and its record its mark
     report = fsck(m)
     kinds = {f.kind for f in report.findings}
     assert {"indexed_members", "indexed_nodes"} <= kinds, report.summary()
@@ -364,6 +365,7 @@ def test_fsck_finds_and_repairs_the_indexed_membership(new_master):
     report = fsck(m)
     assert report.ok, report.summary()
     assert unit_tier(m, a) == "retained" and m.describe_group(ga).members == len(ka)
+    assert m.redis.hget(k.radix_node(b"default", a.encode()), "grouped") == b"1"
     assert not m.redis.exists(k.aggregate(b"groups", b"r:default:" + b.encode()))
 
 

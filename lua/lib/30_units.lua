@@ -74,7 +74,9 @@ local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. 
 -- group, kept apart from the group's own unit members (P:grpm, counted in `members`):
 --   P:agg:indexed:g:<tenant>:<group>  zset key -> 0: the group's members whose unit is their node
 --   P:agg:nodes:g:<tenant>:<group>    zset node hash -> the group's keys in that node
---   P:agg:groups:r:<tenant>:<hash>    zset group -> the node's keys in that group
+--   P:agg:groups:r:<tenant>:<hash>    zset group -> the node's keys in that group; the node's
+--                                     record has grouped = 1 from the first such key on (kept
+--                                     with the record), so a node that never had one reads none
 -- The unit rule composes them: a node's facts are its keys' (processing, pins, tasks, guarantees,
 -- lease), its children, and the latest active retention among its keys' groups, so a retained
 -- member ranks its whole node in the fallback level, and through has_children every ancestor
@@ -106,7 +108,9 @@ end
 local function join_indexed(P, tenant, key, group, h)
   if redis.call('ZADD', agg_key(P, 'indexed', user_unit(tenant, group)), 'NX', 0, key) == 0 then return end
   redis.call('ZINCRBY', agg_key(P, 'nodes', user_unit(tenant, group)), 1, h)
-  redis.call('ZINCRBY', agg_key(P, 'groups', node_unit(tenant, h)), 1, group)
+  if tonumber(redis.call('ZINCRBY', agg_key(P, 'groups', node_unit(tenant, h)), 1, group)) == 1 then
+    redis.call('HSET', P .. K.radix_node .. tenant .. ':' .. h, 'grouped', '1')
+  end
 end
 
 -- The key leaves its user group (its node is re-placed or retired by the caller).
@@ -182,14 +186,14 @@ end
 
 local function group_facts(P, tenant, group)
   local g = redis.call('HMGET', grp_key(P, tenant, group), 'members', 'processing', 'hard_pinned',
-    'lease_until', 'task_refs', 'draining', 'retained_until')
+    'lease_until', 'task_refs', 'draining', 'retained_until', 'grouped')
   local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
     draining = g[6] == '1', retained_until = tonumber(g[7]) or 0 }
   local h = radix_hash(group)
   if h then -- a node with a live child stays; a retained key's group ranks its node as retained
     f.children = redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
-    f.retained_until = node_retention(P, tenant, h)
+    f.retained_until = g[8] and node_retention(P, tenant, h) or 0 -- (never grouped: no groups to read)
   end
   for _, kind in ipairs(AGG_KINDS) do
     local top = redis.call('ZREVRANGE', agg_key(P, kind, group_unit(tenant, group)), 0, 0, 'WITHSCORES')

@@ -170,8 +170,8 @@ end
 -- fsck_indexed. KEYS: P. ARGV: tenant, group, n, key x n, node...: re-derives the group's
 --   radix-indexed membership (30_units.lua) from the objects of the given keys and of its
 --   current P:agg:indexed entries: P:agg:indexed and P:agg:nodes of the group, and the group's
---   entry in P:agg:groups of every node named (given, or in P:agg:nodes), then re-places those
---   nodes. At most FSCK_INDEXED_MAX keys and MAX_GROUP_NODES + 64 nodes in all.
+--   entry in P:agg:groups of every node named (given, or in P:agg:nodes; a node with keys of the
+--   group gets its record's grouped = 1), then re-places those nodes. At most FSCK_INDEXED_MAX keys and MAX_GROUP_NODES + 64 nodes in all.
 --   Reply: {indexed members, nodes}.
 local FSCK_INDEXED_MAX = 4096
 
@@ -208,6 +208,7 @@ local function fsck_indexed(P, args)
     if nodes[h] > 0 then
       redis.call('ZADD', nkey, nodes[h], h)
       redis.call('ZADD', gk, nodes[h], group)
+      redis.call('HSET', grp_key(P, tenant, RADIX_MARK .. h), 'grouped', '1')
     else
       redis.call('ZREM', gk, group)
     end

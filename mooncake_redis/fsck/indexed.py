@@ -1,10 +1,10 @@
 """Grouped radix keys (lua/lib/30_units.lua): a key put with a group id under the radix index
 has its node as its unit and is an indexed member of its group. Its group's P:agg:indexed (the
-members) and P:agg:nodes (node -> members there), and each node's P:agg:groups (group -> its
-keys in it) must agree with the objects' `ugroup` and `node` fields, read in one snapshot per
-group; the nodes' tiers, with the retention they take from these groups, are audited with the
-radix nodes (groups.py, mc_unit_state). Repaired by mc_fsck_indexed (re-derived from the objects
-inside the call, the nodes re-placed)."""
+members) and P:agg:nodes (node -> members there), each node's P:agg:groups (group -> its keys
+in it) and the node record's grouped = 1 must agree with the objects' `ugroup` and `node`
+fields, read in one snapshot per group; the nodes' tiers, with the retention they take from
+these groups, are audited with the radix nodes (groups.py, mc_unit_state). Repaired by
+mc_fsck_indexed (re-derived from the objects inside the call, the nodes re-placed)."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -36,7 +36,7 @@ KINDS: dict[str, Kind] = {
     "indexed_members": Kind(ERROR, True, "a group's radix-indexed members (P:agg:indexed) differ from the objects "
                                          "that name it in `ugroup`"),
     "indexed_nodes": Kind(ERROR, True, "a group's nodes (P:agg:nodes) or a node's groups (P:agg:groups) differ "
-                                       "from its indexed members' nodes"),
+                                       "from its indexed members' nodes, or such a node's record lacks grouped = 1"),
 }
 
 
@@ -93,6 +93,8 @@ def check_indexed(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set
         pipe.zrange(nkey, 0, -1, withscores=True)
         for node in order:
             pipe.zscore(k.aggregate(b"groups", b"r:" + tenant + b":" + node), group)
+        for node in order:
+            pipe.hget(k.radix_node(tenant, node), "grouped")
         for key in cand:
             pipe.hmget(k.object(tenant, key), "ugroup", "node")
 
@@ -102,7 +104,8 @@ def check_indexed(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set
             raise x
     stored, stored_nodes = set(res[0]), {n: int(s) for n, s in res[1]}
     node_side = {n: int(s) for n, s in zip(order, res[2:2 + len(order)]) if s is not None}
-    rows = res[2 + len(order):]
+    flagged = {n for n, f in zip(order, res[2 + len(order):2 + 2 * len(order)]) if f == b"1"}
+    rows = res[2 + 2 * len(order):]
     members = {key: row[1] for key, row in zip(cand, rows) if row[0] == group and row[1]}
     want = dict(Counter(members.values()))
     action = Indexed(shard, tenant, group, tuple(sorted(members)), tuple(sorted(nodes)))
@@ -110,7 +113,7 @@ def check_indexed(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set
     if set(members) != stored:
         out.append(audit.finding("indexed_members", shard, f"group {subject}", f"{len(members)} indexed members",
                                  f"{len(stored)}" if len(stored) != len(members) else "other keys", action))
-    if want != stored_nodes or want != node_side:
+    if want != stored_nodes or want != node_side or not set(want) <= flagged:
         out.append(audit.finding("indexed_nodes", shard, f"group {subject}", f"nodes {sorted(want.items())}",
                                  f"P:agg:nodes {sorted(stored_nodes.items())}, P:agg:groups "
                                  f"{sorted(node_side.items())}", action))
