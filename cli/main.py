@@ -44,6 +44,7 @@ from .context import (
     safe_url,
     url_password,
 )
+from .events import events
 from .gateway import gateway
 from .inspect import inspect
 from .maintenance import evict, expire_guaranteed, fsck_cmd, metrics_cmd, worker
@@ -143,7 +144,7 @@ def cli(ctx: click.Context, redis_url: str | None, namespace: str) -> None:
 
 # the commands on a store, which also take --redis and --namespace after their name
 STORE_COMMANDS = (status, inspect, expire_guaranteed, retain, serve, worker, evict, fsck_cmd, metrics_cmd,
-                  offload_agent, offload_gc, gateway)
+                  offload_agent, offload_gc, gateway, events)
 for command in STORE_COMMANDS:
     cli.add_command(accept_store_options(command))
 for command in bench.commands.values():  # the benches and replay make their own stores: --redis only

@@ -16,6 +16,7 @@ from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.cluster import is_cluster_url
+from mooncake_redis.config import MAX_EVENTS
 from mooncake_redis.functions import LIBRARY_NAME, library_source
 from mooncake_redis.keys import KEY_PROFILES
 from mooncake_redis.server import (
@@ -47,7 +48,8 @@ from .logs import log_options
 from .output import CliError
 
 
-def _connect_for_serve(url: str, namespace: str, shards: int | None, key_profile: str | None = None) -> Master:
+def _connect_for_serve(url: str, namespace: str, shards: int | None, key_profile: str | None = None,
+                       kv_events: int | None = None) -> Master:
     """Master.connect with the store's own configuration (so a restart does not reset tuned
     settings); a new store gets the defaults with `shards` (default 1) and `key_profile`
     (default: the default profile). An existing store of one shard takes a different
@@ -70,6 +72,8 @@ def _connect_for_serve(url: str, namespace: str, shards: int | None, key_profile
                               f"--key-profile says {key_profile!r} (the key profile of a store of "
                               f"several shards cannot change: its keys would move)")
         config = dataclasses.replace(config, key_profile=key_profile, radix_key_pattern="")
+    if kv_events is not None:  # on, resized or off, for a new or an existing store
+        config = dataclasses.replace(config, kv_events_maxlen=kv_events)
     return Master.connect(url, config)
 
 
@@ -105,13 +109,16 @@ def _serve_banner(private: PrivateValkey, tool: str) -> None:
               help="The engine key format of a new store (radix_key_pattern; default sglang, see "
                    "docs/engines.md). An existing store keeps its own; one of several shards "
                    "refuses a different one.")
+@click.option("--kv-events", type=click.IntRange(0, MAX_EVENTS), default=None, metavar="MAXLEN",
+              help="KV events (`mooncake-redis events`, docs/events.md): keep about MAXLEN per shard "
+                   "(0: off). Default: the store's own setting (off in a new store).")
 @click.option("--no-gateway", is_flag=True, help="Do not start the Mooncake wire gateway.")
 @gateway_options
 @metrics_options
 @log_options
 @click.pass_context
 def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None, key_profile: str | None,
-          metrics_port: int | None,
+          kv_events: int | None, metrics_port: int | None,
           metrics_addr: str, no_gateway: bool, host: str, rpc_port: int, metadata_port: int,
           gateway_metrics_port: int) -> None:
     """Run a master until SIGINT/SIGTERM.
@@ -157,7 +164,7 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
                 proc.wait()
                 stop.set()
             threading.Thread(target=stop_with_valkey, daemon=True).start()
-        master = _connect_for_serve(url, opts.namespace, shards, key_profile)
+        master = _connect_for_serve(url, opts.namespace, shards, key_profile, kv_events)
         version = library_source()[1]
         out = click.echo
         out(f"mooncake-redis master: {safe_url(url)}")

@@ -36,6 +36,7 @@ class ReplicateConfig:
 MAX_INT = 2**53 - 1  # integers travel as Lua doubles: exact up to here
 MAX_TTL = 10**15     # durations (ms): now + MAX_TTL stays far below MAX_INT (Lua's MAX_TTL)
 MAX_KEY_LENGTH = 1 << 20
+MAX_EVENTS = 100_000_000  # a shard's KV event stream holds at most about this many entries
 
 # Integer fields: (lowest, highest) accepted value. Durations are ms; 0 is allowed only where it
 # means something (a lease of 0 = reads grant none; a retention or limit of 0 = none). The fields
@@ -61,6 +62,7 @@ INT_RANGES = {
     "max_guaranteed_ttl": (0, MAX_TTL),
     "min_replicas_ack": (0, 64),
     "replica_ack_timeout": (1, MAX_INT),
+    "kv_events_maxlen": (0, MAX_EVENTS),
 }
 _INT_TEXT = re.compile(r"-?[0-9]{1,17}")  # stored numbers: only forms Lua's tonumber reads the same
 _FLOAT_TEXT = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -130,6 +132,10 @@ class MasterConfig:
     # (Redis replication is asynchronous: an acknowledged write may die with its primary)
     min_replicas_ack: int = 0
     replica_ack_timeout: int = 1000
+    # KV events (mooncake_redis.events): > 0 appends every change to the stored objects and
+    # their replicas to the shard's stream <ns>:{<ns>:<i>}:events in the call that makes it,
+    # trimmed to about this many entries (XADD MAXLEN ~); 0: off (no stream, no cost)
+    kv_events_maxlen: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):

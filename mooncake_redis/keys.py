@@ -71,6 +71,8 @@ K: dict[str, str] = {
     # the Mooncake wire gateway: segment facts, the transfer engine's metadata, the gateways serving
     "gw_segment": ":gwseg:", "gw_segment_ids": ":gwsegids", "gw_segments": ":gwsegs", "gw_metadata": ":gwmeta",
     "gateways": ":gateways", "gateway": ":gateway:",
+    # KV events (mooncake_redis.events): the shard's stream
+    "events": ":events",
 }
 PYTHON_ONLY = frozenset({"metrics"})  # the names of K that no function uses
 # The eviction candidate tiers in eviction order (Lua's Units.TIERS): the name status and the
@@ -130,6 +132,7 @@ class ShardKeys:
         self.gw_segments = P + _KB["gw_segments"]
         self.gw_metadata = P + _KB["gw_metadata"]
         self.gateways = P + _KB["gateways"]
+        self.events = P + _KB["events"]  # the KV event stream (kv_events_maxlen > 0)
 
     def disk(self, client: str | bytes) -> bytes:
         """A client's local disk segment on this shard (hash)."""

@@ -14,6 +14,7 @@ from .checks import _check_bool
 from .clock import ClockApi
 from .config import MasterConfig
 from .errors import ErrorCode, MasterError
+from .events import EventsApi
 from .groups import GroupsApi
 from .keys import ShardKeys, compile_key_pattern
 from .library import SCHEMA_VERSION, check_schema, load, stored_config
@@ -32,7 +33,7 @@ __all__ = ["Master", "EVICT_STEP_UNITS"]  # EVICT_STEP_UNITS: the default of evi
 _redis_from_url = client_from_url
 
 
-class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi):
+class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi, EventsApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config

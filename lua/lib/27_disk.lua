@@ -147,6 +147,7 @@ local function shed_memory(P, tenant, key, okey, o)
     if r.live and r.off and free_extent(P, r.seg, r.off, size) then bytes = bytes + size end
   end
   write_reps(okey, o, {})
+  Events.emit(P, 'updated', tenant, key, okey, o)
   return bytes
 end
 

@@ -492,9 +492,10 @@ local function leave_group(P, tenant, key, o, now)
 end
 
 -- Free an object's replicas (or hold them until `hold_until`; its disk replicas leave their disks
--- and their files are queued for removal) and drop its hash and counters.
--- Returns the bytes its live replicas occupied.
-local function drop_object(P, tenant, key, okey, o, hold_until)
+-- and their files are queued for removal) and drop its hash and counters: the KV event `event`
+-- ('removed' when nil; eviction says 'evicted'). Returns the bytes its live replicas occupied.
+local function drop_object(P, tenant, key, okey, o, hold_until, event)
+  Events.emit(P, event or 'removed', tenant, key, okey, o)
   local bytes = 0
   local size = tonumber(o.size) or 0
   local replicas, maybe_disk = replicas_of(P, o)

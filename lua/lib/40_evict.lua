@@ -78,7 +78,7 @@ local function evict_object(P, tenant, key, now, cfg)
   if f.has_disk and #live_disk_replicas(P, okey, o) > 0 then -- the disk replica keeps the object readable
     return 1, shed_memory(P, tenant, key, okey, o)
   end
-  return 1, drop_object(P, tenant, key, okey, o, nil)
+  return 1, drop_object(P, tenant, key, okey, o, nil, 'evicted')
 end
 
 -- Evict a group: decide (re-checking the rule), mark it draining when it has more members than
@@ -110,7 +110,7 @@ local function evict_group(P, tenant, group, now, budget, cfg)
       redis.call('HDEL', okey, 'group', 'node', 'ugroup') -- (a radix node's key leaves it the same way)
       objects = objects + 1
     elseif o then
-      bytes = bytes + drop_object(P, tenant, key, okey, o, nil)
+      bytes = bytes + drop_object(P, tenant, key, okey, o, nil, 'evicted')
       objects = objects + 1
     end
     redis.call('SREM', mkey, key)

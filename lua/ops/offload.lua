@@ -232,12 +232,14 @@ local function done_one(P, tenant, row, now, client, mount, success, cfg)
       queue_disk_removal(P, client, tenant, row.key, old_location)
     end
     redis.call('HSET', okey, field, mount .. ' ' .. row.location, 'special', '1') -- the read mark
+    o[field] = mount .. ' ' .. row.location
     redis.call('ZREM', P .. K.disk_removals .. client, removal_entry(tenant, row.key, row.location))
     if ours then
       release_offload_task(P, tenant, row.key, okey, o, now)
       redis.call('HDEL', okey, 'offload_attempts')
       redis.call('HINCRBY', P, 'offload_done', 1)
     end
+    Events.emit(P, 'updated', tenant, row.key, okey, o)
   elseif ours then
     local _, score, attempts = release_offload_task(P, tenant, row.key, okey, o, now)
     requeue_offload(P, client, obj_id(tenant, row.key), score, attempts, cfg)

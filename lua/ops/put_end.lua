@@ -3,7 +3,8 @@
 --   checksum (1-128 bytes, else INVALID_PARAMS for that key: stored as the object's field
 --   checksum when it becomes readable).  Reply: one code per key (0 = OK).
 -- With offload_on_put, the first readable put_end queues the object for offload
--- (enqueue_offload, lua/lib/45_offload.lua) with its priority as of that moment.
+-- (enqueue_offload, lua/lib/45_offload.lua) with its priority as of that moment. A put_end that
+-- makes an object readable is a KV event `stored` (lua/lib/28_events.lua).
 
 local K, E, fail, S, valid_name = Base.K, Base.E, Base.fail, Base.S, Base.valid_name
 local register, FREES = Base.register, Base.FREES
@@ -63,6 +64,7 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   end
   if not in_tier then redis.call('HSET', okey, 'lease_until', o.lease_until) end
   if cfg.offload_on_put == 1 then enqueue_offload(P, tenant, key, o, now, cfg) end
+  Events.emit(P, 'stored', tenant, key, okey, o)
   return E.OK
 end
 

@@ -101,8 +101,9 @@ local function sweep_replicas(P, args)
       if memory == 0 and disks == 0 then
         delete_object(P, tenant, key, okey, o, nil, now)
         deleted = deleted + 1
-      elseif memory == 0 then
-        settle_disk_only(P, tenant, key, okey, now)
+      else
+        if memory == 0 then settle_disk_only(P, tenant, key, okey, now) end
+        Events.emit(P, 'updated', tenant, key, okey, o) -- its replicas on the unmounted segment went
       end
     end
     return 0
