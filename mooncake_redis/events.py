@@ -13,6 +13,7 @@ from typing import Iterable, Iterator
 
 from .api import ApiBase
 from .errors import ErrorCode, MasterError
+from .layout import decode_reps
 
 EVENTS = ("stored", "removed", "evicted", "updated")
 MAX_COUNT = 10_000  # entries read from one shard in one call
@@ -44,7 +45,7 @@ class Position:
 
 
 def parse_names(text: bytes) -> tuple[str, ...]:
-    """The "#<len>:<name>" tokens of a `mem`/`disk` field (names may hold spaces)."""
+    """The "#<len>:<name>" tokens of a `disk` field (names may hold spaces)."""
     out, i = [], 0
     while i < len(text):
         colon = text.index(b":", i)
@@ -55,9 +56,11 @@ def parse_names(text: bytes) -> tuple[str, ...]:
 
 
 def _event(shard: int, entry_id: bytes, raw: dict) -> KVEvent:
+    replicas = decode_reps(raw.get(b"reps", b"")) or []
     return KVEvent(shard=shard, id=entry_id.decode(), event=raw[b"e"].decode(), tenant=raw[b"tenant"].decode(),
                    key=raw[b"key"], ts=int(raw[b"ts"]), size=int(raw.get(b"size", b"0")),
-                   memory=parse_names(raw.get(b"mem", b"")), disk=parse_names(raw.get(b"disk", b"")))
+                   memory=tuple(r.segment.decode(errors="backslashreplace") for r in replicas),
+                   disk=parse_names(raw.get(b"disk", b"")))
 
 
 def live_keys(events: Iterable[KVEvent]) -> set[tuple[str, bytes]]:

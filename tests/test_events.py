@@ -89,7 +89,7 @@ def test_offload_and_shed_memory_are_updates(new_master):
 
 
 def test_names_with_spaces_and_colons_survive():
-    assert parse_names(b"#3:a b #4:c:d: #0:") == ("a b", "c:d:", "")
+    assert parse_names(b"#3:a b #4:c:d: #0:") == ("a b", "c:d:", "")  # the disk field's clients
     assert parse_names(b"") == ()
 
 

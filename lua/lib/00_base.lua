@@ -98,7 +98,7 @@ end
 -- What the running call read with its configuration (open_shard, see config below): its shard,
 -- the test clock's value there (false: not frozen) and the mount epoch. Reset at the start of
 -- every call (register), so nothing read in one call is taken for another's.
-local CALL = { shard = nil, clock = false, mounts = false, now = nil, events = 0 }
+local CALL = { shard = nil, clock = false, mounts = false, now = nil, events = nil }
 
 -- The store clock: the test hook (the `clock` field of P:config, absolute ms) when set, else the
 -- server's TIME. Read once a call: every step of a call sees the same instant.
@@ -193,19 +193,13 @@ end
 -- Keyed by the list (register's, one per function), so it holds one entry per function.
 local CONFIG_MEMO = {}
 
--- Read and check config fields from P:config; `names` ends with 'clock', 'mounts' and
--- 'kv_events_maxlen' (register adds them), which are read for the call (CALL), not into the
--- table: the first two are not configuration, and the events bound, absent in a store an
--- earlier package wrote (until Master.connect adds it), means off. Returns the table (shared:
--- callers only read it), or nil and an error reply.
+-- Read and check config fields from P:config; `names` ends with 'clock' and 'mounts' (register
+-- adds them), which are read for the call (CALL) and are not configuration. Returns the table
+-- (shared: callers only read it), or nil and an error reply.
 local function config(P, names)
   local values = redis.call('HMGET', P .. K.config, unpack(names))
-  local n = #names - 3
+  local n = #names - 2
   CALL.shard, CALL.clock, CALL.mounts = P, values[n + 1], values[n + 2]
-  local events = values[n + 3]
-  CALL.events = events and config_value('kv_events_maxlen', events) or 0
-  if events and CALL.events == 0 and events ~= '0' then return nil, fail(E.INTERNAL_ERROR,
-    'bad configuration: ' .. P .. ':config kv_events_maxlen = ' .. events .. '; rewrite it with Master.connect(url, MasterConfig(...))') end
   local memo = CONFIG_MEMO[names]
   if memo then
     local same = true
@@ -400,27 +394,32 @@ end
 -- free itself while it refuses puts.
 local FREES = { 'allow-oom' }
 
--- The KV event stream's bound for the running call (0: no events), read with its configuration
--- (lua/lib/28_events.lua).
-local function events_maxlen() return CALL.events end
+-- The KV event stream's bound for the running call (0: no events; lua/lib/28_events.lua): read
+-- with its configuration by the functions whose changes are mostly events (they list
+-- kv_events_maxlen), else once, when a call first has an event to write (a field a store of an
+-- earlier package lacks until Master.connect adds it: off).
+local function events_maxlen(P)
+  if CALL.events == nil then
+    CALL.events = config_value('kv_events_maxlen', redis.call('HGET', P .. K.config, 'kv_events_maxlen') or '0') or 0
+  end
+  return CALL.events
+end
 
 -- Register a function of one shard: fn(P, args, cfg) runs only after open_shard passed.
--- `names` are the config fields it reads (config adds what every call reads: the clock, the
--- mount epoch and the KV events bound, since any change a call makes may be an event); flags
--- e.g. { 'no-writes' }.
+-- `names` are the config fields it reads; flags e.g. { 'no-writes' }.
 local function register(name, names, fn, flags)
-  local wanted = nil -- { 'shards', names..., 'clock', 'mounts', 'kv_events_maxlen' }, built at the first call
+  local wanted = nil -- { 'shards', names..., 'clock', 'mounts' }, built at the first call (not while loading)
   redis.register_function { function_name = name, flags = flags, callback = function(keys, args)
-    CALL.shard, CALL.now, CALL.events = nil, nil, 0
+    CALL.shard, CALL.now, CALL.events = nil, nil, nil
     if not wanted then
       wanted = { 'shards' }
       for _, field in ipairs(names) do wanted[#wanted + 1] = field end
       wanted[#wanted + 1] = 'clock'
       wanted[#wanted + 1] = 'mounts'
-      wanted[#wanted + 1] = 'kv_events_maxlen'
     end
     local P, cfg = open_shard(keys, wanted)
     if not P then return cfg end
+    CALL.events = cfg.kv_events_maxlen -- nil unless the function lists it
     return fn(P, args, cfg)
   end }
 end

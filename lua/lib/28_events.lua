@@ -9,35 +9,46 @@
 --           evicted (eviction took the object), updated (its replicas changed and it stays
 --           readable: a disk replica added, its memory replicas evicted, dead replicas swept)
 --   tenant, key, ts (the store clock, ms)
---   and for stored and updated: size, mem (its live memory replicas' segments, space-separated
---   #len:name tokens), disk (the clients of its live disk replicas, the same form)
+--   and for stored and updated: size, reps (its live memory replicas, as the object hash's
+--   `reps` field holds them: mooncake_redis/layout.py), disk (the clients of its live disk
+--   replicas, space-separated #len:name tokens)
 -- Only complete objects make events: a put in progress is nobody's cache yet.
 -- mooncake_redis/events.py reads the streams; replayed from empty they give the live keys.
 
 local K, S, now_ms, events_maxlen = Base.K, Base.S, Base.now_ms, Base.events_maxlen
-local replicas_of = Object.replicas_of
+local replicas_of, encode_reps = Object.replicas_of, Object.encode_reps
 local live_disk_replicas = Disk.live_disk_replicas
 
--- "#<len>:<name>" tokens: segment and client names may hold spaces.
+-- "#<len>:<name>" tokens: client names may hold spaces.
 local function names(list, field)
   local out = {}
-  for _, r in ipairs(list) do
-    if r.live ~= false then out[#out + 1] = '#' .. #r[field] .. ':' .. r[field] end
-  end
+  for i, r in ipairs(list) do out[i] = '#' .. #r[field] .. ':' .. r[field] end
   return table.concat(out, ' ')
+end
+
+local function live_reps(P, o)
+  local live = {}
+  for _, r in ipairs(replicas_of(P, o)) do
+    if r.live then live[#live + 1] = r end
+  end
+  return #live > 0 and encode_reps(live) or ''
 end
 
 -- Append event `e` for object `o` (its fields as loaded, the change applied) of tenant/key.
 local function emit(P, e, tenant, key, okey, o)
-  local maxlen = events_maxlen()
+  local maxlen = events_maxlen(P)
   if maxlen == 0 or not o or o.status ~= 'complete' then return end
-  local fields = { 'e', e, 'tenant', tenant, 'key', key, 'ts', S(now_ms(P)) }
-  if e == 'stored' or e == 'updated' then
-    fields[#fields + 1] = 'size'; fields[#fields + 1] = o.size or '0'
-    fields[#fields + 1] = 'mem'; fields[#fields + 1] = names(replicas_of(P, o), 'seg')
-    fields[#fields + 1] = 'disk'; fields[#fields + 1] = names(live_disk_replicas(P, okey, o), 'client')
+  if e == 'stored' then -- the replicas its put just wrote, as stored; no disk replica yet
+    redis.call('XADD', P .. K.events, 'MAXLEN', '~', S(maxlen), '0-*', 'e', e, 'tenant', tenant, 'key', key,
+      'ts', S(now_ms(P)), 'size', o.size or '0', 'reps', o.reps or '', 'disk', '')
+  elseif e == 'updated' then
+    redis.call('XADD', P .. K.events, 'MAXLEN', '~', S(maxlen), '0-*', 'e', e, 'tenant', tenant, 'key', key,
+      'ts', S(now_ms(P)), 'size', o.size or '0', 'reps', live_reps(P, o),
+      'disk', names(live_disk_replicas(P, okey, o), 'client'))
+  else
+    redis.call('XADD', P .. K.events, 'MAXLEN', '~', S(maxlen), '0-*', 'e', e, 'tenant', tenant, 'key', key,
+      'ts', S(now_ms(P)))
   end
-  redis.call('XADD', P .. K.events, 'MAXLEN', '~', S(maxlen), '0-*', unpack(fields))
 end
 
 return { emit = emit }

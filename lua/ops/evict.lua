@@ -53,4 +53,4 @@ local function evict(P, args, cfg)
 end
 
 register('mc_evict', { 'eviction_high_watermark_ratio', 'eviction_ratio', 'allow_evict_soft_pinned_objects',
-  'allow_evict_retained_groups' }, evict, FREES)
+  'allow_evict_retained_groups', 'kv_events_maxlen' }, evict, FREES)

@@ -90,6 +90,6 @@ local function batch_writer_op(P, args, one, cfg, spec)
   return per_row(P, args, call, function(_, tenant, row, now) return one(P, tenant, row.key, now, client, cfg, row.checksum) end)
 end
 
-register('mc_put_end', { 'offload_on_put', 'offload_queue_limit' },
+register('mc_put_end', { 'offload_on_put', 'offload_queue_limit', 'kv_events_maxlen' },
   function(P, args, cfg) return batch_writer_op(P, args, end_one, cfg, END_SPEC) end)
 register('mc_put_revoke', {}, function(P, args) return batch_writer_op(P, args, revoke_one) end, FREES)

@@ -32,4 +32,4 @@ local function remove(P, args)
   end)
 end
 
-register('mc_remove', {}, remove, FREES)
+register('mc_remove', { 'kv_events_maxlen' }, remove, FREES)

@@ -127,5 +127,5 @@ end
 
 register('mc_mount_segment', {}, mount_segment)
 register('mc_unmount_segment', {}, unmount_segment, FREES)
-register('mc_sweep_replicas', {}, sweep_replicas, FREES)
+register('mc_sweep_replicas', { 'kv_events_maxlen' }, sweep_replicas, FREES)
 register('mc_ping', {}, ping, FREES)
