@@ -33,6 +33,7 @@ DRYRUN_ARGS = {
     "ZADD": "K 1 m", "ZCARD": "K", "ZCOUNT": "K 0 1", "ZINCRBY": "K 1 m", "ZRANGE": "K 0 1",
     "ZRANGEBYSCORE": "K 0 1", "ZREM": "K m", "ZREVRANGE": "K 0 1", "ZREVRANGEBYSCORE": "K 1 0",
     "ZREMRANGEBYSCORE": "K 0 1", "ZSCORE": "K m", "ZSCAN": "K 0", "SCAN": "0", "TIME": "", "MULTI": "", "EXEC": "",
+    "XADD": "K 0-* f v", "XRANGE": "K - +", "XREVRANGE": "K + -",  # the KV event streams
     "FCALL": "mc_now 1 K", "FCALL_RO": "mc_now 1 K",
 }
 _LUA_CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
