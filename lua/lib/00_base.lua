@@ -100,6 +100,24 @@ end
 -- every call (register), so nothing read in one call is taken for another's.
 local CALL = { shard = nil, clock = false, mounts = false, now = nil, events = nil }
 
+-- TIME in ms, converting its reply with as few strtod calls as it can: the seconds of its last
+-- reply are kept (one string for a second of calls) and the milliseconds (the microseconds but
+-- their last three digits, canonical decimals) are looked up as the strings they are (at most
+-- 999 of them). The same number as t[1] * 1000 + math.floor(t[2] / 1000).
+local last_sec, last_sec_ms, MS_OF = nil, 0, nil
+local function time_ms()
+  local t = redis.call('TIME')
+  local sec, us = t[1], t[2]
+  if sec ~= last_sec then last_sec, last_sec_ms = sec, tonumber(sec) * 1000 end
+  local n = #us
+  if n <= 3 then return last_sec_ms end
+  if not MS_OF then MS_OF = {} end
+  local digits = string.sub(us, 1, n - 3)
+  local ms = MS_OF[digits]
+  if not ms then ms = tonumber(digits); MS_OF[digits] = ms end
+  return last_sec_ms + ms
+end
+
 -- The store clock: the test hook (the `clock` field of P:config, absolute ms) when set, else the
 -- server's TIME. Read once a call: every step of a call sees the same instant.
 local function now_ms(P)
@@ -110,8 +128,7 @@ local function now_ms(P)
     local frozen = redis.call('HGET', P .. K.config, 'clock')
     if frozen then return tonumber(frozen) end
   end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = time_ms()
   if P == CALL.shard then CALL.now = now end
   return now
 end
@@ -120,7 +137,8 @@ end
 -- field of P:config, a token no two states of the shard's mounts share, not even across a
 -- FLUSHALL) is the one they were read under: mount_segment and drop_segment change the epoch
 -- (new_mount_epoch), and the epoch is read with the configuration, so a remembered mount id is
--- always the current one. Bounded: dropped whole at MOUNTS_MAX segments.
+-- always the current one. The reads keep the replica tails they have seen there too (live_tail in
+-- lua/ops/get_replica_list.lua). Bounded: dropped whole at MOUNTS_MAX entries of either kind.
 local MOUNTS, MOUNTS_MAX = {}, 4096
 
 -- The running call's mount-id table for shard P (segment -> mount id, false: not mounted), or

@@ -18,6 +18,8 @@ local parse_call = Base.parse_call
 local mount_of = Alloc.mount_of
 
 local function obj_key(P, tenant, key) return P .. K.object .. tenant .. ':' .. key end
+-- obj_key(P, tenant, key) is obj_prefix(P, tenant) .. key (a batch builds the prefix once)
+local function obj_prefix(P, tenant) return P .. K.object .. tenant .. ':' end
 
 -- Fields of an object that are never a replica: the loops that look for replica fields
 -- ('rep:', 'disk:') skip them with one table lookup. A field missing here costs only a string
@@ -219,7 +221,7 @@ local function lease_until(P, tenant, o)
 end
 
 return {
-  obj_key = obj_key, SCALAR_FIELDS = SCALAR_FIELDS, obj_id = obj_id, RADIX_MARK = RADIX_MARK,
+  obj_key = obj_key, obj_prefix = obj_prefix, SCALAR_FIELDS = SCALAR_FIELDS, obj_id = obj_id, RADIX_MARK = RADIX_MARK,
   radix_hash = radix_hash, grp_key = grp_key, grp_members_key = grp_members_key,
   MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,
   keys_spec = keys_spec, load_object = load_object, replicas_of = replicas_of,

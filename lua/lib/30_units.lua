@@ -61,6 +61,8 @@ local INDEXES = { -- every index a unit can be in
   TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES, DRAINING, TIER_RETAINED, TIER_SOFT_RETAINED }
 
 local function object_unit(tenant, key) return 'o:' .. tenant .. ':' .. key end
+-- object_unit(tenant, key) is object_unit_prefix(tenant) .. key (a batch builds the prefix once)
+local function object_unit_prefix(tenant) return 'o:' .. tenant .. ':' end
 local function group_unit(tenant, group)
   local h = radix_hash(group)
   if h then return 'r:' .. tenant .. ':' .. h end -- a radix node's unit
@@ -375,14 +377,17 @@ local function plain_object_tier(now)
   return plain_tier
 end
 
--- A read's lease of such an object: its tier's score only (see extend_lease).
-local PLAIN_TIERS = {}
-local function lease_plain_object(rescore, unit, until_ms, slack, now)
+-- The lease a read gives such objects: their tier's score only (see extend_lease). Every plain
+-- object a call reads gets the same one, so a call asks once: the lease (until_ms rounded up to
+-- the slack), its score string, and the queue of the plain tier's GT re-scores in `rescore`, to
+-- which the call appends (score, unit) pairs itself.
+local function plain_lease(rescore, until_ms, slack, now)
   local score
   until_ms, score = renewal(rescore, until_ms, slack)
-  PLAIN_TIERS[1] = plain_object_tier(now)
-  queue_rescore(rescore, PLAIN_TIERS, GT_OF, score, unit)
-  return until_ms
+  local name = GT_OF[plain_object_tier(now)]
+  local q = rescore[name]
+  if not q then q = {}; rescore[name] = q end
+  return until_ms, score, q
 end
 
 -- A read's lease of a group (its record `gkey`, its unit, its lease `cur`): see extend_lease.
@@ -583,12 +588,12 @@ end
 return {
   DRAINING = DRAINING, TIERS = TIERS, TIER_LEVEL = TIER_LEVEL, TIER_ALLOW = TIER_ALLOW,
   DEADLINES = DEADLINES, DEADLINE_KINDS = DEADLINE_KINDS, INDEXES = INDEXES,
-  object_unit = object_unit, group_unit = group_unit, agg_key = agg_key,
+  object_unit = object_unit, object_unit_prefix = object_unit_prefix, group_unit = group_unit, agg_key = agg_key,
   ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,
-  being_evicted = being_evicted, extend_lease = extend_lease, lease_plain_object = lease_plain_object, lease_group = lease_group, group_tiers = group_tiers, lease_of = lease_of, keep_lease = keep_lease, flush_rescore = flush_rescore,
+  being_evicted = being_evicted, extend_lease = extend_lease, plain_lease = plain_lease, lease_group = lease_group, group_tiers = group_tiers, lease_of = lease_of, keep_lease = keep_lease, flush_rescore = flush_rescore,
   MAX_NODE_GROUPS = MAX_NODE_GROUPS, MAX_GROUP_NODES = MAX_GROUP_NODES, indexed_room = indexed_room,
   join_indexed = join_indexed, leave_indexed = leave_indexed, indexed_members = indexed_members,
   place_group_nodes = place_group_nodes, node_retention = node_retention,

@@ -23,62 +23,148 @@ local renew_guarantee = Units.renew_guarantee
 local settle_disk_only = Offload.settle_disk_only
 
 local NO_DISKS = {} -- read only
-local lease_plain_object, object_unit = Units.lease_plain_object, Units.object_unit
+local plain_lease, object_unit_prefix = Units.plain_lease, Units.object_unit_prefix
 local lease_group, group_unit, group_tiers = Units.lease_group, Units.group_unit, Units.group_tiers
-local grp_key, RADIX_MARK = Object.grp_key, Object.RADIX_MARK
-local mount_of, decode_reps = Alloc.mount_of, Object.decode_reps
+local grp_key, RADIX_MARK, obj_prefix = Object.grp_key, Object.RADIX_MARK, Object.obj_prefix
+local mount_of, mount_table = Alloc.mount_of, Base.mount_table
 
--- The fields of an object hash a read takes first (one HMGET): enough to answer a plain object
--- (complete, no guarantee, hard pin, task, soft pin or disk replica, every replica live) without
--- more calls but, for a group member (or a radix node's key), one HMGET of its group's record;
--- any other object goes through read_one, which loads the whole hash.
-local READ_FIELDS = { 'status', 'size', 'reps', 'group', 'node', 'special', 'checksum' }
 local GENERAL = {} -- plain_read's answer for an object that needs read_one
 
--- A read's reply for a plain object, or GENERAL (and an error code for a missing or unfinished
--- one). `kind`: 'exist', 'get' or 'disk' (get_replica_list with with_disk=1). The replicas are
--- walked in place (plain finds, no pattern, no table per replica): this is every read's path.
-local function plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
-  local v = redis.call('HMGET', obj_key(P, tenant, key), unpack(READ_FIELDS))
-  local status, reps = v[1], v[3]
-  if not status then return E.OBJECT_NOT_FOUND end
-  if not reps or v[6] then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
-  local group, gkey, group_lease, retained_until = v[4] or (v[5] and RADIX_MARK .. v[5])
-  if group then -- a group member (or a radix node's key): the group is the unit
-    gkey = grp_key(P, tenant, group)
-    local g = redis.call('HMGET', gkey, 'draining', 'lease_until', 'retained_until')
-    if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
-    group_lease, retained_until = tonumber(g[2]) or 0, g[3]
+-- Standard functions, bound at the first call (while the library loads, its code may read no
+-- global but redis): a global read goes through the sandbox's table (and its metatable) each
+-- time, a local costs nothing.
+local find, sub, tonumber_ = nil, nil, nil
+
+-- Numbers of the decimal strings a read converts again and again (object sizes, segment name
+-- lengths): tonumber is a strtod. Bounded: dropped whole at NUMS_MAX entries.
+local NUMS, nums_n, NUMS_MAX = {}, 0, 4096
+local function num(s)
+  local n = NUMS[s]
+  if n or not s then return n end
+  n = tonumber_(s)
+  if nums_n >= NUMS_MAX then NUMS, nums_n = {}, 0 end
+  NUMS[s], nums_n = n, nums_n + 1
+  return n
+end
+
+-- What the reads of one call share, set by batch_read before its first row (Redis runs one call
+-- at a time): the shard, the tenant, the clock (nil until a row needs it), the config, the
+-- re-scores, the mount ids (a table for a store without a mount epoch, else nil), the replica
+-- tails seen (live_tail), the prefixes of the object keys and units, and the lease of plain
+-- objects (their lease, its score and the queue of their tier's re-scores with its length; nil
+-- until the first one).
+local R_P, R_tenant, R_now, R_cfg, R_rescore, R_mounts, R_tails, R_okey, R_unit
+local R_until, R_score, R_q, R_qn
+
+-- The object key and unit prefixes of a shard and tenant (pure functions of them), built once.
+-- Bounded: dropped whole at PREFIXES_MAX pairs.
+local PREFIXES, prefixes_n, PREFIXES_MAX = {}, 0, 1024
+
+local function read_now()
+  if not R_now then R_now = now_ms(R_P) end
+  return R_now
+end
+
+-- The one memory replica of a `reps` value, from its tail after the offset ("<mount id>
+-- <#segment> <segment>"): the segment when it is live, else false (also for several replicas
+-- or a malformed value: walk_reps decides those). Remembered per tail while the mount epoch
+-- holds (beside the mount ids, Base.mount_table: counted in its bound), or for the call on a
+-- store without an epoch.
+local function live_tail(tail)
+  local seg = R_tails[tail]
+  if seg ~= nil then return seg end
+  local s2 = find(tail, ' ', 1, true)
+  local s3 = s2 and find(tail, ' ', s2 + 1, true)
+  local len = s3 and num(sub(tail, s2 + 1, s3 - 1))
+  seg = false
+  if len and len >= 1 and s3 + len == #tail then
+    local name = sub(tail, s3 + 1)
+    if mount_of(R_P, name, R_mounts) == sub(tail, 1, s2 - 1) then seg = name end
   end
-  if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
-  local r, at, n = nil, 1, #reps
-  if kind == 'get' then r = { 0, tonumber(v[2]) } elseif kind == 'disk' then r = { 0, tonumber(v[2]), v[7] or '', 0 } end
+  if not R_mounts then
+    local m = mount_table(R_P)
+    if m then m.n = m.n + 1 end
+  end
+  R_tails[tail] = seg
+  return seg
+end
+
+-- Whether every replica of `reps` is live and well-formed (read_one's rules: else the general
+-- path). With `r` (a reply being built), each one's (segment, offset) is appended to it.
+local function walk_reps(reps, r, kind)
+  local at, n = 1, #reps
   while at <= n do
-    local s1 = string.find(reps, ' ', at, true)
-    local s2 = s1 and string.find(reps, ' ', s1 + 1, true)
-    local s3 = s2 and string.find(reps, ' ', s2 + 1, true)
-    local len = s3 and tonumber(string.sub(reps, s2 + 1, s3 - 1))
-    if not len or len < 1 or s3 + len > n then return GENERAL end -- malformed: read_one's rules
-    local seg = string.sub(reps, s3 + 1, s3 + len)
-    if mount_of(P, seg, mount_cache) ~= string.sub(reps, s1 + 1, s2 - 1) then return GENERAL end -- dead: read_one drops it
+    local s1 = find(reps, ' ', at, true)
+    local s2 = s1 and find(reps, ' ', s1 + 1, true)
+    local s3 = s2 and find(reps, ' ', s2 + 1, true)
+    local len = s3 and num(sub(reps, s2 + 1, s3 - 1))
+    if not len or len < 1 or s3 + len > n then return false end -- malformed
+    local seg = sub(reps, s3 + 1, s3 + len)
+    if mount_of(R_P, seg, R_mounts) ~= sub(reps, s1 + 1, s2 - 1) then return false end -- dead: read_one drops it
     if r then
       r[#r + 1] = seg
-      r[#r + 1] = tonumber(string.sub(reps, at, s1 - 1))
+      r[#r + 1] = tonumber_(sub(reps, at, s1 - 1))
       if kind == 'disk' then r[4] = r[4] + 1 end
     end
     at = s3 + len + 1
   end
-  local until_ms
-  if gkey then
-    until_ms = lease_group(gkey, group_unit(tenant, group), group_lease,
-      now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, rescore, group_tiers(retained_until, now))
+  return true
+end
+
+-- A read's reply for a plain object (complete, no guarantee, hard pin, task, soft pin or disk
+-- replica, every replica live), or GENERAL for any other (and an error code for a missing or
+-- unfinished one). One HMGET of the fields a read takes (status, size, reps, group, node,
+-- special, checksum; exist_key leaves out size and checksum) answers a plain object without
+-- more calls but, for a group member (or a radix node's key), one HMGET of its group's record;
+-- read_one loads the whole hash of any other. `kind`: 'exist', 'get' or 'disk'
+-- (get_replica_list with with_disk=1). The replicas are walked in place (plain finds, no
+-- pattern, no table per replica), and one replica on a segment already seen costs a find and a
+-- sub (live_tail): this is every read's path.
+local function plain_read(call, key, kind)
+  local status, size, reps, group, node, special, checksum
+  if kind == 'exist' then
+    local v = call('HMGET', R_okey .. key, 'status', 'reps', 'group', 'node', 'special')
+    status, reps, group, node, special = v[1], v[2], v[3], v[4], v[5]
   else
-    until_ms = lease_plain_object(rescore, object_unit(tenant, key), now + cfg.default_kv_lease_ttl,
-      cfg.kv_lease_slack, now)
+    local v = call('HMGET', R_okey .. key, 'status', 'size', 'reps', 'group', 'node', 'special', 'checksum')
+    status, size, reps, group, node, special, checksum = v[1], v[2], v[3], v[4], v[5], v[6], v[7]
   end
-  if not r then return 1 end
-  r[1] = until_ms - now
-  return r
+  if not status then return E.OBJECT_NOT_FOUND end
+  if not reps or special then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
+  local gkey, group_lease, retained_until
+  group = group or (node and RADIX_MARK .. node)
+  if group then -- a group member (or a radix node's key): the group is the unit
+    gkey = grp_key(R_P, R_tenant, group)
+    local g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until')
+    if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
+    group_lease, retained_until = tonumber_(g[2]) or 0, g[3]
+  end
+  if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
+  local r, off
+  local s1 = find(reps, ' ', 1, true)
+  local seg = s1 and live_tail(sub(reps, s1 + 1))
+  if seg then -- one live replica
+    if kind ~= 'exist' then off = tonumber_(sub(reps, 1, s1 - 1)) end
+  else
+    if kind == 'get' then r = { 0, num(size) } elseif kind == 'disk' then r = { 0, num(size), checksum or '', 0 } end
+    if not walk_reps(reps, r, kind) then return GENERAL end
+  end
+  local now, cfg, until_ms = read_now(), R_cfg, nil
+  if gkey then
+    until_ms = lease_group(gkey, group_unit(R_tenant, group), group_lease,
+      now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, R_rescore, group_tiers(retained_until, now))
+  else
+    if not R_q then
+      R_until, R_score, R_q = plain_lease(R_rescore, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, now)
+      R_qn = #R_q
+    end
+    R_q[R_qn + 1], R_q[R_qn + 2], R_qn = R_score, R_unit .. key, R_qn + 2
+    until_ms = R_until
+  end
+  if kind == 'exist' then return 1 end
+  if r then r[1] = until_ms - now; return r end
+  if kind == 'get' then return { until_ms - now, num(size), seg, off } end
+  return { until_ms - now, num(size), checksum or '', 1, seg, off }
 end
 
 -- Returns the live replicas, or nil and an error code; leases the object on success.
@@ -144,21 +230,40 @@ local function batch_read(P, args, cfg, spec, shape)
   local with_disk = call.opts.with_disk or '0'
   if with_disk ~= '0' and with_disk ~= '1' then return fail(E.INVALID_PARAMS, 'with_disk must be 0 or 1') end
   local kind = (shape == exist_reply and 'exist') or (with_disk == '1' and 'disk') or 'get'
-  local mount_cache, rescore = {}, {}
-  local now, tenant, reply, stride = now_ms(P), call.tenant, {}, call.stride -- rows of one field: key
+  if not find then find, sub, tonumber_ = string.find, string.sub, tonumber end
+  local redis_call, tenant, reply, stride = redis.call, call.tenant, {}, call.stride -- rows of one field: key
+  local m = mount_table(P)
+  R_P, R_tenant, R_now, R_cfg, R_rescore, R_q = P, tenant, nil, cfg, {}, nil
+  R_mounts = not m and {} or nil
+  if m then
+    R_tails = m.tails
+    if not R_tails then R_tails = {}; m.tails = R_tails end
+  else
+    R_tails = {}
+  end
+  local pre = PREFIXES[P] and PREFIXES[P][tenant]
+  if not pre then
+    if prefixes_n >= PREFIXES_MAX then PREFIXES, prefixes_n = {}, 0 end
+    pre = { obj_prefix(P, tenant), object_unit_prefix(tenant) }
+    PREFIXES[P] = PREFIXES[P] or {}
+    PREFIXES[P][tenant], prefixes_n = pre, prefixes_n + 1
+  end
+  R_okey, R_unit = pre[1], pre[2]
   for i = 1, call.rows do
     local key = args[call.first + (i - 1) * stride]
-    local got = plain_read(P, tenant, key, now, cfg, rescore, mount_cache, kind)
+    local got = plain_read(redis_call, key, kind)
     if kind == 'exist' and got ~= GENERAL then
       got = got == 1 and 1 or 0 -- an error code: it does not exist (for readers)
     elseif got == GENERAL then
-      local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, key, now, cfg, guarantee_ttl,
-        mount_cache, rescore, {})
+      local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, key, read_now(), cfg, guarantee_ttl,
+        R_mounts, R_rescore, {})
+      if R_q then R_qn = #R_q end -- read_one may have queued a re-score there too
       if kind == 'disk' then got = disk_reply(live, ttl_or_code, size, disks, checksum) else got = shape(live, ttl_or_code, size) end
     end
     reply[i] = got
   end
-  flush_rescore(P, rescore)
+  flush_rescore(P, R_rescore)
+  R_rescore, R_q = nil, nil
   return reply
 end
 
