@@ -199,6 +199,32 @@ def test_batch_reads_return_one_result_per_key_in_order(m):
     assert m.batch_get_replica_list([]) == [] and m.batch_exist_key([]) == []
 
 
+def test_a_replica_under_another_mount_id_is_dead_after_reads_of_live_ones_of_its_segment(m):
+    """Reads remember the one-replica tails (mount id, segment) they found live; a replica of the
+    same segment under another mount id (as an older mount left it) is another tail: dead, and
+    its object gone for readers, while the live ones still read."""
+    keys = ["live", "stale-1", "stale-2"]
+    for k in keys:
+        put(m, k, 10, config=ReplicateConfig(preferred_segments=("s1",)))
+    put(m, "two", 10, config=ReplicateConfig(replica_num=2))
+    assert m.batch_exist_key(keys + ["two"]) == [True] * 4
+    assert [r.segment for r in m.get_replica_list("stale-1").replicas] == ["s1"]
+
+    def stale(k: str) -> None:
+        okey = next(iter(m.redis.keys(f"*:obj:default:{k}")))
+        off, mount_id, rest = m.redis.hget(okey, "reps").decode().split(" ", 2)
+        m.redis.hset(okey, "reps", f"{off} {int(mount_id) + 1000} {rest}")
+
+    stale("stale-1")
+    assert m.batch_exist_key(keys + ["two"]) == [True, False, True, True]  # in a batch
+    stale("stale-2")
+    with raises_code(ErrorCode.OBJECT_NOT_FOUND):  # alone
+        m.get_replica_list("stale-2")
+    assert [r.segment for r in m.get_replica_list("live").replicas] == ["s1"]
+    assert sorted(r.segment for r in m.get_replica_list("two").replicas) == ["s1", "s2"]
+    assert m.exist_key("stale-1") is False and m.exist_key("live") is True
+
+
 # ---- groups --------------------------------------------------------------------------------
 
 def group_cfg(group: str = "g1") -> ReplicateConfig:

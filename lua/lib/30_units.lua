@@ -341,9 +341,14 @@ end
 -- when it goes to the hash. Re-scores are queued in `rescore` (one per call: tier -> {score,
 -- unit, ...}, 'gt:' .. tier for the GT ones; until_ms -> its score string) for flush_rescore,
 -- which sends one variadic ZADD per tier and kind for the whole batch.
-local function renewal(rescore, until_ms, slack)
+local function rounded_lease(until_ms, slack)
   local r = slack > 0 and until_ms % slack or 0
   if r ~= 0 then until_ms = until_ms - r + slack end
+  return until_ms
+end
+
+local function renewal(rescore, until_ms, slack)
+  until_ms = rounded_lease(until_ms, slack)
   local score = rescore[until_ms] or S(until_ms) -- a batch's keys share one deadline: format it once
   rescore[until_ms] = score
   return until_ms, score
@@ -388,6 +393,13 @@ local function plain_lease(rescore, until_ms, slack, now)
   local q = rescore[name]
   if not q then q = {}; rescore[name] = q end
   return until_ms, score, q
+end
+
+-- The same for a call of one key: its one re-score sent at once (no queue).
+local function plain_lease_now(P, unit, until_ms, slack, now)
+  until_ms = rounded_lease(until_ms, slack)
+  redis.call('ZADD', P .. plain_object_tier(now), 'XX', 'GT', S(until_ms), unit)
+  return until_ms
 end
 
 -- A read's lease of a group (its record `gkey`, its unit, its lease `cur`): see extend_lease.
@@ -593,7 +605,7 @@ return {
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,
-  being_evicted = being_evicted, extend_lease = extend_lease, plain_lease = plain_lease, lease_group = lease_group, group_tiers = group_tiers, lease_of = lease_of, keep_lease = keep_lease, flush_rescore = flush_rescore,
+  being_evicted = being_evicted, extend_lease = extend_lease, plain_lease = plain_lease, plain_lease_now = plain_lease_now, lease_group = lease_group, group_tiers = group_tiers, lease_of = lease_of, keep_lease = keep_lease, flush_rescore = flush_rescore,
   MAX_NODE_GROUPS = MAX_NODE_GROUPS, MAX_GROUP_NODES = MAX_GROUP_NODES, indexed_room = indexed_room,
   join_indexed = join_indexed, leave_indexed = leave_indexed, indexed_members = indexed_members,
   place_group_nodes = place_group_nodes, node_retention = node_retention,

@@ -23,7 +23,7 @@ local renew_guarantee = Units.renew_guarantee
 local settle_disk_only = Offload.settle_disk_only
 
 local NO_DISKS = {} -- read only
-local plain_lease, object_unit_prefix = Units.plain_lease, Units.object_unit_prefix
+local plain_lease, plain_lease_now, object_unit_prefix = Units.plain_lease, Units.plain_lease_now, Units.object_unit_prefix
 local lease_group, group_unit, group_tiers = Units.lease_group, Units.group_unit, Units.group_tiers
 local grp_key, RADIX_MARK, obj_prefix = Object.grp_key, Object.RADIX_MARK, Object.obj_prefix
 local mount_of, mount_table = Alloc.mount_of, Base.mount_table
@@ -52,9 +52,9 @@ end
 -- re-scores, the mount ids (a table for a store without a mount epoch, else nil), the replica
 -- tails seen (live_tail), the prefixes of the object keys and units, and the lease of plain
 -- objects (their lease, its score and the queue of their tier's re-scores with its length; nil
--- until the first one).
+-- until the first one), or R_single: a call of one key, whose plain lease is sent at once.
 local R_P, R_tenant, R_now, R_cfg, R_rescore, R_mounts, R_tails, R_okey, R_unit
-local R_until, R_score, R_q, R_qn
+local R_until, R_score, R_q, R_qn, R_single
 
 -- The object key and unit prefixes of a shard and tenant (pure functions of them), built once.
 -- Bounded: dropped whole at PREFIXES_MAX pairs.
@@ -154,12 +154,16 @@ local function plain_read(call, key, kind)
     until_ms = lease_group(gkey, group_unit(R_tenant, group), group_lease,
       now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, R_rescore, group_tiers(retained_until, now))
   else
-    if not R_q then
-      R_until, R_score, R_q = plain_lease(R_rescore, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, now)
-      R_qn = #R_q
+    if R_single then -- a call of one key: its re-score goes at once
+      until_ms = plain_lease_now(R_P, R_unit .. key, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, now)
+    else
+      if not R_q then
+        R_until, R_score, R_q = plain_lease(R_rescore, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, now)
+        R_qn = #R_q
+      end
+      R_q[R_qn + 1], R_q[R_qn + 2], R_qn = R_score, R_unit .. key, R_qn + 2
+      until_ms = R_until
     end
-    R_q[R_qn + 1], R_q[R_qn + 2], R_qn = R_score, R_unit .. key, R_qn + 2
-    until_ms = R_until
   end
   if kind == 'exist' then return 1 end
   if r then r[1] = until_ms - now; return r end
@@ -233,7 +237,7 @@ local function batch_read(P, args, cfg, spec, shape)
   if not find then find, sub, tonumber_ = string.find, string.sub, tonumber end
   local redis_call, tenant, reply, stride = redis.call, call.tenant, {}, call.stride -- rows of one field: key
   local m = mount_table(P)
-  R_P, R_tenant, R_now, R_cfg, R_rescore, R_q = P, tenant, nil, cfg, {}, nil
+  R_P, R_tenant, R_now, R_cfg, R_rescore, R_q, R_single = P, tenant, nil, cfg, {}, nil, call.rows == 1
   R_mounts = not m and {} or nil
   if m then
     R_tails = m.tails
