@@ -214,8 +214,13 @@ local CONFIG_MEMO = {}
 -- Read and check config fields from P:config; `names` ends with 'clock' and 'mounts' (register
 -- adds them), which are read for the call (CALL) and are not configuration. Returns the table
 -- (shared: callers only read it), or nil and an error reply.
+local CONFIG_KEY = {} -- P -> P .. K.config, for the shard keys SHARD_OF holds (reset with it)
+local unpack_ = nil    -- unpack, bound at the first call (no global but redis while loading)
 local function config(P, names)
-  local values = redis.call('HMGET', P .. K.config, unpack(names))
+  local key = CONFIG_KEY[P]
+  if not key then key = P .. K.config; CONFIG_KEY[P] = key end
+  if not unpack_ then unpack_ = unpack end
+  local values = redis.call('HMGET', key, unpack_(names))
   local n = #names - 2
   CALL.shard, CALL.clock, CALL.mounts = P, values[n + 1], values[n + 2]
   local memo = CONFIG_MEMO[names]
@@ -347,8 +352,29 @@ local function cache_head(args, spec, last, call)
 end
 
 local function parse_call(args, spec)
-  local last = head_length(args, spec)
-  local call = last and cached_head(args, spec, last)
+  -- a memoised head first: head_length and cached_head, inlined (this runs in every call)
+  local call, node = nil, HEAD_CACHE[spec]
+  local n = node and SMALL_INTS[args[1]]
+  if n and n <= 128 then
+    local last
+    if not spec.fields then
+      last = #args
+    else
+      local nf = SMALL_INTS[args[2 + 2 * n]]
+      if nf and nf >= 1 and nf <= 8 then last = 2 + 2 * n + nf end
+    end
+    if last then
+      for i = 1, last do
+        node = node[args[i]]
+        if not node then break end
+      end
+      call = node and node[PARSED]
+    end
+  end
+  if not call then
+    local last = head_length(args, spec)
+    call = last and cached_head(args, spec, last)
+  end
   if not call then
     local err
     call, err = parse_head(args, spec)
@@ -381,7 +407,7 @@ local function shard_number(P)
   if not ns or ns ~= ns2 or #ns > 64 then return nil end
   i = int_arg(digits, 0, 16383)
   if not i then return nil end
-  if shard_keys_seen >= HEAD_CACHE_MAX then SHARD_OF, shard_keys_seen = {}, 0 end
+  if shard_keys_seen >= HEAD_CACHE_MAX then SHARD_OF, CONFIG_KEY, shard_keys_seen = {}, {}, 0 end
   SHARD_OF[P], shard_keys_seen = i, shard_keys_seen + 1
   return i
 end

@@ -49,7 +49,7 @@ end
 
 -- What the reads of one call share, set by batch_read before its first row (Redis runs one call
 -- at a time): the shard, the tenant, the clock (nil until a row needs it), the config, the
--- re-scores, the mount ids (a table for a store without a mount epoch, else nil), the replica
+-- re-scores (nil for a call of one key until a row needs them), the mount ids (a table for a store without a mount epoch, else nil), the replica
 -- tails seen (live_tail), the prefixes of the object keys and units, and the lease of plain
 -- objects (their lease, its score and the queue of their tier's re-scores with its length; nil
 -- until the first one), or R_single: a call of one key, whose plain lease is sent at once.
@@ -134,6 +134,7 @@ local function plain_read(call, key, kind)
   local gkey, group_lease, retained_until
   group = group or (node and RADIX_MARK .. node)
   if group then -- a group member (or a radix node's key): the group is the unit
+    if not R_rescore then R_rescore = {} end
     gkey = grp_key(R_P, R_tenant, group)
     local g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until')
     if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
@@ -237,7 +238,8 @@ local function batch_read(P, args, cfg, spec, shape)
   if not find then find, sub, tonumber_ = string.find, string.sub, tonumber end
   local redis_call, tenant, reply, stride = redis.call, call.tenant, {}, call.stride -- rows of one field: key
   local m = mount_table(P)
-  R_P, R_tenant, R_now, R_cfg, R_rescore, R_q, R_single = P, tenant, nil, cfg, {}, nil, call.rows == 1
+  R_single = call.rows == 1
+  R_P, R_tenant, R_now, R_cfg, R_rescore, R_q = P, tenant, nil, cfg, not R_single and {} or nil, nil
   R_mounts = not m and {} or nil
   if m then
     R_tails = m.tails
@@ -259,6 +261,7 @@ local function batch_read(P, args, cfg, spec, shape)
     if kind == 'exist' and got ~= GENERAL then
       got = got == 1 and 1 or 0 -- an error code: it does not exist (for readers)
     elseif got == GENERAL then
+      if not R_rescore then R_rescore = {} end
       local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, key, read_now(), cfg, guarantee_ttl,
         R_mounts, R_rescore, {})
       if R_q then R_qn = #R_q end -- read_one may have queued a re-score there too
@@ -266,7 +269,7 @@ local function batch_read(P, args, cfg, spec, shape)
     end
     reply[i] = got
   end
-  flush_rescore(P, R_rescore)
+  if R_rescore then flush_rescore(P, R_rescore) end
   R_rescore, R_q = nil, nil
   return reply
 end
