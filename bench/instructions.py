@@ -118,16 +118,18 @@ redis.register_function('mcb_zadd2', function(k, a)
 
 -- exist_key / get_replica_list of ARGV[2..] (ARGV[1]: their segment): config (with the clock and
 -- the mount epoch), the clock, then per key the HMGET of the fields a read takes (the segment's
--- mount id is remembered between calls), one ZADD XX GT for all (the lease lives in the tier)
+-- mount id is remembered between calls), one ZADD XX GT for all (the lease lives in the tier);
+-- exist_key takes the fields but size and checksum
 local READ_FIELDS = {{ 'status', 'size', 'reps', 'group', 'node', 'special', 'checksum' }}
-local function read(P, args, fields, shape)
+local EXIST_READ_FIELDS = {{ 'status', 'reps', 'group', 'node', 'special' }}
+local function read(P, args, fields, shape, read_fields)
   local cfg = redis.call('HMGET', P .. K.config, unpack(fields))
   local ttl = tonumber(cfg[2])
   local lease = now_of(redis.call('TIME')) + ttl
   local seg, zadd, reply = args[1], {{ 'XX', 'GT' }}, {{}}
   for i = 2, #args do
     local okey = P .. K.object .. 'default:' .. args[i]
-    local o = redis.call('HMGET', okey, unpack(READ_FIELDS))
+    local o = redis.call('HMGET', okey, unpack(read_fields))
     zadd[2 * i - 1], zadd[2 * i] = lease, 'o:default:' .. args[i]
     reply[i - 1] = shape(o, ttl, seg)
   end
@@ -140,8 +142,9 @@ local function exist_shape() return 1 end
 local function get_shape(o, ttl, seg)  -- with_disk=1: ttl, size, checksum, memory replicas, seg, offset
   return {{ ttl, tonumber(o[2]), '', 1, seg, tonumber(string.match(o[3], '^%d+')) }}
 end
-redis.register_function('mcb_floor_exist', function(k, a) return read(k[1], a, EXIST_FIELDS, exist_shape) end)
-redis.register_function('mcb_floor_get', function(k, a) return read(k[1], a, GET_FIELDS, get_shape) end)
+redis.register_function('mcb_floor_exist', function(k, a)
+  return read(k[1], a, EXIST_FIELDS, exist_shape, EXIST_READ_FIELDS) end)
+redis.register_function('mcb_floor_get', function(k, a) return read(k[1], a, GET_FIELDS, get_shape, READ_FIELDS) end)
 
 -- put_start of ARGV[2] (ARGV[3] bytes, client ARGV[1]): held extents due, the fullest segments,
 -- the object, best fit from the free lists, accounting, the object hash, processing

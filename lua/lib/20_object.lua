@@ -43,6 +43,8 @@ local function grp_key(P, tenant, group)
   if h then return P .. K.radix_node .. tenant .. ':' .. h end
   return P .. K.group .. tenant .. ':' .. group
 end
+-- grp_key(P, tenant, RADIX_MARK .. h) is node_prefix(P, tenant) .. h (a batch builds the prefix once)
+local function node_prefix(P, tenant) return P .. K.radix_node .. tenant .. ':' end
 local function grp_members_key(P, tenant, group)
   local h = radix_hash(group)
   if h then return P .. K.radix_keys .. tenant .. ':' .. h end
@@ -222,7 +224,7 @@ end
 
 return {
   obj_key = obj_key, obj_prefix = obj_prefix, SCALAR_FIELDS = SCALAR_FIELDS, obj_id = obj_id, RADIX_MARK = RADIX_MARK,
-  radix_hash = radix_hash, grp_key = grp_key, grp_members_key = grp_members_key,
+  radix_hash = radix_hash, grp_key = grp_key, node_prefix = node_prefix, grp_members_key = grp_members_key,
   MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,
   keys_spec = keys_spec, load_object = load_object, replicas_of = replicas_of,
   encode_reps = encode_reps, decode_reps = decode_reps, write_reps = write_reps, needs_read_mark = needs_read_mark,

@@ -68,6 +68,8 @@ local function group_unit(tenant, group)
   if h then return 'r:' .. tenant .. ':' .. h end -- a radix node's unit
   return 'g:' .. tenant .. ':' .. group
 end
+-- group_unit(tenant, RADIX_MARK .. h) is node_unit_prefix(tenant) .. h
+local function node_unit_prefix(tenant) return 'r:' .. tenant .. ':' end
 local function agg_key(P, kind, unit) return P .. K.aggregate .. kind .. ':' .. unit end
 
 -- Grouped radix keys (a put with a group id while the radix index is on). Such a key's eviction
@@ -600,7 +602,7 @@ end
 return {
   DRAINING = DRAINING, TIERS = TIERS, TIER_LEVEL = TIER_LEVEL, TIER_ALLOW = TIER_ALLOW,
   DEADLINES = DEADLINES, DEADLINE_KINDS = DEADLINE_KINDS, INDEXES = INDEXES,
-  object_unit = object_unit, object_unit_prefix = object_unit_prefix, group_unit = group_unit, agg_key = agg_key,
+  object_unit = object_unit, object_unit_prefix = object_unit_prefix, node_unit_prefix = node_unit_prefix, group_unit = group_unit, agg_key = agg_key,
   ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,

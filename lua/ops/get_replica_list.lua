@@ -25,7 +25,8 @@ local settle_disk_only = Offload.settle_disk_only
 local NO_DISKS = {} -- read only
 local plain_lease, plain_lease_now, object_unit_prefix = Units.plain_lease, Units.plain_lease_now, Units.object_unit_prefix
 local lease_group, group_unit, group_tiers = Units.lease_group, Units.group_unit, Units.group_tiers
-local grp_key, RADIX_MARK, obj_prefix = Object.grp_key, Object.RADIX_MARK, Object.obj_prefix
+local grp_key, obj_prefix, node_prefix = Object.grp_key, Object.obj_prefix, Object.node_prefix
+local node_unit_prefix = Units.node_unit_prefix
 local mount_of, mount_table = Alloc.mount_of, Base.mount_table
 
 local GENERAL = {} -- plain_read's answer for an object that needs read_one
@@ -50,13 +51,13 @@ end
 -- What the reads of one call share, set by batch_read before its first row (Redis runs one call
 -- at a time): the shard, the tenant, the clock (nil until a row needs it), the config, the
 -- re-scores (nil for a call of one key until a row needs them), the mount ids (a table for a store without a mount epoch, else nil), the replica
--- tails seen (live_tail), the prefixes of the object keys and units, and the lease of plain
+-- tails seen (live_tail), the prefixes of the object keys and units and of the radix nodes' records and units, and the lease of plain
 -- objects (their lease, its score and the queue of their tier's re-scores with its length; nil
 -- until the first one), or R_single: a call of one key, whose plain lease is sent at once.
-local R_P, R_tenant, R_now, R_cfg, R_rescore, R_mounts, R_tails, R_okey, R_unit
+local R_P, R_tenant, R_now, R_cfg, R_rescore, R_mounts, R_tails, R_okey, R_unit, R_node, R_node_unit
 local R_until, R_score, R_q, R_qn, R_single
 
--- The object key and unit prefixes of a shard and tenant (pure functions of them), built once.
+-- The object key and unit prefixes of a shard and tenant, and its radix nodes' (pure functions of them), built once.
 -- Bounded: dropped whole at PREFIXES_MAX pairs.
 local PREFIXES, prefixes_n, PREFIXES_MAX = {}, 0, 1024
 
@@ -131,11 +132,14 @@ local function plain_read(call, key, kind)
   end
   if not status then return E.OBJECT_NOT_FOUND end
   if not reps or special then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
-  local gkey, group_lease, retained_until
-  group = group or (node and RADIX_MARK .. node)
-  if group then -- a group member (or a radix node's key): the group is the unit
+  local gkey, unit, group_lease, retained_until
+  if group then -- a group member (or a radix node's key, below): the group is the unit
+    gkey, unit = grp_key(R_P, R_tenant, group), group_unit(R_tenant, group)
+  elseif node then -- grp_key and group_unit of RADIX_MARK .. node
+    gkey, unit = R_node .. node, R_node_unit .. node
+  end
+  if gkey then
     if not R_rescore then R_rescore = {} end
-    gkey = grp_key(R_P, R_tenant, group)
     local g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until')
     if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
     group_lease, retained_until = tonumber_(g[2]) or 0, g[3]
@@ -152,7 +156,7 @@ local function plain_read(call, key, kind)
   end
   local now, cfg, until_ms = read_now(), R_cfg, nil
   if gkey then
-    until_ms = lease_group(gkey, group_unit(R_tenant, group), group_lease,
+    until_ms = lease_group(gkey, unit, group_lease,
       now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, R_rescore, group_tiers(retained_until, now))
   else
     if R_single then -- a call of one key: its re-score goes at once
@@ -250,11 +254,11 @@ local function batch_read(P, args, cfg, spec, shape)
   local pre = PREFIXES[P] and PREFIXES[P][tenant]
   if not pre then
     if prefixes_n >= PREFIXES_MAX then PREFIXES, prefixes_n = {}, 0 end
-    pre = { obj_prefix(P, tenant), object_unit_prefix(tenant) }
+    pre = { obj_prefix(P, tenant), object_unit_prefix(tenant), node_prefix(P, tenant), node_unit_prefix(tenant) }
     PREFIXES[P] = PREFIXES[P] or {}
     PREFIXES[P][tenant], prefixes_n = pre, prefixes_n + 1
   end
-  R_okey, R_unit = pre[1], pre[2]
+  R_okey, R_unit, R_node, R_node_unit = pre[1], pre[2], pre[3], pre[4]
   for i = 1, call.rows do
     local key = args[call.first + (i - 1) * stride]
     local got = plain_read(redis_call, key, kind)
