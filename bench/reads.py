@@ -1,0 +1,142 @@
+"""The read path's figures beside `bench instructions`: server instructions per call of the four
+reads with the radix index off or on, and memory per complete object.
+
+* instructions (`--radix` for the index on): a private valkey-server under callgrind
+  (bench/instructions.py's CallgrindValkey), 2,000 objects of 64 KiB with one replica on one
+  shard; with the index, each key is `<hash64>_0` of its own node, nodes registered in chains of
+  8. Per figure, n calls of exist_key and get_replica_list (keys spread over the store), and n/8
+  calls of their batches of 100 keys; instructions per call (per key for the batches), minus an
+  empty window's, and the redis.calls made.
+* memory (`--memory`): a private valkey-server (no valgrind), N complete objects of one replica
+  put in batches of 500, used_memory after minus before, divided by N.
+
+    python -m mooncake_redis.bench.reads [--n 400] [--radix] [--memory [--objects 50000]]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+from typing import Any, Callable
+
+import redis
+
+from mooncake_redis import Master, MasterConfig
+from mooncake_redis.server import EmbeddedValkey
+
+from . import instructions as bi
+
+STORE = 2000
+BATCH = 100
+CHAIN = 8
+
+
+def _store(m: Master, radix: bool) -> list[str]:
+    m.mount_segment(bi.SEGMENT, bi.SEGMENT_SIZE, bi.CLIENT)
+    if radix:
+        hashes = [f"{i + 1:064x}" for i in range(STORE)]
+        pairs: list[tuple[Any, Any]] = [(h, f"{int(h, 16) - 1:064x}" if int(h, 16) % CHAIN != 1 else None)
+                                        for h in hashes]
+        for i in range(0, STORE, 500):
+            if any(c != 0 for c in m.batch_register_radix_nodes(pairs[i:i + 500])):
+                raise RuntimeError("batch_register_radix_nodes failed")
+        keys = [h + "_0" for h in hashes]
+    else:
+        keys = [f"obj-{i:06d}" for i in range(STORE)]
+    for i in range(0, STORE, 500):
+        chunk = keys[i:i + 500]
+        if any(not isinstance(x, list) for x in m.batch_put_start(bi.CLIENT, chunk, [bi.OBJECT_SIZE] * len(chunk))):
+            raise RuntimeError("batch_put_start failed")
+        if any(c != 0 for c in m.batch_put_end(bi.CLIENT, chunk)):
+            raise RuntimeError("batch_put_end failed")
+    return keys
+
+
+def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] = print) -> dict[str, dict]:
+    """Instructions per call (per key for the batches) and redis.calls of the four reads."""
+    valgrind, control = bi.find_valgrind()
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-bench-reads-"))
+        server = bi.CallgrindValkey(tmp, valgrind, control)
+        stack.callback(server.stop)
+        server.start()
+        r = redis.Redis.from_url(server.url)
+        stack.callback(r.close)
+        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix))
+        stack.callback(m.close)
+        keys = _store(m, radix)
+        r.function_load(bi.LIBRARY, replace=True)  # mcb_gc, which every window calls
+        server.calibrate(r)
+
+        def key_at(j: int) -> str:
+            return keys[(j * 7919) % STORE]
+
+        def window_of(j: int) -> list[str]:
+            s = (j * BATCH) % (STORE - BATCH + 1)
+            return keys[s:s + BATCH]
+
+        batches = max(1, n // 8)
+        reads: dict[str, tuple[Callable[[], object], int, Callable[[], object]]] = {
+            "exist_key": (lambda: [m.exist_key(key_at(j)) for j in range(n)], n, lambda: m.exist_key(key_at(0))),
+            "get_replica_list": (lambda: [m.get_replica_list(key_at(j)) for j in range(n)], n,
+                                 lambda: m.get_replica_list(key_at(0))),
+            "batch_exist_key": (lambda: [m.batch_exist_key(window_of(j)) for j in range(batches)], batches * BATCH,
+                                lambda: m.batch_exist_key(window_of(0))),
+            "batch_get_replica_list": (lambda: [m.batch_get_replica_list(window_of(j)) for j in range(batches)],
+                                       batches * BATCH, lambda: m.batch_get_replica_list(window_of(0))),
+        }
+        out(f"reads, radix index {'on' if radix else 'off'}: n={n} calls, batches {batches} calls of {BATCH} keys "
+            f"over {STORE} objects (instructions per call, per key for the batches)")
+        got: dict[str, dict] = {}
+        for name, (run, units, warm) in reads.items():
+            for _ in range(bi.WARMUP):
+                warm()
+            w = server.window(r, run)
+            got[name] = {"instructions": w.instructions / units, "redis_calls": sum(w.commands.values()) / units,
+                         "commands": {c: v / units for c, v in sorted(w.commands.items())}}
+            out(f"  {name:<26}{w.instructions / units:>12,.0f}   redis.calls {got[name]['redis_calls']:.2f}")
+        return got
+
+
+def memory(objects: int = 50_000, out: Callable[[str], None] = print) -> float:
+    """used_memory per complete object of one replica (shards=1)."""
+    with contextlib.ExitStack() as stack:
+        server = EmbeddedValkey(data_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-mem-")))
+        server.start()
+        stack.callback(server.stop)
+        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1))
+        stack.callback(m.close)
+        r = redis.Redis.from_url(server.url)
+        stack.callback(r.close)
+        m.mount_segment(bi.SEGMENT, bi.SEGMENT_SIZE, bi.CLIENT)
+        m.batch_put_start(bi.CLIENT, ["warm-0"], [bi.OBJECT_SIZE])  # every per-shard structure exists first
+        m.batch_put_end(bi.CLIENT, ["warm-0"])
+        before = int(r.info("memory")["used_memory"])
+        keys = [f"obj-{i:06d}" for i in range(objects)]
+        for i in range(0, objects, 500):
+            chunk = keys[i:i + 500]
+            if any(not isinstance(x, list) for x in m.batch_put_start(bi.CLIENT, chunk, [bi.OBJECT_SIZE] * len(chunk))):
+                raise RuntimeError("batch_put_start failed")
+            if any(c != 0 for c in m.batch_put_end(bi.CLIENT, chunk)):
+                raise RuntimeError("batch_put_end failed")
+        per = (int(r.info("memory")["used_memory"]) - before) / objects
+        out(f"memory per complete object ({objects:,} objects of one replica, shards=1, used_memory delta): "
+            f"{per:.1f} B")
+        return per
+
+
+def _cli() -> None:
+    p = argparse.ArgumentParser(prog="python -m mooncake_redis.bench.reads", description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=400, help="calls per figure (default 400)")
+    p.add_argument("--radix", action="store_true", help="the radix index on")
+    p.add_argument("--memory", action="store_true", help="memory per object instead (no valgrind)")
+    p.add_argument("--objects", type=int, default=50_000, help="objects for --memory (default 50,000)")
+    a = p.parse_args()
+    if a.memory:
+        memory(a.objects)
+    else:
+        instructions(a.n, a.radix)
+
+
+if __name__ == "__main__":
+    _cli()

@@ -1,0 +1,43 @@
+"""bench/reads.py: the read-path figures (instructions with the radix index off and on, under
+callgrind, skipped without valgrind; memory per object). No figure is asserted beyond relations
+that must hold."""
+from __future__ import annotations
+
+import pytest
+
+from mooncake_redis.bench import instructions as bench_instructions
+from mooncake_redis.bench import reads
+
+READS = ["exist_key", "get_replica_list", "batch_exist_key", "batch_get_replica_list"]
+
+
+def _valgrind_usable() -> bool:
+    try:
+        bench_instructions.find_valgrind()
+    except bench_instructions.CallgrindUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _valgrind_usable(), reason=f"valgrind is not installed: {bench_instructions.INSTALL}")
+def test_reads_counts_every_read_with_the_radix_index_on_and_its_node_calls():
+    lines: list[str] = []
+    got = reads.instructions(n=8, radix=True, out=lines.append)
+    assert list(got) == READS and "radix index on" in lines[0]
+    for name, fig in got.items():
+        assert fig["instructions"] > 0, name
+        # every read of a radix key takes its object's fields and its node's record
+        assert fig["commands"].get("hmget", 0) >= 2, (name, fig["commands"])
+        assert any(line.split()[0] == name for line in lines[1:]), name
+    # a batch shares its config read, clock and re-scores: fewer instructions per key than one call
+    assert got["batch_exist_key"]["instructions"] < got["exist_key"]["instructions"]
+
+
+def test_memory_per_object_is_the_used_memory_a_stored_object_adds():
+    lines: list[str] = []
+    per = reads.memory(objects=10_000, out=lines.append)  # fewer: allocator noise dominates
+    # an object is at least its hash (key and fields) and its tier entry, and far from a kilobyte
+    assert 100 < per < 1000, per
+    assert lines == [f"memory per complete object (10,000 objects of one replica, shards=1, used_memory delta): "
+                     f"{per:.1f} B"]
