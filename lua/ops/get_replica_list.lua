@@ -23,7 +23,8 @@ local renew_guarantee = Units.renew_guarantee
 local settle_disk_only = Offload.settle_disk_only
 
 local NO_DISKS = {} -- read only
-local plain_lease, plain_lease_now, object_unit_prefix = Units.plain_lease, Units.plain_lease_now, Units.object_unit_prefix
+local plain_lease, plain_lease_now = Units.plain_lease, Units.plain_lease_now
+local object_unit_prefix = Units.object_unit_prefix
 local lease_group, group_unit, group_tiers = Units.lease_group, Units.group_unit, Units.group_tiers
 local grp_key, obj_prefix, node_prefix = Object.grp_key, Object.obj_prefix, Object.node_prefix
 local node_unit_prefix = Units.node_unit_prefix
@@ -50,15 +51,16 @@ end
 
 -- What the reads of one call share, set by batch_read before its first row (Redis runs one call
 -- at a time): the shard, the tenant, the clock (nil until a row needs it), the config, the
--- re-scores (nil for a call of one key until a row needs them), the mount ids (a table for a store without a mount epoch, else nil), the replica
--- tails seen (live_tail), the prefixes of the object keys and units and of the radix nodes' records and units, and the lease of plain
+-- re-scores (nil for a call of one key until a row needs them), the mount ids (a table for a
+-- store without a mount epoch, else nil), the replica tails seen (live_tail), the prefixes of
+-- the object keys and units and of the radix nodes' records and units, and the lease of plain
 -- objects (their lease, its score and the queue of their tier's re-scores with its length; nil
 -- until the first one), or R_single: a call of one key, whose plain lease is sent at once.
 local R_P, R_tenant, R_now, R_cfg, R_rescore, R_mounts, R_tails, R_okey, R_unit, R_node, R_node_unit
 local R_until, R_score, R_q, R_qn, R_single
 
--- The object key and unit prefixes of a shard and tenant, and its radix nodes' (pure functions of them), built once.
--- Bounded: dropped whole at PREFIXES_MAX pairs.
+-- The object key and unit prefixes of a shard and tenant, and its radix nodes' (pure functions
+-- of them), built once. Bounded: dropped whole at PREFIXES_MAX pairs.
 local PREFIXES, prefixes_n, PREFIXES_MAX = {}, 0, 1024
 
 local function read_now()
