@@ -239,6 +239,8 @@ EVICT_ALL = [("evict", s, 3) for s in range(4)]
 # a request-level group over pages 3 and 4 (one key each), retained; page 1 keys in both groups
 @example(ops=[("put", 0, 0, ""), ("put", 1, 0, ""), ("put", 3, 0, "", "req"), ("put", 4, 1, "", "req"),
               ("put", 1, 1, "", "req"), ("retain", -1, 3_000), *EVICT_ALL, ("advance", 6_000), *EVICT_ALL])
+# a read of a page whose group is retained: its node's retained-tier score is its new lease
+@example(ops=[("retain", 0, 3_000), ("put", 0, 0, ""), ("read", 0)])
 @given(ops=st.lists(op_st, min_size=5, max_size=40))
 def test_grouped_tagged_chains_keep_parents_and_protected_nodes(new_master, ops):
     """SGLang tagged pages (TP ranks 0 and 1, each a _k/_v pair), chained as a binary tree; a

@@ -417,9 +417,12 @@ local function lease_group(gkey, unit, cur, until_ms, slack, rescore, tiers)
   return until_ms
 end
 
--- The tiers a group is expected in by its retention (retained_until, as stored) at `now`.
+-- The tiers a group is expected in by its retention (retained_until, as stored) at `now`; a
+-- radix node that ever had a grouped key (`grouped`) takes its retention from its keys' groups
+-- (node_retention), not from its record: any tier.
 local RETAINED_TIERS, UNRETAINED_TIERS = { TIER_RETAINED, TIER_SOFT_RETAINED }, { TIER_ORDINARY, TIER_SOFT }
-local function group_tiers(retained_until, now)
+local function group_tiers(retained_until, now, grouped)
+  if grouped then return TIERS end
   return (tonumber(retained_until) or 0) > now and RETAINED_TIERS or UNRETAINED_TIERS
 end
 

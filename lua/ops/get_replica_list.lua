@@ -134,7 +134,7 @@ local function plain_read(call, key, kind)
   end
   if not status then return E.OBJECT_NOT_FOUND end
   if not reps or special then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
-  local gkey, unit, group_lease, retained_until
+  local gkey, unit, group_lease, retained_until, grouped
   if group then -- a group member (or a radix node's key, below): the group is the unit
     gkey, unit = grp_key(R_P, R_tenant, group), group_unit(R_tenant, group)
   elseif node then -- grp_key and group_unit of RADIX_MARK .. node
@@ -142,9 +142,9 @@ local function plain_read(call, key, kind)
   end
   if gkey then
     if not R_rescore then R_rescore = {} end
-    local g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until')
+    local g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until', 'grouped')
     if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
-    group_lease, retained_until = tonumber_(g[2]) or 0, g[3]
+    group_lease, retained_until, grouped = tonumber_(g[2]) or 0, g[3], g[4]
   end
   if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   local r, off
@@ -159,7 +159,7 @@ local function plain_read(call, key, kind)
   local now, cfg, until_ms = read_now(), R_cfg, nil
   if gkey then
     until_ms = lease_group(gkey, unit, group_lease,
-      now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, R_rescore, group_tiers(retained_until, now))
+      now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, R_rescore, group_tiers(retained_until, now, grouped))
   else
     if R_single then -- a call of one key: its re-score goes at once
       until_ms = plain_lease_now(R_P, R_unit .. key, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, now)
