@@ -6,6 +6,7 @@ shard transport (`self.transport`) and the store's configuration (ApiBase); Mast
   segments.py     SegmentsApi: mounting and unmounting segments (with the dead-replica sweep), pings
   maintenance.py  MaintenanceApi: usage counters, eviction steps
   clock.py        ClockApi: the store clock's test hook
+  queries.py      QueriesApi: cache statistics, segment names and usage (read only)
   checks.py       the argument checks they share
 
 A family that calls another's method (objects.py puts register radix nodes, offload sweeps a

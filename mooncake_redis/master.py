@@ -22,6 +22,7 @@ from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
 from .offload import OffloadApi
 from .preflight import check_server
+from .queries import QueriesApi
 from .radix import RadixApi
 from .segments import SegmentsApi
 from .transport import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Shards, client_from_url, run
@@ -33,7 +34,7 @@ __all__ = ["Master", "EVICT_STEP_UNITS"]  # EVICT_STEP_UNITS: the default of evi
 _redis_from_url = client_from_url
 
 
-class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi, EventsApi):
+class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi, EventsApi, QueriesApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config

@@ -137,9 +137,13 @@ local function gw_register_client(P, args)
 end
 
 -- gw_heartbeat. KEYS: P (shard 0). ARGV: options id (1-256 bytes), rpc, metadata (addresses,
--- at most 256 bytes; metadata may be ''), ttl_ms (0-3600000; 0: the gateway leaves).
--- Reply: 0. Also drops up to 16 gateways whose heartbeat deadline passed.
-local GW_HEARTBEAT_SPEC = { opts = { id = 'required', rpc = 'required', metadata = 'required', ttl_ms = 'required' } }
+-- at most 256 bytes; metadata may be ''), ttl_ms (0-3600000; 0: the gateway leaves); optional
+-- reads and read_hits (integers >= 0, default 0): the GetReplicaList keys the gateway served
+-- since its last heartbeat, and those it answered with a replica, added to P.gw_reads and
+-- P.gw_read_hits (CalcCacheStats). Reply: 0. Also drops up to 16 gateways whose heartbeat
+-- deadline passed.
+local GW_HEARTBEAT_SPEC = { opts = { id = 'required', rpc = 'required', metadata = 'required', ttl_ms = 'required',
+  reads = 'optional', read_hits = 'optional' } }
 
 local function gw_heartbeat(P, args)
   local call, err = parse_call(args, GW_HEARTBEAT_SPEC)
@@ -149,6 +153,12 @@ local function gw_heartbeat(P, args)
   if not valid_name(o.id, 256) or not valid_name(o.rpc, 256) or #o.metadata > 256 or not ttl then
     return fail(E.INVALID_PARAMS, 'id and rpc must be 1-256 bytes, metadata at most 256, ttl_ms in [0, 3600000]')
   end
+  local reads, hits = int_arg(o.reads or '0', 0, MAX_INT), int_arg(o.read_hits or '0', 0, MAX_INT)
+  if not reads or not hits or hits > reads then
+    return fail(E.INVALID_PARAMS, 'reads and read_hits must be integers >= 0, read_hits at most reads')
+  end
+  if reads > 0 then redis.call('HINCRBY', P, 'gw_reads', S(reads)) end
+  if hits > 0 then redis.call('HINCRBY', P, 'gw_read_hits', S(hits)) end
   local now = now_ms(P)
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', P .. K.gateways, '-inf', '(' .. S(now), 'LIMIT', 0, 16)) do
     redis.call('DEL', P .. K.gateway .. gone)

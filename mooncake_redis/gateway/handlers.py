@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 import uuid as uuidlib
 from functools import partial
@@ -33,6 +34,7 @@ OK_STATUS, NEED_REMOUNT = 1, 2  # Mooncake's ClientStatus
 SOFT_PIN_ACTIONS = {0: SoftPinAction.PRESERVE, 1: SoftPinAction.ENABLE, 2: SoftPinAction.DISABLE}
 MOONCAKE_CODES = range(-1799, 1)  # Mooncake's own error numbers; ours below -10000 have no match there
 FACTS_TTL_S = 5.0  # how long a gateway trusts a segment's recorded facts before reading them again
+MAX_QUERY_CLIENTS = 4096  # client ids per BatchQueryIp
 INLINE = frozenset({"ServiceReady", "GetStorageConfig", "GetFsdir", "FetchTasks"})  # no store involved
 
 
@@ -58,9 +60,29 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
 
 
+class ReadCounts:
+    """The GetReplicaList keys served and those answered with a replica, since the last take()
+    (the heartbeat adds them to the store's counters: CalcCacheStats)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reads = self.hits = 0
+
+    def add(self, reads: int, hits: int) -> None:
+        with self._lock:
+            self.reads += reads
+            self.hits += hits
+
+    def take(self) -> tuple[int, int]:
+        with self._lock:
+            taken, self.reads, self.hits = (self.reads, self.hits), 0, 0
+        return taken
+
+
 class Handlers:
     def __init__(self, master: Master):
         self.master = master
+        self.reads = ReadCounts()
         self.store = GatewayStore(master)
         self._facts: dict[str, tuple[float, SegmentFacts | None]] = {}
         self._kinds = {name: kind for name in schema.RPCS if (kind := self._kind(name))}
@@ -141,6 +163,18 @@ class Handlers:
                 cached[name] = self._facts[name] = (now, facts)
         return {n: c[1] for n, c in cached.items() if c is not None}  # none is None now
 
+    # ---- queries ---------------------------------------------------------------------------
+    def CalcCacheStats(self) -> dict[int, float]:
+        return self.master.cache_stats().mooncake()
+
+    def BatchQueryIp(self, clients: Sequence[Sequence[int]]) -> dict:
+        """Each asked client with a mounted segment -> the hosts of its segments' endpoints."""
+        if len(clients) > MAX_QUERY_CLIENTS:
+            raise MasterError(ErrorCode.INVALID_PARAMS, f"at most {MAX_QUERY_CLIENTS} client ids per call")
+        hosts = self.store.client_hosts([uuid_text(c) for c in clients])
+        return {tuple(c): [h.encode("utf-8", "surrogateescape") for h in hosts[uuid_text(c)]]
+                for c in clients if uuid_text(c) in hosts}
+
     # ---- descriptors ---------------------------------------------------------------------
     def descriptors_steps(self, replica_lists: list[list[Replica]], status: int) -> Steps[list[Any]]:
         """Each list of replicas as Mooncake's descriptors; an Err for a list with a replica
@@ -205,7 +239,9 @@ class Handlers:
 
     def BatchGetReplicaList(self, keys: Sequence[bytes], tenant: bytes) -> Steps[list]:
         results = yield from self.master.batch_get_replica_list_steps(list(keys), _text(tenant))
-        return (yield from self.replica_lists_steps(results))
+        out = yield from self.replica_lists_steps(results)
+        self.reads.add(len(out), sum(not isinstance(r, Err) for r in out))
+        return out
 
     # ---- writes --------------------------------------------------------------------------
     def _config(self, c: Any, group_id: str | None) -> ReplicateConfig:

@@ -1,7 +1,8 @@
 """The transfer engine's HTTP metadata server, as Mooncake's master serves it with
 --enable_http_metadata_server, kept in the store (mc_gw_metadata_*): a key-value store at
-/metadata?key=<key> (GET, PUT, DELETE; bodies opaque), /health, and RFC 000's active
-invalidation POST /v1/cache/evict. A small HTTP/1.1 server on asyncio streams (keep-alive,
+/metadata?key=<key> (GET, PUT, DELETE; bodies opaque), /health, Mooncake's admin segment
+queries /get_all_segments and /query_segment, and RFC 000's active invalidation POST
+/v1/cache/evict. A small HTTP/1.1 server on asyncio streams (keep-alive,
 Content-Length bodies); every store call runs on the gateway's thread pool."""
 from __future__ import annotations
 
@@ -104,6 +105,10 @@ class MetadataServer:
                 status, text, ctype = await self._metadata(method, url.query, body)
             elif url.path == "/health":
                 status, text, ctype = 200, b"OK", None
+            elif url.path in ("/get_all_segments", "/query_segment"):
+                if method != "GET":
+                    raise HttpError(405, "use GET")
+                status, text, ctype = await self._segments(url.path, url.query)
             elif url.path == "/v1/cache/evict":
                 if method != "POST":
                     raise HttpError(405, "use POST")
@@ -140,6 +145,21 @@ class MetadataServer:
                 return 200, b"metadata deleted", None
             return 404, b"metadata not found", None
         raise HttpError(405, "Method not allowed")
+
+    async def _segments(self, path: str, query: str) -> tuple[int, bytes, str | None]:
+        """Mooncake's admin queries, in its text format: /get_all_segments (one name a line) and
+        /query_segment?segment=<name> ("<name>\\nUsed(bytes): U\\nCapacity(bytes) : C\\n"; an
+        unknown segment is Mooncake's 500 "Failed to query segment")."""
+        master, ctype = self.store.master, "text/plain; version=0.0.4"
+        if path == "/get_all_segments":
+            names = await self.run(master.segment_names)
+            return 200, "".join(f"{n}\n" for n in names).encode("utf-8", "surrogateescape"), ctype
+        name = parse_qs(query, keep_blank_values=True).get("segment", [""])[0]
+        found = await self.run(master.segment_usage, name) if 1 <= len(name.encode()) <= 1024 else None
+        if found is None:
+            return 500, b"Failed to query segment", ctype
+        used, capacity = found
+        return 200, f"{name}\nUsed(bytes): {used}\nCapacity(bytes) : {capacity}\n".encode(), ctype
 
     async def _evict(self, body: bytes) -> bytes:
         """RFC 000's active invalidation: end the guarantees of a tenant's objects under these

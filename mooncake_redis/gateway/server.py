@@ -137,7 +137,7 @@ class Gateway:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         try:
-            await self.run(self.store.heartbeat, self.id, self.rpc_address or "off", self.metadata_url, 0)
+            await self.run(self._heartbeat, 0)
         except Exception as exc:  # leaving is a courtesy: the entry expires by itself
             log.warning("gateway %s could not leave the store's list: %s", self.id, exc)
         self.pool.shutdown(wait=True)
@@ -147,8 +147,15 @@ class Gateway:
         """Run a blocking call (Master, the store) on the thread pool."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    def _heartbeat(self) -> None:
-        self.store.heartbeat(self.id, self.rpc_address or "off", self.metadata_url, HEARTBEAT_TTL_MS)
+    def _heartbeat(self, ttl_ms: int = HEARTBEAT_TTL_MS) -> None:
+        """Renew this gateway's entry (0: leave) and hand its read counts to the store; counts a
+        failed call did not deliver are kept for the next one."""
+        reads, hits = self.handlers.reads.take()
+        try:
+            self.store.heartbeat(self.id, self.rpc_address or "off", self.metadata_url, ttl_ms, reads, hits)
+        except Exception:
+            self.handlers.reads.add(reads, hits)
+            raise
 
     async def _heartbeats(self) -> None:
         while True:

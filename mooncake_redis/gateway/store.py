@@ -30,6 +30,13 @@ class SegmentFacts:
         return self.base <= address and address + size <= self.base + self.size
 
 
+def host_without_port(endpoint: str) -> str:
+    """Mooncake's getHostNameWithoutPort: "[v6]:port" -> "v6", "host:port" -> "host", else as is."""
+    if endpoint.startswith("[") and "]" in endpoint:
+        return endpoint[1:endpoint.index("]")]
+    return endpoint.rpartition(":")[0] if ":" in endpoint else endpoint
+
+
 class GatewayStore:
     def __init__(self, master: Master):
         self.master = master
@@ -65,6 +72,29 @@ class GatewayStore:
             out.append(SegmentFacts(name, uuid, client, endpoint, protocol, int(base), int(size)))
         return out
 
+    def client_hosts(self, client_ids: list[str]) -> dict[str, list[str]]:
+        """Each asked client that has a mounted segment -> the hosts of its segments' transfer
+        endpoints (unique, in segment order; [] when none was recorded), as Mooncake's QueryIp.
+        Reads shard 0's segment list (every segment has a slice on every shard) in two round
+        trips; a client with no segment is left out."""
+        wanted = set(client_ids)
+        k = self.keys0
+        names = self.transport.run([("ZRANGE", k.segments, 0, -1)])[0]
+        rows = self.transport.run([cmd for n in names for cmd in (("HGET", k.segment(n), "client"),
+                                                                  ("HGET", k.gw_segment(n), "endpoint"))])
+        out: dict[str, list[str]] = {}
+        for at in range(0, len(rows), 2):
+            client = rows[at].decode(errors="surrogateescape") if rows[at] is not None else None
+            if client not in wanted:
+                continue
+            hosts = out.setdefault(client, [])
+            endpoint = rows[at + 1]
+            if endpoint:
+                host = host_without_port(endpoint.decode(errors="surrogateescape"))
+                if host not in hosts:
+                    hosts.append(host)
+        return out
+
     def reap(self) -> int:
         """Forget up to REAP_BATCH segments that are no longer mounted, with their metadata."""
         return self.transport.call("mc_gw_reap", 0, REAP_BATCH)
@@ -87,11 +117,16 @@ class GatewayStore:
         return self.transport.call("mc_gw_metadata_delete", 0, *wire.options(key=key)) == 1
 
     # ---- gateways ----------------------------------------------------------------------
-    def heartbeat(self, gateway_id: str, rpc: str, metadata: str, ttl_ms: int) -> None:
-        """Announce a serving gateway until now + ttl_ms (0: it leaves)."""
+    def heartbeat(self, gateway_id: str, rpc: str, metadata: str, ttl_ms: int, reads: int = 0,
+                  read_hits: int = 0) -> None:
+        """Announce a serving gateway until now + ttl_ms (0: it leaves), adding the reads it
+        served since its last heartbeat (and those answered) to the store's counters."""
         _check_int(ttl_ms, "ttl_ms", 0, 3_600_000)
+        _check_int(reads, "reads", 0)
+        _check_int(read_hits, "read_hits", 0, reads)
         self.transport.call("mc_gw_heartbeat", 0, *wire.options(id=gateway_id, rpc=rpc, metadata=metadata,
-                                                                ttl_ms=ttl_ms))
+                                                                ttl_ms=ttl_ms, reads=reads or None,
+                                                                read_hits=read_hits or None))
 
     def gateways(self) -> list[dict[str, str]]:
         """The gateways whose heartbeat deadline has not passed (on the store clock)."""
