@@ -52,6 +52,7 @@ CLOCK_FIELD, MOUNT_EPOCH_FIELD = "clock", "mounts"
 K: dict[str, str] = {
     "config": ":config", "mount_seq": ":mount_seq",
     "segment": ":seg:", "segments": ":segs", "free": ":free:", "free_by_off": ":by_off", "free_by_size": ":by_size",
+    "segments_draining": ":segs_draining",  # graceful unmounts: segment -> its deadline
     "held": ":held", "processing": ":processing", "clients": ":clients", "expired_clients": ":expired_clients",
     "object": ":obj:", "group": ":grp:", "group_members": ":grpm:", "aggregate": ":agg:",
     "tier_ordinary": ":evict:ordinary", "tier_soft": ":evict:soft", "draining": ":evict:draining",
@@ -98,6 +99,7 @@ class ShardKeys:
         self.config = P + _KB["config"]
         self.mount_seq = P + _KB["mount_seq"]
         self.segments = P + _KB["segments"]
+        self.segments_draining = P + _KB["segments_draining"]
         self.held = P + _KB["held"]
         self.processing = P + _KB["processing"]
         self.clients = P + _KB["clients"]

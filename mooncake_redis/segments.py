@@ -13,6 +13,9 @@ from .keys import segment_slice
 from .steps import Steps
 from .transport import CHUNK_OF
 
+MAX_GRACE_MS = 10**15  # as the function's bound: now + it stays below 2^53
+DRAIN_BATCH = 64  # gracefully unmounting segments finish_drains looks at per call
+
 
 class SegmentsApi(ApiBase):
     def mount_segment(self, name: str, size: int, client_id: str, base: int = 0, path: str | None = None) -> None:
@@ -47,6 +50,52 @@ class SegmentsApi(ApiBase):
         if not sweep:
             return 0
         return sum(self.sweep_shard(shard, progress) for shard in range(self.shards))
+
+    def graceful_unmount_segment(self, name: str, client_id: str, grace_ms: int) -> None:
+        """Stop allocating on the segment at once (every shard); its objects stay readable until
+        the segment drains (every slice empty) or `grace_ms` passes, then the worker unmounts
+        it (finish_drains). A second call keeps the earlier deadline. Errors as unmount_segment
+        (SEGMENT_NOT_FOUND, ILLEGAL_CLIENT)."""
+        _check_name(name, "segment name", 1024)
+        _check_name(client_id, "client_id")
+        _check_int(grace_ms, "grace_ms", 0, MAX_GRACE_MS)
+        results = self.transport.each("mc_graceful_unmount_segment",
+                                      *wire.options(name=name, client_id=client_id, grace_ms=grace_ms),
+                                      raise_on_error=False)
+        errors = [r for r in results if isinstance(r, MasterError)]
+        if len(errors) == len(results):
+            raise errors[0]
+
+    def finish_drains(self, max_segments: int = DRAIN_BATCH) -> int:
+        """Unmount every gracefully unmounting segment (up to `max_segments`, the earliest
+        deadlines first) whose slices are all empty or past their deadline: on every shard,
+        shard 0 last (the gateway's facts of a segment last as long as its slice on shard 0).
+        Idempotent; a worker step. Returns the segments unmounted."""
+        _check_int(max_segments, "max_segments", 1, 1024)
+        t = self.transport
+        listed = t.run([("ZRANGE", k.segments_draining, 0, max_segments - 1) for k in t.keys])
+        names = list(dict.fromkeys(n for shard_names in listed for n in shard_names))[:max_segments]
+        if not names:
+            return 0
+        order = [*range(1, t.count), 0]
+        states = t.run([t.command("mc_finish_drain", shard, *wire.options(name=n)) for n in names for shard in order])
+        finished = 0
+        for i, name in enumerate(names):
+            row = states[i * t.count:(i + 1) * t.count]
+            if any(s == b"wait" for s in row):
+                continue
+            drop = wire.options(name=name, op="drop")
+            dropped = t.run([t.command("mc_finish_drain", shard, *drop) for shard in order])
+            finished += 1 if any(dropped) else 0
+        return finished
+
+    def segment_status(self, name: str) -> str | None:
+        """"OK" (mounted), "GRACEFULLY_UNMOUNTING" (some slice is draining), or None (not mounted)."""
+        _check_name(name, "segment name", 1024)
+        rows = self.transport.run([("HMGET", k.segment(name), "size", "draining_until") for k in self.transport.keys])
+        if all(size is None for size, _ in rows):
+            return None
+        return "GRACEFULLY_UNMOUNTING" if any(d is not None for _, d in rows) else "OK"
 
     def sweep_shard(self, shard: int, on_batch: Callable[[int], Any] | None = None) -> int:
         """Drop replicas on unmounted segments from every object of one shard (SCAN, then

@@ -15,6 +15,8 @@ space that eviction would otherwise have to find):
      until a call does less than `batch` of either);
   2. expire_clients: expire clients whose pings stopped (`mc_expire_clients`, same rule; only
      when a client's last ping is more than client_ttl old or the watch is due for a refresh);
+  2b. finish_drains (shard 0): unmount, on every shard, the gracefully unmounting segments
+     whose slices are all empty or past their grace period (`mc_finish_drain`);
   3. sweep_replicas: when a segment was unmounted (the shard's `<P>:sweep_pending` marker is
      set, also if a worker stopped before sweeping, or step 2 just unmounted one), sweep the dead
      replicas out of the shard's object hashes (`mc_sweep_replicas` over a SCAN of the shard's
@@ -49,6 +51,7 @@ from .errors import MasterError
 from .master import EVICT_STEP_UNITS, Master
 from .models import EvictionStep
 from .radix import DEFAULT_GRACE_MS as RADIX_GRACE_MS
+from .segments import DRAIN_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,7 @@ class WorkerPass:
     radix_nodes_dropped: int = 0     # empty radix nodes reconciliation removed
     radix_phantoms_removed: int = 0  # children a parent listed that were gone
     gateway_segments_reaped: int = 0  # segments a gateway recorded that are no longer mounted
+    segments_drained: int = 0  # gracefully unmounted segments that went (drained, or their grace ended)
     offload_timed_out: int = 0  # offload tasks whose deadline passed (queued again or dropped)
 
     def add(self, other: "WorkerPass") -> None:
@@ -104,6 +108,7 @@ _TOTALS = {
     "radix_phantoms_removed_total": "radix_phantoms_removed",
     "offload_timed_out_total": "offload_timed_out",
     "gateway_segments_reaped_total": "gateway_segments_reaped",
+    "segments_drained_total": "segments_drained",
 }
 
 
@@ -166,7 +171,7 @@ def expire_clients(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> N
 def sweep_replicas(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
     """The shard's dead-replica sweep, when one is owed; a stop leaves its marker set for the
     next pass."""
-    if not (shard.sweep_pending or done.segments_unmounted > 0) or worker.stopping():
+    if not (shard.sweep_pending or done.segments_unmounted > 0 or done.segments_drained > 0) or worker.stopping():
         return
     worker.renew(shard.index)
 
@@ -245,10 +250,22 @@ def reap_gateway_segments(worker: "Worker", shard: ClaimedShard, done: WorkerPas
         worker.renew(shard.index)
 
 
+def finish_drains(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
+    """Shard 0 only: gracefully unmounting segments whose slices are all empty or past their
+    deadline are unmounted on every shard (SegmentsApi.finish_drains), a batch at a time."""
+    while shard.index == 0 and not worker.stopping():
+        finished = worker.master.finish_drains()
+        done.segments_drained += finished
+        if finished < DRAIN_BATCH:
+            return
+        worker.renew(shard.index)
+
+
 # The loops of one pass over a claimed shard, in order.
 STEPS: list[Step] = [
     Step("discard_puts", discard_puts),
     Step("expire_clients", expire_clients),
+    Step("finish_drains", finish_drains),
     Step("sweep_replicas", sweep_replicas),
     Step("reap_gateway_segments", reap_gateway_segments),
     Step("redeliver_offload", redeliver_offload),

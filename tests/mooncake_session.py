@@ -102,7 +102,20 @@ def pressure(store: MooncakeDistributedStore) -> None:
     emit("gets", outcome)
 
 
-SCENARIOS = {"basic": basic, "provider": provider, "consumer": consumer, "writes": writes, "pressure": pressure}
+def graceful(store: MooncakeDistributedStore) -> None:
+    """A second segment mounted, written to, then unmounted gracefully: its object stays
+    readable while the grace period runs."""
+    mounted = store.allocate_and_mount_segment(16 * MiB)
+    emit("mount", [mounted["ret"], len(mounted["segment_ids"])])
+    segment_ids = list(mounted["segment_ids"])
+    value = os.urandom(64 * 1024)
+    emit("put", store.put("graceful", value))
+    emit("unmount_and_free_segment graceful", store.unmount_and_free_segment(segment_ids, 60))
+    emit("get after unmount equal", store.get("graceful") == value)
+
+
+SCENARIOS = {"basic": basic, "provider": provider, "consumer": consumer, "writes": writes, "pressure": pressure,
+             "graceful": graceful}
 
 if __name__ == "__main__":
     scenario, master, metadata = sys.argv[1:4]

@@ -230,3 +230,20 @@ def test_valkey_restarted_from_its_aof_mid_session_loses_nothing(tmp_path):
         thread.stop()
         master.close()
         valkey.stop()
+
+
+def test_a_graceful_unmount_by_the_client_keeps_its_objects_readable(mooncake_master, store_url):
+    """unmount_and_free_segment(ids, grace) sends GracefulUnmountSegment: the same answers as
+    Mooncake's master, and the store keeps the segment draining (the client's second segment
+    shares its first one's name: the gateway keeps it under "<name>#<uuid>")."""
+    theirs = run_session("graceful", mooncake_master.address, mooncake_master.metadata_url)
+    master, thread = open_gateway(store_url, f"gw{uuid.uuid4().hex[:8]}")
+    try:
+        ours = run_session("graceful", thread.gateway.rpc_address, thread.gateway.metadata_url)
+        assert ours == theirs
+        assert dict(ours)["get after unmount equal"] is True
+        (seg,) = master.segments()  # the first segment went with close(); the drained one stays listed
+        assert "#" in seg["name"] and master.segment_status(seg["name"]) == "GRACEFULLY_UNMOUNTING"
+    finally:
+        thread.stop()
+        master.close()

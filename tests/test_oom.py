@@ -51,7 +51,7 @@ def test_a_full_redis_refuses_puts_and_still_frees_itself(full_store):
     assert master.usage().objects == 0 and master.segments() == []
 
 
-FREES = {"mc_remove", "mc_put_revoke", "mc_evict", "mc_unmount_segment", "mc_unmount_local_disk", "mc_sweep_replicas",
+FREES = {"mc_remove", "mc_put_revoke", "mc_evict", "mc_unmount_segment", "mc_finish_drain", "mc_unmount_local_disk", "mc_sweep_replicas",
          "mc_sweep_done", "mc_discard_puts", "mc_expire_clients", "mc_offload_sweep", "mc_claim", "mc_release_claim",
          "mc_radix_apply", "mc_radix_ack", "mc_gw_reap", "mc_gw_segment_forget", "mc_gw_metadata_delete",
          "mc_exist_key", "mc_get_replica_list", "mc_ping"}

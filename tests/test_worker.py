@@ -422,7 +422,8 @@ def test_stop_interrupts_eviction_between_steps(new_master):
 def test_a_pass_runs_the_steps_in_order_on_each_claimed_shard(new_master):
     m = new_master(shards=4)
     seen = []
-    assert [s.name for s in STEPS] == ["discard_puts", "expire_clients", "sweep_replicas", "reap_gateway_segments",
+    assert [s.name for s in STEPS] == ["discard_puts", "expire_clients", "finish_drains", "sweep_replicas",
+                                       "reap_gateway_segments",
                                        "redeliver_offload", "evict", "radix"]
     probes = [Step(f"probe-{s.name}", lambda worker, shard, done, name=s.name: seen.append((shard.index, name)))
               for s in STEPS]

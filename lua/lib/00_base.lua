@@ -7,6 +7,7 @@
 local K = {
   config = ':config', mount_seq = ':mount_seq',
   segment = ':seg:', segments = ':segs', free = ':free:', free_by_off = ':by_off', free_by_size = ':by_size',
+  segments_draining = ':segs_draining', -- graceful unmounts (lua/ops/segments.lua)
   held = ':held', processing = ':processing', clients = ':clients', expired_clients = ':expired_clients',
   object = ':obj:', group = ':grp:', group_members = ':grpm:', aggregate = ':agg:',
   tier_ordinary = ':evict:ordinary', tier_soft = ':evict:soft', draining = ':evict:draining',

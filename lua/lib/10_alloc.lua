@@ -34,8 +34,24 @@ local function add_free(by_off, by_size, off, len)
   redis.call('ZADD', by_size, len, m)
 end
 
--- Best fit: the smallest free extent that holds `size`; returns the offset or nil.
+-- Is the segment's slice being unmounted gracefully (field draining_until: lua/ops/segments.lua)?
+-- Such a slice takes no new extent. Remembered with the mount ids (a drain's start changes the
+-- shard's mount epoch).
+local function draining(P, seg)
+  local known = mount_table(P)
+  if known then
+    known.drain = known.drain or {}
+    if known.drain[seg] ~= nil then return known.drain[seg] end
+  end
+  local d = redis.call('HGET', P .. K.segment .. seg, 'draining_until') ~= false
+  if known then known.drain[seg], known.n = d, known.n + 1 end
+  return d
+end
+
+-- Best fit: the smallest free extent that holds `size`; returns the offset or nil (none, or
+-- the slice is draining).
 local function alloc_extent(P, seg, size)
+  if draining(P, seg) then return nil end
   local by_off, by_size = free_keys(P, seg)
   local hit = redis.call('ZRANGEBYSCORE', by_size, size, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #hit == 0 then return nil end

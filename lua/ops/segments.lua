@@ -1,7 +1,9 @@
 -- Segments and clients. A segment of `size` bytes at `base` is split into one slice per shard
 -- (slice i = [base + floor(i*size/shards), base + floor((i+1)*size/shards)) ); each shard
 -- allocates only inside its own slice. P:seg:<name> hash: client, base, size, used, mount,
--- mounted_at. P:segs zset: segment -> free bytes. P:clients zset: client -> last ping ms.
+-- mounted_at, and draining_until while the segment is unmounted gracefully (below). P:segs zset:
+-- segment -> free bytes. P:segs_draining zset: segment -> its drain deadline. P:clients zset:
+-- client -> last ping ms.
 
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
@@ -80,7 +82,73 @@ local function unmount_segment(P, args)
   if not owner then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. name .. ' is not mounted') end
   if owner ~= client then return fail(E.ILLEGAL_CLIENT, 'segment ' .. name .. ' belongs to another client') end
   drop_segment(P, name)
+  redis.call('ZREM', P .. K.segments_draining, name)
   return E.OK
+end
+
+-- graceful_unmount_segment. KEYS: P. ARGV: options name, client_id, grace_ms (0 - 10^15), all
+-- required. Reply: 0 (OK). From now on the slice takes no new extent (10_alloc.lua: draining)
+-- and its replicas stay readable; its hash gets draining_until = now + grace_ms (a second call
+-- keeps the earlier deadline) and P:segs_draining lists it with that deadline. The worker then
+-- drops the segment on every shard at once, when every slice is empty or past its deadline
+-- (finish_drain, SegmentsApi.finish_drains). SEGMENT_NOT_FOUND, ILLEGAL_CLIENT as unmount_segment.
+local GRACEFUL_SPEC = { opts = { name = 'required', client_id = 'required', grace_ms = 'required' } }
+local MAX_GRACE = 1000000000000000 -- 10^15 ms: now + it stays far below 2^53
+
+local function graceful_unmount_segment(P, args)
+  local call, err = parse_call(args, GRACEFUL_SPEC)
+  if not call then return fail(E.INVALID_PARAMS, err) end
+  local name, client = call.opts.name, call.opts.client_id
+  local grace = int_arg(call.opts.grace_ms, 0, MAX_GRACE)
+  if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
+  if not grace then return fail(E.INVALID_PARAMS, 'grace_ms must be an integer in [0, 10^15]') end
+  local skey = P .. K.segment .. name
+  local cur = redis.call('HMGET', skey, 'client', 'draining_until')
+  if not cur[1] then return fail(E.SEGMENT_NOT_FOUND, 'segment ' .. name .. ' is not mounted') end
+  if cur[1] ~= client then return fail(E.ILLEGAL_CLIENT, 'segment ' .. name .. ' belongs to another client') end
+  local due, old = now_ms(P) + grace, tonumber(cur[2])
+  if old and old <= due then return E.OK end
+  redis.call('HSET', skey, 'draining_until', S(due))
+  redis.call('ZADD', P .. K.segments_draining, S(due), name)
+  if not old then new_mount_epoch(P) end -- calls that remembered the slice as allocatable forget it
+  return E.OK
+end
+
+-- finish_drain. KEYS: P. ARGV: options name (required), op (check | drop | relist, default check).
+-- check writes nothing and replies the slice's state: 'gone' (not mounted here), 'mounted'
+-- (mounted, not draining), 'wait' (draining, bytes still in use and its deadline ahead) or
+-- 'done' (draining, and empty or past its deadline).
+-- drop: a draining slice is unmounted as unmount_segment unmounts (its replicas hide at once,
+-- the worker sweeps them), whatever its state; a slice that is not draining is left alone; the
+-- name leaves P:segs_draining either way. Reply 1 if a slice was dropped, else 0.
+-- relist (fsck's repair): P:segs_draining is made to agree with the slice: a draining one is
+-- listed with its deadline, any other name leaves it. Reply 1 if listed, else 0.
+local FINISH_SPEC = { opts = { name = 'required', op = 'optional' } }
+
+local function finish_drain(P, args)
+  local call, err = parse_call(args, FINISH_SPEC)
+  if not call then return fail(E.INVALID_PARAMS, err) end
+  local name, op = call.opts.name, call.opts.op or 'check'
+  if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
+  if op ~= 'check' and op ~= 'drop' and op ~= 'relist' then
+    return fail(E.INVALID_PARAMS, 'op must be check, drop or relist')
+  end
+  local cur = redis.call('HMGET', P .. K.segment .. name, 'size', 'used', 'draining_until')
+  local due = cur[1] and int_arg(cur[3] or '', 0, MAX_INT)
+  if op == 'relist' then
+    if due then redis.call('ZADD', P .. K.segments_draining, S(due), name) return 1 end
+    redis.call('ZREM', P .. K.segments_draining, name)
+    return 0
+  end
+  if op == 'drop' then
+    redis.call('ZREM', P .. K.segments_draining, name)
+    if cur[3] and drop_segment(P, name) then return 1 end
+    return 0
+  end
+  if not cur[1] then return 'gone' end
+  if not cur[3] then return 'mounted' end
+  if (tonumber(cur[2]) or 0) == 0 or now_ms(P) >= (due or 0) then return 'done' end
+  return 'wait'
 end
 
 -- sweep_replicas. KEYS: P. ARGV: options tenant; fields key.  Drops replicas on unmounted segments
@@ -127,5 +195,7 @@ end
 
 register('mc_mount_segment', {}, mount_segment)
 register('mc_unmount_segment', {}, unmount_segment, FREES)
+register('mc_graceful_unmount_segment', {}, graceful_unmount_segment)
+register('mc_finish_drain', {}, finish_drain, FREES)
 register('mc_sweep_replicas', { 'kv_events_maxlen' }, sweep_replicas, FREES)
 register('mc_ping', {}, ping, FREES)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .base import Checker, Kind
 from .counters import ShardCounters
+from .drains import Drains
 from .gateway import Gateway
 from .groups import Groups
 from .guarantees import Guarantees
@@ -19,6 +20,7 @@ from .segments import Segments
 CHECKERS: tuple[Checker, ...] = (
     Objects(),        # object hashes, their index entries and placement (drives the object pass)
     Segments(),       # segment records, P:segs, free lists and the allocator's tiling
+    Drains(),         # graceful unmounts: draining slices and P:segs_draining
     Guarantees(),     # guaranteed bytes per tenant and segment, prefix sets
     ShardCounters(),  # P.used_bytes, capacity_bytes, objects, guaranteed_bytes
     Groups(),         # groups and radix nodes' keys (composite units)

@@ -22,6 +22,7 @@ from ..config import ReplicateConfig, SoftPinAction
 from ..errors import ErrorCode, MasterError
 from ..master import Master
 from ..models import Replica, ReplicaListResult
+from ..segments import MAX_GRACE_MS
 from ..steps import Steps
 from . import schema
 from .codec import Err
@@ -124,10 +125,21 @@ class Handlers:
         return []  # the store has no Mooncake task queue (copy, move): nothing to hand out
 
     # ---- segments --------------------------------------------------------------------------
+    def _store_name(self, name: str, seg_uuid: str) -> str:
+        """The store's name of a segment: Mooncake names segments by host, so a client's second
+        segment (allocate_and_mount_segment) shares its first one's name; the store keys
+        segments by name, so a segment whose name another UUID holds is kept as
+        "<name>#<uuid>" (its descriptors carry its endpoint, never this name)."""
+        facts = self.store.segment_facts(name)
+        if facts is None or facts.uuid == seg_uuid or self.master.segment_status(name) is None:
+            return name  # free, the same segment again, or the name's last holder is gone
+        return f"{name}#{seg_uuid}"
+
     def _mount(self, seg: Any, client_id: str) -> None:
-        name = _text(seg.name)
+        seg_uuid, given = uuid_text(seg.id), _text(seg.name)
+        name = self._store_name(given, seg_uuid)
         self.master.mount_segment(name, seg.size, client_id, base=seg.base)
-        facts = SegmentFacts(name, uuid_text(seg.id), client_id, _text(seg.te_endpoint) or name,
+        facts = SegmentFacts(name, seg_uuid, client_id, _text(seg.te_endpoint) or given,
                              _text(seg.protocol) or "tcp", seg.base, seg.size)
         self.store.record_segment(facts)
         self._facts[name] = (time.monotonic(), facts)
@@ -152,6 +164,37 @@ class Handlers:
         self.store.forget_segment(name)
         self._facts.pop(name, None)
         return None
+
+    def GracefulUnmountSegment(self, segment: Sequence[int], client: Sequence[int], grace_period_ms: int) -> Any:
+        """Stop allocating on the segment; its objects stay readable until it drains or the grace
+        period ends, then the worker unmounts it (the recorded facts go with shard 0's slice).
+        Mooncake's answers: a segment the client does not own is INVALID_PARAMS, a client with
+        no segment SEGMENT_NOT_FOUND; a grace period past 10^15 ms is taken as 10^15."""
+        client_id = uuid_text(client)
+        name = self.store.segment_name(uuid_text(segment))
+        if name is None:
+            owns_any = client_id in self.store.client_hosts([client_id])
+            return Err(int(ErrorCode.INVALID_PARAMS if owns_any else ErrorCode.SEGMENT_NOT_FOUND))
+        try:
+            self.master.graceful_unmount_segment(name, client_id, min(grace_period_ms, MAX_GRACE_MS))
+        except MasterError as exc:
+            if exc.code == ErrorCode.ILLEGAL_CLIENT:  # Mooncake: not among the client's segments
+                return Err(int(ErrorCode.INVALID_PARAMS))
+            raise
+        return None
+
+    def QuerySegmentStatusById(self, segment: Sequence[int]) -> Any:
+        name = self.store.segment_name(uuid_text(segment))
+        return self.QuerySegmentStatus(name.encode("utf-8", "surrogateescape")) if name is not None \
+            else Err(int(ErrorCode.SEGMENT_NOT_FOUND))
+
+    def QuerySegmentStatus(self, name: bytes) -> Any:
+        """Mooncake's SegmentStatus: OK (1), GRACEFULLY_UNMOUNTING (4); not mounted: SEGMENT_NOT_FOUND."""
+        text = _text(name)
+        status = self.master.segment_status(text) if 1 <= len(name) <= 1024 else None
+        if status is None:
+            return Err(int(ErrorCode.SEGMENT_NOT_FOUND))
+        return getattr(schema.SegmentStatus, status)
 
     def facts_steps(self, names: set[str], fresh: bool = False) -> Steps[dict[str, SegmentFacts | None]]:
         """The recorded facts of these segments: from the cache, the others in one round trip."""
