@@ -27,6 +27,7 @@ from .radix import RadixApi
 from .segments import SegmentsApi
 from .transport import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Shards, client_from_url, run
 from .upgrade import stored_schema, upgrade_objects
+from .upsert import UpsertApi
 
 __all__ = ["Master", "EVICT_STEP_UNITS"]  # EVICT_STEP_UNITS: the default of evict_step and the worker
 
@@ -34,7 +35,8 @@ __all__ = ["Master", "EVICT_STEP_UNITS"]  # EVICT_STEP_UNITS: the default of evi
 _redis_from_url = client_from_url
 
 
-class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi, EventsApi, QueriesApi):
+class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi, EventsApi, QueriesApi,
+             UpsertApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config

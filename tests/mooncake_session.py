@@ -114,8 +114,24 @@ def graceful(store: MooncakeDistributedStore) -> None:
     emit("get after unmount equal", store.get("graceful") == value)
 
 
+def upsert(store: MooncakeDistributedStore) -> None:
+    """Upserts of the same size, another size, a new key and a batch: every get answers the
+    last bytes written."""
+    values = {"u": os.urandom(64 * 1024)}
+    emit("put", store.put("u", values["u"]))
+    for step, key, size in (("same size", "u", 64 * 1024), ("bigger", "u", 256 * 1024), ("smaller", "u", 1024),
+                            ("new key", "fresh", 4096)):
+        values[key] = os.urandom(size)
+        emit(f"upsert {step}", store.upsert(key, values[key]))
+        emit(f"get after upsert {step} equal", store.get(key) == values[key])
+    batch = {"u": os.urandom(2048), "fresh": os.urandom(4096), "other": os.urandom(100)}
+    emit("upsert_batch", store.upsert_batch(list(batch), list(batch.values())))
+    emit("get_batch after upsert_batch equal", store.get_batch(list(batch)) == list(batch.values()))
+    emit("remove_all forced", store.remove_all(True))
+
+
 SCENARIOS = {"basic": basic, "provider": provider, "consumer": consumer, "writes": writes, "pressure": pressure,
-             "graceful": graceful}
+             "graceful": graceful, "upsert": upsert}
 
 if __name__ == "__main__":
     scenario, master, metadata = sys.argv[1:4]

@@ -247,3 +247,12 @@ def test_a_graceful_unmount_by_the_client_keeps_its_objects_readable(mooncake_ma
     finally:
         thread.stop()
         master.close()
+
+
+def test_upserts_answer_as_mooncake_masters(mooncake_master, gateway):
+    """upsert / upsert_batch (UpsertStart, UpsertEnd and the Batch forms): in place, to another
+    size, of a new key; each get answers the last bytes written, as against Mooncake's master."""
+    theirs = run_session("upsert", mooncake_master.address, mooncake_master.metadata_url)
+    ours = run_session("upsert", gateway.rpc_address, gateway.metadata_url)
+    assert ours == theirs
+    assert all(result is True for step, result in ours if "equal" in step)

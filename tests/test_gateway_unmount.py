@@ -1,6 +1,6 @@
-"""GracefulUnmountSegment and QuerySegmentStatus(ById) through the gateway: raw coro_rpc frames
-against a gateway on a real Valkey, Mooncake's master for its error answers, and Mooncake's own
-client (`unmount_segment(ids, grace_period_seconds)`)."""
+"""GracefulUnmountSegment, QuerySegmentStatus(ById) and the Upsert RPCs through the gateway: raw
+coro_rpc frames against a gateway on a real Valkey, and Mooncake's master for its error answers
+(Mooncake's own client drives both in tests/test_gateway_client.py)."""
 from __future__ import annotations
 
 import uuid
@@ -119,3 +119,24 @@ def test_a_second_segment_under_a_taken_name_is_kept_apart(served):
     Worker(master).run_once()
     assert [s["name"] for s in master.segments()] == ["host:1"]
     assert c.call("UnmountSegment", first, OWNER)[0] is None
+
+
+def test_upserts_on_the_wire(served):
+    """UpsertStart in place answers the same descriptors; another size new ones; the Batch forms
+    (BatchUpsertEnd and BatchUpsertRevoke carry no ReplicaType) end and revoke them."""
+    master, gateway = served
+    c = Conn(gateway.rpc_address)
+    mount(c, OWNER, b"seg")
+    (first,) = put(c, b"k", b"seg")
+    master.advance_clock(60_000)  # past the put's lease
+    (again,) = c.call("UpsertStart", OWNER, b"k", 4096, CONFIG, b"default")[0]
+    assert again.descriptor_variant == first.descriptor_variant and again.status == schema.ReplicaStatus.PROCESSING
+    assert c.call("GetReplicaList", b"k", b"default")[0] == Err(int(E.REPLICA_IS_NOT_READY))
+    assert c.call("UpsertEnd", OWNER, schema.ObjectMeta(b"k"), schema.ReplicaType.ALL, b"default")[0] is None
+    replies, _ = c.call("BatchUpsertStart", OWNER, [b"k", b"new"], [8192, 10], CONFIG, b"default")
+    assert [r[0].descriptor_variant[1].buffer_descriptor.size_ for r in replies] == [8192, 10]
+    assert c.call("BatchUpsertEnd", OWNER, [schema.ObjectMeta(b"k")], b"default")[0] == [None]
+    assert c.call("BatchUpsertRevoke", OWNER, [b"new", b"missing"], b"default")[0] == [
+        None, Err(int(E.OBJECT_NOT_FOUND))]
+    assert c.call("UpsertRevoke", OWNER, b"k", schema.ReplicaType.ALL, b"default")[0] == Err(int(E.INVALID_WRITE))
+    assert master.describe("k").size == 8192 and not master.exist_key("new")

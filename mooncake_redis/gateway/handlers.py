@@ -14,7 +14,6 @@ import inspect
 import logging
 import threading
 import time
-import uuid as uuidlib
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -22,10 +21,10 @@ from ..config import ReplicateConfig, SoftPinAction
 from ..errors import ErrorCode, MasterError
 from ..master import Master
 from ..models import Replica, ReplicaListResult
-from ..segments import MAX_GRACE_MS
 from ..steps import Steps
 from . import schema
 from .codec import Err
+from .queries import SegmentQueries, _text, uuid_text
 from .store import GatewayStore, SegmentFacts
 
 log = logging.getLogger("mooncake_redis.gateway")
@@ -35,13 +34,7 @@ OK_STATUS, NEED_REMOUNT = 1, 2  # Mooncake's ClientStatus
 SOFT_PIN_ACTIONS = {0: SoftPinAction.PRESERVE, 1: SoftPinAction.ENABLE, 2: SoftPinAction.DISABLE}
 MOONCAKE_CODES = range(-1799, 1)  # Mooncake's own error numbers; ours below -10000 have no match there
 FACTS_TTL_S = 5.0  # how long a gateway trusts a segment's recorded facts before reading them again
-MAX_QUERY_CLIENTS = 4096  # client ids per BatchQueryIp
 INLINE = frozenset({"ServiceReady", "GetStorageConfig", "GetFsdir", "FetchTasks"})  # no store involved
-
-
-def uuid_text(pair: Sequence[int]) -> str:
-    """A Mooncake UUID (hi, lo) as the client or segment id the store keeps."""
-    return str(uuidlib.UUID(int=(pair[0] << 64) | pair[1]))
 
 
 def mooncake_code(exc: MasterError) -> int:
@@ -55,10 +48,6 @@ def mooncake_code(exc: MasterError) -> int:
 def _void(code: ErrorCode) -> Any:
     """An expected<void>: None for OK, else Err(code)."""
     return None if code == ErrorCode.OK else Err(int(code))
-
-
-def _text(b: bytes) -> str:
-    return b.decode("utf-8", "surrogateescape")
 
 
 class ReadCounts:
@@ -80,7 +69,7 @@ class ReadCounts:
         return taken
 
 
-class Handlers:
+class Handlers(SegmentQueries):
     def __init__(self, master: Master):
         self.master = master
         self.reads = ReadCounts()
@@ -165,37 +154,6 @@ class Handlers:
         self._facts.pop(name, None)
         return None
 
-    def GracefulUnmountSegment(self, segment: Sequence[int], client: Sequence[int], grace_period_ms: int) -> Any:
-        """Stop allocating on the segment; its objects stay readable until it drains or the grace
-        period ends, then the worker unmounts it (the recorded facts go with shard 0's slice).
-        Mooncake's answers: a segment the client does not own is INVALID_PARAMS, a client with
-        no segment SEGMENT_NOT_FOUND; a grace period past 10^15 ms is taken as 10^15."""
-        client_id = uuid_text(client)
-        name = self.store.segment_name(uuid_text(segment))
-        if name is None:
-            owns_any = client_id in self.store.client_hosts([client_id])
-            return Err(int(ErrorCode.INVALID_PARAMS if owns_any else ErrorCode.SEGMENT_NOT_FOUND))
-        try:
-            self.master.graceful_unmount_segment(name, client_id, min(grace_period_ms, MAX_GRACE_MS))
-        except MasterError as exc:
-            if exc.code == ErrorCode.ILLEGAL_CLIENT:  # Mooncake: not among the client's segments
-                return Err(int(ErrorCode.INVALID_PARAMS))
-            raise
-        return None
-
-    def QuerySegmentStatusById(self, segment: Sequence[int]) -> Any:
-        name = self.store.segment_name(uuid_text(segment))
-        return self.QuerySegmentStatus(name.encode("utf-8", "surrogateescape")) if name is not None \
-            else Err(int(ErrorCode.SEGMENT_NOT_FOUND))
-
-    def QuerySegmentStatus(self, name: bytes) -> Any:
-        """Mooncake's SegmentStatus: OK (1), GRACEFULLY_UNMOUNTING (4); not mounted: SEGMENT_NOT_FOUND."""
-        text = _text(name)
-        status = self.master.segment_status(text) if 1 <= len(name) <= 1024 else None
-        if status is None:
-            return Err(int(ErrorCode.SEGMENT_NOT_FOUND))
-        return getattr(schema.SegmentStatus, status)
-
     def facts_steps(self, names: set[str], fresh: bool = False) -> Steps[dict[str, SegmentFacts | None]]:
         """The recorded facts of these segments: from the cache, the others in one round trip."""
         now = time.monotonic()
@@ -205,18 +163,6 @@ class Handlers:
             for name, facts in zip(stale, (yield from self.store.segment_facts_steps(stale))):
                 cached[name] = self._facts[name] = (now, facts)
         return {n: c[1] for n, c in cached.items() if c is not None}  # none is None now
-
-    # ---- queries ---------------------------------------------------------------------------
-    def CalcCacheStats(self) -> dict[int, float]:
-        return self.master.cache_stats().mooncake()
-
-    def BatchQueryIp(self, clients: Sequence[Sequence[int]]) -> dict:
-        """Each asked client with a mounted segment -> the hosts of its segments' endpoints."""
-        if len(clients) > MAX_QUERY_CLIENTS:
-            raise MasterError(ErrorCode.INVALID_PARAMS, f"at most {MAX_QUERY_CLIENTS} client ids per call")
-        hosts = self.store.client_hosts([uuid_text(c) for c in clients])
-        return {tuple(c): [h.encode("utf-8", "surrogateescape") for h in hosts[uuid_text(c)]]
-                for c in clients if uuid_text(c) in hosts}
 
     # ---- descriptors ---------------------------------------------------------------------
     def descriptors_steps(self, replica_lists: list[list[Replica]], status: int) -> Steps[list[Any]]:
@@ -315,15 +261,39 @@ class Handlers:
 
     def BatchPutStart(self, client: Sequence[int], keys: Sequence[bytes], sizes: Sequence[int], c: Any,
                       tenant: bytes) -> Steps[list]:
+        return (yield from self._starts(self.master.batch_put_start_steps, client, keys, sizes, c, tenant))
+
+    def UpsertStart(self, client: Sequence[int], key: bytes, size: int, c: Any, tenant: bytes) -> Steps[Any]:
+        return (yield from self.BatchUpsertStart(client, [key], [size], c, tenant))[0]
+
+    def BatchUpsertStart(self, client: Sequence[int], keys: Sequence[bytes], sizes: Sequence[int], c: Any,
+                         tenant: bytes) -> Steps[list]:
+        """batch_upsert_start: in place (the same descriptors as before) or newly allocated."""
+        return (yield from self._starts(self.master.batch_upsert_start_steps, client, keys, sizes, c, tenant))
+
+    def UpsertEnd(self, client: Sequence[int], meta: Any, replica_type: int, tenant: bytes) -> Steps[Any]:
+        return (yield from self.BatchPutEnd(client, [meta], replica_type, tenant))[0]
+
+    def BatchUpsertEnd(self, client: Sequence[int], metas: Sequence[Any], tenant: bytes) -> Steps[list]:
+        return (yield from self.BatchPutEnd(client, metas, 4, tenant))  # Mooncake: BatchPutEnd(..., ALL)
+
+    def UpsertRevoke(self, client: Sequence[int], key: bytes, replica_type: int, tenant: bytes) -> Steps[Any]:
+        return (yield from self.BatchPutRevoke(client, [key], replica_type, tenant))[0]
+
+    def BatchUpsertRevoke(self, client: Sequence[int], keys: Sequence[bytes], tenant: bytes) -> Steps[list]:
+        return (yield from self.BatchPutRevoke(client, keys, 4, tenant))
+
+    def _starts(self, start: Callable[..., Steps[list]], client: Sequence[int], keys: Sequence[bytes],
+                sizes: Sequence[int], c: Any, tenant: bytes) -> Steps[list]:
+        """put_start or upsert_start of each key, split by group, as Mooncake's descriptors."""
         if len(keys) != len(sizes):
             raise MasterError(ErrorCode.INVALID_PARAMS, "keys and sizes differ in length")
         groups = self._groups(c, len(keys))
         results: list[Any] = [None] * len(keys)
         for group in dict.fromkeys(groups):  # one batch per group (a batch call carries one group)
             idx = [i for i, g in enumerate(groups) if g == group]
-            started = yield from self.master.batch_put_start_steps(
-                uuid_text(client), [keys[i] for i in idx], [sizes[i] for i in idx], self._config(c, group),
-                _text(tenant))
+            started = yield from start(uuid_text(client), [keys[i] for i in idx], [sizes[i] for i in idx],
+                                       self._config(c, group), _text(tenant))
             for i, r in zip(idx, started):
                 results[i] = r
         lists = [r if isinstance(r, list) else [] for r in results]

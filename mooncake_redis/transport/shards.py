@@ -25,7 +25,8 @@ from .send import run
 # Keys per FCALL, by function: sized so one call stays well under a millisecond of server time
 # (a put_start allocates, a read touches a few fields). Larger batches become several calls.
 BATCH_CHUNK = 128
-CHUNK_OF = {"mc_put_start": 32, "mc_put_revoke": 32, "mc_remove": 32, "mc_sweep_replicas": 32, "mc_put_end": 64}
+CHUNK_OF = {"mc_put_start": 32, "mc_upsert_start": 32, "mc_put_revoke": 32, "mc_remove": 32, "mc_sweep_replicas": 32,
+            "mc_put_end": 64}
 SCAN_COUNT = 1000  # keys per SCAN step
 
 
