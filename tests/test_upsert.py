@@ -208,7 +208,9 @@ def test_radix_membership_stays_in_place_and_follows_a_reallocation(new_master):
 
 KEYS = ["a", "b", "{g}c", "{g}d"]
 op_st = st.one_of(
-    st.tuples(st.just("upsert"), st.sampled_from(KEYS), st.sampled_from([100, 200, 1000]), st.booleans()),
+    st.tuples(st.just("upsert"), st.sampled_from(KEYS), st.sampled_from([100, 200, 1000])),
+    st.tuples(st.just("end"), st.sampled_from(KEYS)),
+    st.tuples(st.just("revoke"), st.sampled_from(KEYS)),
     st.tuples(st.just("put"), st.sampled_from(KEYS), st.sampled_from([100, 200])),
     st.tuples(st.just("read"), st.sampled_from(KEYS)),
     st.tuples(st.just("remove"), st.sampled_from(KEYS), st.booleans()),
@@ -230,43 +232,72 @@ def _group(key: str) -> ReplicateConfig | None:
     return ReplicateConfig(group_id="g") if key.startswith("{g}") else None
 
 
+class Mix:
+    """The model: each key's size as last ended (while it exists), and the upserts left open."""
+
+    def __init__(self, m):
+        self.m, self.sizes, self.open = m, {}, {}
+
+    def upsert(self, key, size):
+        got = self.m.batch_upsert_start(WRITER, [key], [size], _group(key))[0]
+        if isinstance(got, list):
+            assert all(r.size == size for r in got)
+            self.sizes.pop(key, None)  # unreadable (in place) or gone (reallocated) until it ends
+            self.open[key] = size
+        elif got == ErrorCode.NO_AVAILABLE_HANDLE:
+            self.sizes.pop(key, None)  # as Mooncake: the old object went first
+            self.open.pop(key, None)
+
+    def end(self, key):
+        if key in self.open and self.m.batch_put_end(WRITER, [key])[0] == ErrorCode.OK:
+            self.sizes[key] = self.open[key]
+        self.open.pop(key, None)
+
+    def revoke(self, key):
+        if key in self.open:
+            self.m.batch_put_revoke(WRITER, [key])
+            self.open.pop(key)
+
+    def put(self, key, size):
+        if self.m.batch_put_start(WRITER, [key], [size], _group(key))[0] not in (
+                ErrorCode.OBJECT_ALREADY_EXISTS, ErrorCode.NO_AVAILABLE_HANDLE):
+            self.open.pop(key, None)  # an open upsert past its discard timeout was preempted
+            self.m.put_end(WRITER, key)
+            self.sizes[key] = size
+
+    def read(self, key):
+        got = self.m.batch_get_replica_list([key])[0]
+        if key in self.open:
+            assert isinstance(got, ErrorCode)  # never half written
+        elif not isinstance(got, ErrorCode):
+            assert self.sizes.get(key) == got.replicas[0].size  # never another write's bytes
+
+    def remove(self, key, force):
+        if self.m.batch_remove([key], force)[0] == ErrorCode.OK:
+            self.sizes.pop(key, None)
+            self.open.pop(key, None)
+
+    def evict(self):
+        self.m.run_eviction()
+
+    def advance(self, ms):
+        self.m.advance_clock(ms)
+
+    def settle(self):
+        for k in list(self.sizes):  # what eviction took (describe: an inspection, no lease)
+            if _gone(self.m, k):
+                self.sizes.pop(k)
+        report = fsck(self.m)
+        assert report.ok, report.findings
+
+
 @settings(max_examples=examples(40), deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=st.lists(op_st, min_size=5, max_size=30))
 def test_random_upserts_puts_reads_removes_and_evictions_keep_the_books(new_master, ops):
     m = new_master()
     mount(m, "seg", 4000)  # a few objects fill a shard: eviction and NO_AVAILABLE_HANDLE happen
-    sizes: dict[str, int] = {}  # the size of each key's last ended write, while it exists
+    mix = Mix(m)
     for op in ops:
-        kind, key = op[0], op[1] if len(op) > 1 else None
-        if kind == "upsert":
-            got = m.batch_upsert_start(WRITER, [key], [op[2]], _group(key))[0]
-            sizes.pop(key, None)  # the old object is unreadable (in place) or gone (reallocated)
-            if isinstance(got, list):
-                assert all(r.size == op[2] for r in got)
-                if op[3]:
-                    m.upsert_end(WRITER, key)
-                    sizes[key] = op[2]
-                else:
-                    m.upsert_revoke(WRITER, key)
-        elif kind == "put":
-            if m.batch_put_start(WRITER, [key], [op[2]], _group(key))[0] not in (
-                    ErrorCode.OBJECT_ALREADY_EXISTS, ErrorCode.NO_AVAILABLE_HANDLE):
-                m.put_end(WRITER, key)
-                sizes[key] = op[2]
-        elif kind == "read":
-            got = m.batch_get_replica_list([key])[0]
-            if not isinstance(got, ErrorCode):
-                assert sizes.get(key) == got.replicas[0].size  # never another write's bytes
-        elif kind == "remove":
-            if m.batch_remove([key], op[2])[0] == ErrorCode.OK:
-                sizes.pop(key, None)
-        elif kind == "evict":
-            m.run_eviction()
-        else:
-            m.advance_clock(op[1])
-        for k in list(sizes):  # what eviction took (describe: an inspection, no lease)
-            if _gone(m, k):
-                sizes.pop(k)
-        report = fsck(m)
-        assert report.ok, report.findings
+        getattr(mix, op[0])(*op[1:])
+        mix.settle()
