@@ -46,6 +46,19 @@ def test_a_put_and_a_remove(new_master):
     assert kinds(m.events(), "r") == []
 
 
+def test_an_upsert_removes_then_stores_again(new_master):
+    m = new_master(kv_events_maxlen=1000)
+    mount(m, "seg", 1 << 20)
+    put(m, "same", 100)
+    put(m, "other", 100)
+    for key, size in (("same", 100), ("other", 200)):  # in place, and reallocated
+        m.upsert_start(WRITER, key, size)
+        assert kinds(m.events(), key) == ["stored", "removed"] and not m.exist_key(key)
+        m.upsert_end(WRITER, key)
+        assert kinds(m.events(), key) == ["stored", "removed", "stored"]
+    assert [e.size for e in m.events() if e.key == b"other" and e.event == "stored"] == [100, 200]
+
+
 def test_reading_from_a_position_returns_only_what_came_after(new_master):
     m = new_master(kv_events_maxlen=1000)
     mount(m, "seg", 1 << 20)

@@ -8,7 +8,8 @@
 --     replica live and none on disk: it becomes a put in progress again by this writer, at the
 --     same addresses (readers get REPLICA_IS_NOT_READY until put_end; put_revoke or an
 --     abandoned upsert drops it, as a put). Its guarantee, pins, lease, group and radix
---     membership stay; its checksum goes (put_end may send the new one).
+--     membership stay; its checksum goes (put_end may send the new one). A KV event `removed`
+--     (its put_end is `stored` again).
 --   {'allocate', hard_pin, group, soft_pin_ms, guaranteed_ms}: there is no object now (none
 --     was there, or the old one was deleted here: another size, leased, a dead or disk replica,
 --     or a put in progress, which is preempted at once); the caller then runs put_start with
@@ -61,6 +62,7 @@ local function fits_in_place(P, tenant, key, o, size, now)
 end
 
 local function in_place(P, tenant, key, okey, o, list, client, pins, now)
+  Events.emit(P, 'removed', tenant, key, okey, o) -- unreadable until its upsert ends (stored again)
   o.status, o.writer, o.put_started = 'processing', client, S(now)
   redis.call('HSET', okey, 'status', 'processing', 'writer', client, 'put_started', o.put_started, unpack(pins))
   redis.call('HDEL', okey, 'checksum')
@@ -126,4 +128,4 @@ local function upsert_start(P, args, cfg)
 end
 
 register('mc_upsert_start', { 'put_start_release_timeout', 'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl',
-  'max_key_length' }, upsert_start)
+  'max_key_length', 'kv_events_maxlen' }, upsert_start)
