@@ -127,7 +127,10 @@ def upsert(store: MooncakeDistributedStore) -> None:
     batch = {"u": os.urandom(2048), "fresh": os.urandom(4096), "other": os.urandom(100)}
     emit("upsert_batch", store.upsert_batch(list(batch), list(batch.values())))
     emit("get_batch after upsert_batch equal", store.get_batch(list(batch)) == list(batch.values()))
-    emit("remove_all forced", store.remove_all(True))
+    # Mooncake's master counts 3 or 4 here from run to run (an object an upsert replaced may still
+    # be counted): what both must do is remove the three keys
+    emit("remove_all forced removes the keys", store.remove_all(True) >= len(batch))
+    emit("gone after remove_all", [store.is_exist(k) for k in batch])
 
 
 SCENARIOS = {"basic": basic, "provider": provider, "consumer": consumer, "writes": writes, "pressure": pressure,
