@@ -27,9 +27,14 @@ def worker(opts: Opts, interval: float, step_units: int, metrics_port: int | Non
     """Run the background loops against --redis until SIGINT/SIGTERM: eviction, discard and
     release of abandoned puts, client-TTL expiry, dead-replica sweeps, offload redelivery. Any number of workers
     may run; shards are claimed with short leases so work is not repeated."""
-    master = open_existing(opts)
     stop = threading.Event()
-    previous = stop_on_signals(stop)
+    previous = stop_on_signals(stop)  # before connecting: a SIGTERM while it connects is a clean stop
+    try:
+        master = open_existing(opts)
+    except BaseException:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        raise
     try:
         background = Worker(master, step_units=step_units)
         with metrics_endpoint(master, MetricsAddress(metrics_port, metrics_addr) if metrics_port else None, background):

@@ -58,6 +58,9 @@ def test_workers_and_writers_with_a_killed_worker(valkey):
             out, _ = w.communicate(timeout=300)
             assert w.returncode == 0 and out.strip().endswith("done")
         for w in workers[1:]:
+            for line in w.stdout:  # up and running (its first log line), so SIGTERM is its clean stop
+                if b" started on " in line:
+                    break
             w.send_signal(signal.SIGTERM)
             w.wait(timeout=60)
             assert w.returncode == 0, w.stdout.read().decode()[-2000:]
