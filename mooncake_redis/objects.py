@@ -20,6 +20,19 @@ from .transport import BATCH_CHUNK
 Result = Any  # a value, or an ErrorCode
 
 
+
+def _regex_matcher(pattern: str | bytes) -> Callable[[bytes], bool]:
+    """re.search of `pattern` over a key (bytes; a str pattern sees the key as text)."""
+    try:
+        rx = re.compile(pattern)
+    except (re.error, TypeError) as exc:
+        raise MasterError(ErrorCode.INVALID_PARAMS, f"bad regex: {exc}") from None
+    if isinstance(pattern, str):
+        text_rx = cast("re.Pattern[str]", rx)  # compiled from a str
+        return lambda k: text_rx.search(k.decode("utf-8", "surrogateescape")) is not None
+    bytes_rx = cast("re.Pattern[bytes]", rx)
+    return lambda k: bytes_rx.search(k) is not None
+
 class ObjectsApi(ApiBase):
     # ---- puts ------------------------------------------------------------------------
     def _put_head(self, client_id: str, tenant_id: str, config: ReplicateConfig | None) -> list[Any]:
@@ -265,16 +278,22 @@ class ObjectsApi(ApiBase):
     def remove_by_regex(self, pattern: str | bytes, force: bool = False, tenant_id: str = "default") -> int:
         """Remove the objects whose key matches `pattern` (re.search); skips leased (unless
         force) and in-progress objects. Returns how many were removed."""
-        try:
-            rx = re.compile(pattern)
-        except (re.error, TypeError) as exc:
-            raise MasterError(ErrorCode.INVALID_PARAMS, f"bad regex: {exc}") from None
-        if isinstance(pattern, str):
-            text_rx = cast("re.Pattern[str]", rx)  # compiled from a str
-            return self._remove_matching(lambda k: text_rx.search(k.decode("utf-8", "surrogateescape")) is not None,
-                                         force, tenant_id)
-        bytes_rx = cast("re.Pattern[bytes]", rx)
-        return self._remove_matching(lambda k: bytes_rx.search(k) is not None, force, tenant_id)
+        return self._remove_matching(_regex_matcher(pattern), force, tenant_id)
+
+    def keys_matching(self, pattern: str | bytes, tenant_id: str = "default") -> list[bytes]:
+        """The keys of the tenant's objects (complete or not) that match `pattern` (re.search),
+        shard by shard: a scan of every object key, as remove_by_regex makes."""
+        _check_tenant(tenant_id)
+        match = _regex_matcher(pattern)
+        return [k for shard in range(self.shards) for _, keys in self.transport.scan_objects(shard, tenant_id)
+                for k in keys if match(k)]
+
+    def get_replica_list_by_regex(self, pattern: str | bytes, tenant_id: str = "default") -> dict[bytes, Any]:
+        """Mooncake's GetReplicaListByRegex: the replica lists of the readable objects whose key
+        matches `pattern`, by key; each is a read (it leases its object as get_replica_list does)."""
+        keys = self.keys_matching(pattern, tenant_id)
+        results = self.batch_get_replica_list(keys, tenant_id) if keys else []
+        return {k: r for k, r in zip(keys, results) if not isinstance(r, ErrorCode)}
 
     def remove_all(self, force: bool = False, tenant_id: str = "default") -> int:
         return self._remove_matching(lambda k: True, force, tenant_id)

@@ -135,3 +135,24 @@ def test_the_same_answers_as_mooncake_master_where_it_serves_them(mooncake_maste
     assert isinstance(ours.call("CalcCacheStats")[0], dict)
 
 
+
+
+def test_get_replica_list_by_regex_answers_the_readable_matching_keys(served):
+    master, gateway = served
+    c = Conn(gateway.rpc_address)
+    mount(c, CLIENT, b"seg", b"10.0.0.1:15000")
+    config = schema.ReplicateConfig()
+    for key in (b"page-1", b"page-2", b"other"):
+        assert not isinstance(c.call("PutStart", CLIENT, key, 100, config, b"default")[0], Err)
+        assert c.call("PutEnd", CLIENT, schema.ObjectMeta(key), schema.ReplicaType.ALL, b"default")[0] is None
+    assert not isinstance(c.call("PutStart", CLIENT, b"page-3", 100, config, b"default")[0], Err)  # in progress
+    got, _ = c.call("GetReplicaListByRegex", b"^page-", b"default")
+    assert sorted(got) == [b"page-1", b"page-2"]
+    for replicas in got.values():
+        (rep,) = replicas
+        buffer = rep.descriptor_variant[1].buffer_descriptor
+        assert buffer.transport_endpoint_ == b"10.0.0.1:15000" and buffer.size_ == 100
+    assert c.call("GetReplicaListByRegex", b"^nothing", b"default")[0] == {}
+    bad, _ = c.call("GetReplicaListByRegex", b"(", b"default")
+    assert isinstance(bad, Err) and bad.code == -600  # a bad regex: INVALID_PARAMS
+    assert sorted(master.keys_matching("^page-")) == [b"page-1", b"page-2", b"page-3"]

@@ -141,3 +141,17 @@ def test_remove_is_scoped_to_the_tenant(m):
     assert m.remove_all(tenant_id="t2") == 1
     assert m.remove_all() == 1
     assert m.usage().objects == 0
+
+
+def test_replica_lists_by_regex_are_reads_of_the_readable_matching_keys(m):
+    put(m, "page-1", 10)
+    put(m, "page-2", 20)
+    put(m, "other", 30)
+    m.put_start(WRITER, "page-3", 40)  # in progress: matched, not readable
+    assert sorted(m.keys_matching("^page-")) == [b"page-1", b"page-2", b"page-3"]
+    got = m.get_replica_list_by_regex("^page-")
+    assert {k: r.replicas[0].size for k, r in got.items()} == {b"page-1": 10, b"page-2": 20}
+    assert m.describe("page-1").lease_until_ms > 0  # each one a read: leased
+    assert m.get_replica_list_by_regex(b"^nothing") == {}
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        m.get_replica_list_by_regex("(")

@@ -21,7 +21,7 @@ from ..config import ReplicateConfig, SoftPinAction
 from ..errors import ErrorCode, MasterError
 from ..master import Master
 from ..models import Replica, ReplicaListResult
-from ..steps import Steps
+from ..steps import Blocking, Steps
 from . import schema
 from .codec import Err
 from .queries import SegmentQueries, _text, uuid_text
@@ -340,3 +340,13 @@ class Handlers(SegmentQueries):
 
     def RemoveByRegex(self, regex: bytes, force: bool, tenant: bytes) -> int:
         return self.master.remove_by_regex(_text(regex), force, _text(tenant))
+
+    def GetReplicaListByRegex(self, regex: bytes, tenant: bytes) -> Steps[Any]:
+        """The replica lists of the readable objects whose key matches, by key (each a read)."""
+        keys = yield Blocking(partial(self.master.keys_matching, _text(regex), _text(tenant)))
+        if not keys:
+            return {}
+        results = yield from self.master.batch_get_replica_list_steps(keys, _text(tenant))
+        out = yield from self.replica_lists_steps(results)
+        self.reads.add(len(out), sum(not isinstance(r, Err) for r in out))
+        return {k: r.replicas for k, r in zip(keys, out) if not isinstance(r, Err)}
