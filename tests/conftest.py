@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from helpers import T0, flush, make_master  # noqa: F401  (T0, flush: also imported from here)
+from mooncake_redis.bench.mooncake import MooncakeMaster, MooncakeUnavailable, find_mooncake
 from mooncake_redis.server import EmbeddedCluster, EmbeddedValkey
 
 REDIS_SERVER = shutil.which("redis-server")  # Redis differs from Valkey in small ways (e.g. "-0")
@@ -123,6 +124,19 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.fixture(scope="module")
+def mooncake_master(tmp_path_factory):
+    """Mooncake's own master (its HTTP metadata server on), the reference the gateway's answers
+    are compared with; the test skips, saying why, where the wheel is missing."""
+    try:
+        _, binary = find_mooncake()
+    except MooncakeUnavailable as exc:
+        pytest.skip(str(exc))
+    master = MooncakeMaster(binary, str(tmp_path_factory.mktemp("mooncake")), http_metadata=True).start()
+    yield master
+    master.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import pytest
 from test_gateway_wire import Conn, http_call
 
 from mooncake_redis import Master, MasterConfig
-from mooncake_redis.bench.mooncake import MooncakeMaster, MooncakeUnavailable, find_mooncake
 from mooncake_redis.gateway import schema
 from mooncake_redis.gateway.codec import Err
 from mooncake_redis.gateway.handlers import uuid_text
@@ -112,17 +111,6 @@ def test_admin_segment_queries_answer_in_mooncakes_format(served):
 
 
 # ---- against Mooncake's own master ----------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def mooncake_master(tmp_path_factory):
-    try:
-        _, binary = find_mooncake()
-    except MooncakeUnavailable as exc:
-        pytest.skip(str(exc))
-    master = MooncakeMaster(binary, str(tmp_path_factory.mktemp("mooncake")), http_metadata=True).start()
-    yield master
-    master.stop()
-
 
 @pytest.mark.slow
 def test_the_same_answers_as_mooncake_master_where_it_serves_them(mooncake_master, served):

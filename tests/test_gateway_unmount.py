@@ -9,7 +9,6 @@ import pytest
 from test_gateway_wire import Conn
 
 from mooncake_redis import Master, MasterConfig
-from mooncake_redis.bench.mooncake import MooncakeMaster, MooncakeUnavailable, find_mooncake
 from mooncake_redis.gateway import schema
 from mooncake_redis.gateway.codec import Err
 from mooncake_redis.gateway.server import GatewayThread, Listeners
@@ -80,17 +79,6 @@ def test_refusals_have_mooncakes_numbers(served):
     assert c.call("QuerySegmentStatus", b"nope")[0] == Err(int(E.SEGMENT_NOT_FOUND))
     assert c.call("QuerySegmentStatusById", seg)[0] == OK
     assert c.call("GracefulUnmountSegment", seg, OWNER, 2**64 - 1)[0] is None  # "forever": 10^15 ms
-
-
-@pytest.fixture(scope="module")
-def mooncake_master(tmp_path_factory):
-    try:
-        _, binary = find_mooncake()
-    except MooncakeUnavailable as exc:
-        pytest.skip(str(exc))
-    master = MooncakeMaster(binary, str(tmp_path_factory.mktemp("mooncake")), http_metadata=True).start()
-    yield master
-    master.stop()
 
 
 @pytest.mark.slow
