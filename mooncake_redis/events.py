@@ -15,7 +15,6 @@ from .api import ApiBase
 from .errors import ErrorCode, MasterError
 from .layout import decode_reps
 
-EVENTS = ("stored", "removed", "evicted", "updated")
 MAX_COUNT = 10_000  # entries read from one shard in one call
 
 
@@ -23,7 +22,7 @@ MAX_COUNT = 10_000  # entries read from one shard in one call
 class KVEvent:
     shard: int
     id: str          # the stream entry id "0-<n>": n is the shard's event sequence number (1, 2, ...)
-    event: str       # one of EVENTS
+    event: str       # stored, removed, evicted or updated (lua/lib/28_events.lua)
     tenant: str
     key: bytes
     ts: int          # the store clock at the change, ms

@@ -4,19 +4,12 @@ that must hold."""
 from __future__ import annotations
 
 import pytest
+from test_bench_instructions import _valgrind_usable
 
 from mooncake_redis.bench import instructions as bench_instructions
 from mooncake_redis.bench import reads
 
 READS = ["exist_key", "get_replica_list", "batch_exist_key", "batch_get_replica_list"]
-
-
-def _valgrind_usable() -> bool:
-    try:
-        bench_instructions.find_valgrind()
-    except bench_instructions.CallgrindUnavailable:
-        return False
-    return True
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import T0, WRITER, keys_on_shard, mount, put, raises_code, shard_of_key
-from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
+from helpers import T0, WRITER, keys_on_shard, mount, present, put, raises_code, shard_of_key
+from mooncake_redis import ErrorCode, ReplicateConfig
 from mooncake_redis.cache_control import guarantee_cached_pages, prompt_marks, prompt_pages, put_start_pages
 from mooncake_redis.fsck import fsck
 from test_engine_keys import MODEL, sglang_keys, sha
@@ -19,12 +19,7 @@ TTL = 60_000
 
 
 def gone(m, key: str) -> bool:
-    try:
-        m.describe(key)
-    except MasterError as exc:
-        assert exc.code == ErrorCode.OBJECT_NOT_FOUND
-        return True
-    return False
+    return not present(m, [key])[0]
 
 
 def pressure(new_master, **config):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from helpers import WRITER, examples, mount, put, raises_code, store_snapshot
+from helpers import WRITER, examples, mount, present, put, raises_code, store_snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
+from mooncake_redis import ErrorCode, ReplicateConfig
 from mooncake_redis.config import SoftPinAction
 from mooncake_redis.fsck import fsck
 from mooncake_redis.worker import Worker
@@ -220,12 +220,7 @@ op_st = st.one_of(
 
 
 def _gone(m, key: str) -> bool:
-    try:
-        m.describe(key)
-    except MasterError as exc:
-        assert exc.code == ErrorCode.OBJECT_NOT_FOUND
-        return True
-    return False
+    return not present(m, [key])[0]
 
 
 def _group(key: str) -> ReplicateConfig | None:
