@@ -24,6 +24,10 @@ class ErrorCode(IntEnum):
     OBJECT_HAS_LEASE = -706
     LEASE_EXPIRED = -707
     OBJECT_HAS_REPLICATION_TASK = -708
+    OBJECT_NO_REPLICATION_TASK = -709
+    REPLICA_NOT_FOUND = -710
+    REPLICA_IS_GONE = -712
+    UNAVAILABLE_IN_CURRENT_STATUS = -1010
     # This project's own codes, clear of Mooncake's ranges (-1 to -1799 so far).
     OUTCOME_UNKNOWN = -10000  # no reply (timeout, lost connection): the call may or may not have run
     UNAVAILABLE = -10001      # the server did not run the call now (loading its data, busy, failing over): retry

@@ -53,6 +53,7 @@ K: dict[str, str] = {
     "config": ":config", "mount_seq": ":mount_seq",
     "segment": ":seg:", "segments": ":segs", "free": ":free:", "free_by_off": ":by_off", "free_by_size": ":by_size",
     "segments_draining": ":segs_draining",  # graceful unmounts: segment -> its deadline
+    "repl_due": ":repl_due",  # replications in flight (lua/lib/47_replication.lua)
     "held": ":held", "processing": ":processing", "clients": ":clients", "expired_clients": ":expired_clients",
     "object": ":obj:", "group": ":grp:", "group_members": ":grpm:", "aggregate": ":agg:",
     "tier_ordinary": ":evict:ordinary", "tier_soft": ":evict:soft", "draining": ":evict:draining",
@@ -101,6 +102,7 @@ class ShardKeys:
         self.segments = P + _KB["segments"]
         self.segments_draining = P + _KB["segments_draining"]
         self.held = P + _KB["held"]
+        self.repl_due = P + _KB["repl_due"]
         self.processing = P + _KB["processing"]
         self.clients = P + _KB["clients"]
         self.expired_clients = P + _KB["expired_clients"]

@@ -24,6 +24,7 @@ from .offload import OffloadApi
 from .preflight import check_server
 from .queries import QueriesApi
 from .radix import RadixApi
+from .replication import ReplicationApi
 from .segments import SegmentsApi
 from .transport import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Shards, client_from_url, run
 from .upgrade import stored_schema, upgrade_objects
@@ -36,7 +37,7 @@ _redis_from_url = client_from_url
 
 
 class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi, EventsApi, QueriesApi,
-             UpsertApi):
+             UpsertApi, ReplicationApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config

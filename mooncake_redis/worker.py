@@ -11,8 +11,8 @@ out, runs mc_expire_clients only when a client is due or the watch needs its ref
 
 One pass runs the loops of `STEPS` over each claimed shard, in this order (earlier loops free
 space that eviction would otherwise have to find):
-  1. discard_puts: discard abandoned puts and release due held extents (`mc_discard_puts`,
-     until a call does less than `batch` of either);
+  1. discard_puts: discard abandoned puts, revoke abandoned replica copies and moves, and
+     release due held extents (`mc_discard_puts`, until a call does less than `batch` of each);
   2. expire_clients: expire clients whose pings stopped (`mc_expire_clients`, same rule; only
      when a client's last ping is more than client_ttl old or the watch is due for a refresh);
   2b. finish_drains (shard 0): unmount, on every shard, the gracefully unmounting segments
@@ -69,6 +69,7 @@ class WorkerPass:
     eviction_steps: int = 0
     discarded_puts: int = 0
     released_extents: int = 0
+    revoked_replications: int = 0
     clients_expired: int = 0
     segments_unmounted: int = 0
     swept_objects: int = 0  # objects the dead-replica sweep deleted (no live replica left)
@@ -100,6 +101,7 @@ _TOTALS = {
     "eviction_steps_total": "eviction_steps",
     "discarded_puts_total": "discarded_puts",
     "released_extents_total": "released_extents",
+    "revoked_replications_total": "revoked_replications",
     "clients_expired_total": "clients_expired",
     "segments_unmounted_total": "segments_unmounted",
     "swept_objects_total": "swept_objects",
@@ -148,10 +150,11 @@ class Step:
 
 def discard_puts(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
     while True:
-        discarded, released = worker.transport.call("mc_discard_puts", shard.index, worker.batch)
+        discarded, released, revoked = worker.transport.call("mc_discard_puts", shard.index, worker.batch)
         done.discarded_puts += discarded
         done.released_extents += released
-        if (discarded < worker.batch and released < worker.batch) or worker.stopping():
+        done.revoked_replications += revoked
+        if max(discarded, released, revoked) < worker.batch or worker.stopping():
             return
         worker.renew(shard.index)
 

@@ -221,6 +221,7 @@ FUNCTIONS += ["mc_gw_segment_record", "mc_gw_segment_forget", "mc_gw_reap", "mc_
 FUNCTIONS += ["mc_fsck_gateway", "mc_fsck_sweep_due", "mc_fsck_figures", "mc_upgrade_objects",
               "mc_fsck_indexed"]
 FUNCTIONS += ["mc_graceful_unmount_segment", "mc_finish_drain", "mc_upsert_start"]
+FUNCTIONS += ["mc_replica_start", "mc_replica_end", "mc_replica_revoke"]
 
 
 def test_every_function_is_listed_here():

@@ -8,6 +8,7 @@ local K = {
   config = ':config', mount_seq = ':mount_seq',
   segment = ':seg:', segments = ':segs', free = ':free:', free_by_off = ':by_off', free_by_size = ':by_size',
   segments_draining = ':segs_draining', -- graceful unmounts (lua/ops/segments.lua)
+  repl_due = ':repl_due', -- replications in flight (lua/lib/47_replication.lua)
   held = ':held', processing = ':processing', clients = ':clients', expired_clients = ':expired_clients',
   object = ':obj:', group = ':grp:', group_members = ':grpm:', aggregate = ':agg:',
   tier_ordinary = ':evict:ordinary', tier_soft = ':evict:soft', draining = ':evict:draining',
@@ -39,7 +40,8 @@ local E = {
   INVALID_PARAMS = -600, ILLEGAL_CLIENT = -601,
   REPLICA_IS_NOT_READY = -703, OBJECT_NOT_FOUND = -704,
   OBJECT_ALREADY_EXISTS = -705, OBJECT_HAS_LEASE = -706,
-  INVALID_WRITE = -700, OBJECT_HAS_REPLICATION_TASK = -708,
+  INVALID_WRITE = -700, OBJECT_HAS_REPLICATION_TASK = -708, OBJECT_NO_REPLICATION_TASK = -709,
+  REPLICA_NOT_FOUND = -710, REPLICA_IS_GONE = -712, UNAVAILABLE_IN_CURRENT_STATUS = -1010,
   GUARANTEED_CAPACITY_EXCEEDED = -10002, RETENTION_LIMIT_EXCEEDED = -10003,
   RADIX_LINK_PENDING = -10010,
 }

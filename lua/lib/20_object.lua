@@ -24,7 +24,7 @@ local function obj_prefix(P, tenant) return P .. K.object .. tenant .. ':' end
 -- Fields of an object that are never a replica: the loops that look for replica fields
 -- ('rep:', 'disk:') skip them with one table lookup. A field missing here costs only a string
 -- check more.
-local SCALAR_FIELDS = { reps = true, special = true, size = true, status = true, writer = true, put_started = true, lease_until = true,
+local SCALAR_FIELDS = { reps = true, special = true, repl_kind = true, repl_client = true, repl_source = true, repl_until = true, repl_reps = true, size = true, status = true, writer = true, put_started = true, lease_until = true,
   soft_pin_until = true, hard_pin = true, group = true, node = true, prefix = true, checksum = true,
   guaranteed_until = true, task_refs = true, soft_pin_action = true, soft_pin_ttl = true }
 local function obj_id(tenant, key) return tenant .. ':' .. key end

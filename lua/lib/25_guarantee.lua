@@ -52,6 +52,6 @@ local function forget_guarantee(P, tenant, key, o, replicas)
 end
 
 return {
-  guarantee_prefix_key = guarantee_prefix_key, guarantee_room = guarantee_room,
+  guarantee_prefix_key = guarantee_prefix_key, guarantee_room = guarantee_room, count_guaranteed = count_guaranteed,
   start_guarantee = start_guarantee, forget_guarantee = forget_guarantee,
 }

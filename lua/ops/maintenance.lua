@@ -7,8 +7,9 @@
 --   now - timeout, the same rule put_start uses to preempt) are deleted; their extents stay
 --   held until put_started + put_start_release_timeout (the writer may still be writing), or freed
 --   at once when the writer was expired by expire_clients (see hold_until).
---   Then frees up to `max` held extents that are due (release_held).
---   Reply: {discarded, released}.
+--   Then revokes up to `max` replica copies and moves past their deadline (sweep_replications,
+--   lua/lib/47_replication.lua) and frees up to `max` held extents that are due (release_held).
+--   Reply: {discarded, released, replications revoked}.
 -- expire_clients. KEYS: P. ARGV: max.
 --   Clients are expired only for silence the store and a worker both saw: P.clients_checked_at
 --   is the clock of the last expire_clients call and P.clients_watched_since the start of the
@@ -67,8 +68,9 @@ local function discard_puts(P, args, cfg)
       redis.call('ZREM', P .. K.processing, id) -- a stale index entry
     end
   end
+  local revoked = Replication.sweep_replications(P, now, max)
   local released = release_held(P, now, max)
-  return { discarded, released }
+  return { discarded, released, revoked }
 end
 
 -- The unmount steps of unmount_segment (segments.lua), which is local to that file: the
