@@ -28,6 +28,8 @@ class ErrorCode(IntEnum):
     REPLICA_NOT_FOUND = -710
     REPLICA_IS_GONE = -712
     UNAVAILABLE_IN_CURRENT_STATUS = -1010
+    TASK_NOT_FOUND = -1400
+    TASK_PENDING_LIMIT_EXCEEDED = -1401
     # This project's own codes, clear of Mooncake's ranges (-1 to -1799 so far).
     OUTCOME_UNKNOWN = -10000  # no reply (timeout, lost connection): the call may or may not have run
     UNAVAILABLE = -10001      # the server did not run the call now (loading its data, busy, failing over): retry

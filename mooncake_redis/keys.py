@@ -54,6 +54,7 @@ K: dict[str, str] = {
     "segment": ":seg:", "segments": ":segs", "free": ":free:", "free_by_off": ":by_off", "free_by_size": ":by_size",
     "segments_draining": ":segs_draining",  # graceful unmounts: segment -> its deadline
     "repl_due": ":repl_due",  # replications in flight (lua/lib/47_replication.lua)
+    "task": ":task:", "task_queue": ":taskq:", "tasks_due": ":tasks_due", "tasks_done": ":tasks_done",
     "held": ":held", "processing": ":processing", "clients": ":clients", "expired_clients": ":expired_clients",
     "object": ":obj:", "group": ":grp:", "group_members": ":grpm:", "aggregate": ":agg:",
     "tier_ordinary": ":evict:ordinary", "tier_soft": ":evict:soft", "draining": ":evict:draining",
@@ -103,6 +104,8 @@ class ShardKeys:
         self.segments_draining = P + _KB["segments_draining"]
         self.held = P + _KB["held"]
         self.repl_due = P + _KB["repl_due"]
+        self.tasks_due = P + _KB["tasks_due"]
+        self.tasks_done = P + _KB["tasks_done"]
         self.processing = P + _KB["processing"]
         self.clients = P + _KB["clients"]
         self.expired_clients = P + _KB["expired_clients"]
@@ -182,6 +185,12 @@ class ShardKeys:
                 if key.endswith(suffix) and len(key) > len(prefix) + len(suffix):
                     return key[len(prefix):-len(suffix)]
         return None
+
+    def task(self, task_id: str | bytes) -> bytes:
+        return self.P + _KB["task"] + _b(task_id)
+
+    def task_queue(self, client: str | bytes) -> bytes:
+        return self.P + _KB["task_queue"] + _b(client)
 
     def object(self, tenant: str | bytes, key: str | bytes) -> bytes:
         return self.P + _KB["object"] + _b(tenant) + b":" + _b(key)

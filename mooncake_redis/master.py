@@ -26,6 +26,7 @@ from .queries import QueriesApi
 from .radix import RadixApi
 from .replication import ReplicationApi
 from .segments import SegmentsApi
+from .task_queue import TaskQueueApi
 from .transport import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Shards, client_from_url, run
 from .upgrade import stored_schema, upgrade_objects
 from .upsert import UpsertApi
@@ -37,7 +38,7 @@ _redis_from_url = client_from_url
 
 
 class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, OffloadApi, RadixApi, EventsApi, QueriesApi,
-             UpsertApi, ReplicationApi):
+             UpsertApi, ReplicationApi, TaskQueueApi):
     def __init__(self, client: redis.Redis, config: MasterConfig):
         self.redis = client
         self.config = config

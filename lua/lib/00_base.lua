@@ -9,6 +9,8 @@ local K = {
   segment = ':seg:', segments = ':segs', free = ':free:', free_by_off = ':by_off', free_by_size = ':by_size',
   segments_draining = ':segs_draining', -- graceful unmounts (lua/ops/segments.lua)
   repl_due = ':repl_due', -- replications in flight (lua/lib/47_replication.lua)
+  -- Mooncake's task queue (lua/ops/task_queue.lua)
+  task = ':task:', task_queue = ':taskq:', tasks_due = ':tasks_due', tasks_done = ':tasks_done',
   held = ':held', processing = ':processing', clients = ':clients', expired_clients = ':expired_clients',
   object = ':obj:', group = ':grp:', group_members = ':grpm:', aggregate = ':agg:',
   tier_ordinary = ':evict:ordinary', tier_soft = ':evict:soft', draining = ':evict:draining',
@@ -42,6 +44,7 @@ local E = {
   OBJECT_ALREADY_EXISTS = -705, OBJECT_HAS_LEASE = -706,
   INVALID_WRITE = -700, OBJECT_HAS_REPLICATION_TASK = -708, OBJECT_NO_REPLICATION_TASK = -709,
   REPLICA_NOT_FOUND = -710, REPLICA_IS_GONE = -712, UNAVAILABLE_IN_CURRENT_STATUS = -1010,
+  TASK_NOT_FOUND = -1400, TASK_PENDING_LIMIT_EXCEEDED = -1401,
   GUARANTEED_CAPACITY_EXCEEDED = -10002, RETENTION_LIMIT_EXCEEDED = -10003,
   RADIX_LINK_PENDING = -10010,
 }
