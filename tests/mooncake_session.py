@@ -133,7 +133,36 @@ def upsert(store: MooncakeDistributedStore) -> None:
     emit("gone after remove_all", [store.is_exist(k) for k in batch])
 
 
-SCENARIOS = {"basic": basic, "provider": provider, "consumer": consumer, "writes": writes, "pressure": pressure,
+def holder(store: MooncakeDistributedStore) -> None:
+    """Names its segment, then holds it until stdin closes (a copy task writes into it)."""
+    emit("ready", store.get_hostname())
+    sys.stdin.read()
+
+
+def copy(store: MooncakeDistributedStore) -> None:
+    """A put into its own segment, a copy task onto the holder's segment (argv[5]), which this
+    client's own task thread runs; the task's status, then the object's replicas."""
+    from mooncake.store import ReplicateConfig
+    config = ReplicateConfig()
+    config.preferred_segment = store.get_hostname()
+    value = os.urandom(64 * 1024)
+    emit("put", store.put("copied", value, config))
+    task, rc = store.create_copy_task("copied", [sys.argv[5]])
+    emit("create_copy_task", rc)
+    status = None
+    for _ in range(200):  # the client fetches its tasks once a second
+        info, rc = store.query_task(task)
+        status = str(info.status) if info is not None else f"error {rc}"
+        if "SUCCESS" in status or "FAILED" in status:
+            break
+        time.sleep(0.1)
+    emit("task status", status.rsplit(".", 1)[-1])
+    emit("replicas", len(store.get_replica_desc("copied")))
+    emit("get equal", store.get("copied") == value)
+    emit("remove forced", store.remove("copied", True))
+
+
+SCENARIOS = {"basic": basic, "holder": holder, "copy": copy, "provider": provider, "consumer": consumer, "writes": writes, "pressure": pressure,
              "graceful": graceful, "upsert": upsert}
 
 if __name__ == "__main__":

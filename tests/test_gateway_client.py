@@ -35,8 +35,8 @@ ENV = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_STORE_MEMCPY": "0"}
 
 
 def run_session(scenario: str, master: str, metadata: str, timeout: float = 120,
-                segment_mib: int = 64) -> list[tuple[str, object]]:
-    proc = subprocess.run([sys.executable, SESSION, scenario, master, metadata, str(segment_mib)], env=ENV,
+                segment_mib: int = 64, *extra: str) -> list[tuple[str, object]]:
+    proc = subprocess.run([sys.executable, SESSION, scenario, master, metadata, str(segment_mib), *extra], env=ENV,
                           capture_output=True, text=True, timeout=timeout)
     steps = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, f"client exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
@@ -256,3 +256,23 @@ def test_upserts_answer_as_mooncake_masters(mooncake_master, gateway):
     ours = run_session("upsert", gateway.rpc_address, gateway.metadata_url)
     assert ours == theirs
     assert all(result is True for step, result in ours if "equal" in step)
+
+
+def copied(master: str, metadata: str) -> dict:
+    """A copy task run by Mooncake's own client: from its segment onto a holder's."""
+    holder = Client("holder", master, metadata)
+    try:
+        assert holder.next_step()[0] == "setup"
+        step, name = holder.next_step()
+        assert step == "ready"
+        return dict(run_session("copy", master, metadata, 120, 64, name))
+    finally:
+        holder.finish()
+        holder.kill()
+
+
+def test_a_copy_task_runs_as_against_mooncake_master(mooncake_master, gateway):
+    theirs = copied(mooncake_master.address, mooncake_master.metadata_url)
+    ours = copied(gateway.rpc_address, gateway.metadata_url)
+    assert theirs == ours == {"setup": 0, "put": 0, "create_copy_task": 0, "task status": "SUCCESS",
+                              "replicas": 2, "get equal": True, "remove forced": 0, "close": 0}

@@ -86,8 +86,8 @@ def test_service_ready_and_reply_literal_follow_the_request(served):
 def test_an_rpc_it_does_not_serve_is_answered_at_once(served):
     _, gateway = served
     c = Conn(gateway.rpc_address)
-    assert "CreateCopyTask" in schema.RPCS
-    value, _ = c.call("CreateCopyTask", b"k", b"default", [b"seg"])
+    assert "DynamicReplicaCopyEnd" in schema.RPCS
+    value, _ = c.call("DynamicReplicaCopyEnd", (1, 2), b"k", b"default", (3, 4), 0)
     assert value == Err(schema.ErrorCode.UNSUPPORTED)
     c.sock.sendall(frames.request_frame(7, 0xDEADBEEF, b""))  # no such function id
     err, seq, _ = c.reply()

@@ -26,6 +26,7 @@ from . import schema
 from .codec import Err
 from .queries import SegmentQueries, _text, uuid_text
 from .store import GatewayStore, SegmentFacts
+from .tasks import TaskHandlers
 
 log = logging.getLogger("mooncake_redis.gateway")
 
@@ -34,7 +35,7 @@ OK_STATUS, NEED_REMOUNT = 1, 2  # Mooncake's ClientStatus
 SOFT_PIN_ACTIONS = {0: SoftPinAction.PRESERVE, 1: SoftPinAction.ENABLE, 2: SoftPinAction.DISABLE}
 MOONCAKE_CODES = range(-1799, 1)  # Mooncake's own error numbers; ours below -10000 have no match there
 FACTS_TTL_S = 5.0  # how long a gateway trusts a segment's recorded facts before reading them again
-INLINE = frozenset({"ServiceReady", "GetStorageConfig", "GetFsdir", "FetchTasks"})  # no store involved
+INLINE = frozenset({"ServiceReady", "GetStorageConfig", "GetFsdir"})  # no store involved
 
 
 def mooncake_code(exc: MasterError) -> int:
@@ -69,7 +70,7 @@ class ReadCounts:
         return taken
 
 
-class Handlers(SegmentQueries):
+class Handlers(SegmentQueries, TaskHandlers):
     def __init__(self, master: Master):
         self.master = master
         self.reads = ReadCounts()
@@ -109,9 +110,6 @@ class Handlers(SegmentQueries):
     def Ping(self, client: Sequence[int]) -> Steps[Any]:
         status = yield from self.master.ping_steps(uuid_text(client))
         return schema.PingResponse(view_version_id=0, client_status=OK_STATUS if status == "OK" else NEED_REMOUNT)
-
-    def FetchTasks(self, client: Sequence[int], batch_size: int) -> list:
-        return []  # the store has no Mooncake task queue (copy, move): nothing to hand out
 
     # ---- segments --------------------------------------------------------------------------
     def _store_name(self, name: str, seg_uuid: str) -> str:

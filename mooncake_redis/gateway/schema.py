@@ -75,7 +75,10 @@ class ErrorCode:
     OBJECT_ALREADY_EXISTS = -705
     OBJECT_HAS_LEASE = -706
     LEASE_EXPIRED = -707
+    OBJECT_HAS_REPLICATION_TASK = -708
+    OBJECT_NO_REPLICATION_TASK = -709
     REPLICA_NOT_FOUND = -710
+    REPLICA_IS_GONE = -712
     TRANSFER_FAIL = -800
     CHECKSUM_MISMATCH = -801
     RPC_FAIL = -900
@@ -83,6 +86,7 @@ class ErrorCode:
     UNAVAILABLE_IN_CURRENT_MODE = -1011
     UNSUPPORTED = -1012  # Mooncake's NOT_SUPPORTED, "operation is not supported in current mode"
     TASK_NOT_FOUND = -1400
+    TASK_PENDING_LIMIT_EXCEEDED = -1401
     TENANT_QUOTA_EXCEEDED = -1700
 
 
@@ -213,6 +217,40 @@ class TaskAssignment(NamedTuple):
     max_retry_attempts: int
 
 
+class CopyStartResponse(NamedTuple):
+    source: "ReplicaDescriptor"
+    targets: list
+
+
+class MoveStartResponse(NamedTuple):
+    source: "ReplicaDescriptor"
+    target: Optional["ReplicaDescriptor"]
+
+
+class QueryTaskResponse(NamedTuple):
+    id: UUID
+    type: int      # TaskType
+    status: int    # TaskStatus
+    created_at_ms_epoch: int
+    last_updated_at_ms_epoch: int
+    assigned_client: UUID
+    message: bytes
+
+
+class TaskCompleteRequest(NamedTuple):
+    id: UUID
+    status: int    # TaskStatus
+    message: bytes
+
+
+class TaskType:  # task_manager.h, int32
+    REPLICA_COPY, REPLICA_MOVE = 0, 1
+
+
+class TaskStatus:  # task_manager.h, int32
+    PENDING, PROCESSING, FAILED, SUCCESS = range(4)
+
+
 # Descriptors. Enums are their underlying integers: ErrorCode, ReplicaType, ReplicaStatus,
 # ClientStatus, SegmentStatus i32; SoftPinAction, ObjectDataType u8.
 KEYS = vector(string)
@@ -242,6 +280,11 @@ GET_REPLICA_LIST_RESPONSE = struct_(GetReplicaListResponse, replicas=REPLICAS, l
 PING_RESPONSE = struct_(PingResponse, view_version_id=i64, client_status=i32)
 GET_STORAGE_CONFIG_RESPONSE = struct_(GetStorageConfigResponse, fsdir=string,
                                       enable_disk_eviction=boolean, quota_bytes=u64)
+COPY_START_RESPONSE = struct_(CopyStartResponse, source=REPLICA_DESCRIPTOR, targets=REPLICAS)
+MOVE_START_RESPONSE = struct_(MoveStartResponse, source=REPLICA_DESCRIPTOR, target=optional(REPLICA_DESCRIPTOR))
+QUERY_TASK_RESPONSE = struct_(QueryTaskResponse, id=uuid, type=i32, status=i32, created_at_ms_epoch=i64,
+                              last_updated_at_ms_epoch=i64, assigned_client=uuid, message=string)
+TASK_COMPLETE_REQUEST = struct_(TaskCompleteRequest, id=uuid, status=i32, message=string)
 TASK_ASSIGNMENT = struct_(TaskAssignment, id=uuid, type=i32, payload=string,
                           created_at_ms_epoch=i64, max_retry_attempts=u32)
 
@@ -309,6 +352,10 @@ def _spec_0_3_13_post1() -> dict[str, tuple[Optional[Type], Type]]:
         "NotifyPromotionFailure": (uuid_key_tenant, e_void),
         "CreateCopyTask": (args(string, string, KEYS), E(uuid)),  # (key, tenant, targets)
         "CreateMoveTask": (args(string, string, string, string), E(uuid)),
+        "CopyStart": (args(uuid, string, string, string, KEYS), E(COPY_START_RESPONSE)),  # (.., src, targets)
+        "MoveStart": (args(uuid, string, string, string, string), E(MOVE_START_RESPONSE)),
+        "QueryTask": (args(uuid), E(QUERY_TASK_RESPONSE)),
+        "MarkTaskToComplete": (args(uuid, TASK_COMPLETE_REQUEST), e_void),
         "CopyEnd": (uuid_key_tenant, e_void),
         "CopyRevoke": (uuid_key_tenant, e_void),
         "MoveEnd": (uuid_key_tenant, e_void),
