@@ -135,27 +135,34 @@ def test_a_target_unmounted_meanwhile_is_gone_at_end(new_master):
 
 
 def test_random_replications_keep_the_books(new_master):
-    """Copies, moves, ends, revokes, forced removes, unmounts, evictions and deadlines in a random
-    order: fsck finds nothing at every step, and no object is left with a task reference once
+    """Copies, moves, ends, revokes, upserts, forced removes, unmounts, evictions and deadlines in
+    a random order: fsck finds nothing at every step, and no object is left with a task reference once
     nothing runs."""
     m = setup(new_master, segs=("s0", "s1", "s2", "s3"))
     rng = random.Random(7)
     segs, keys = ["s0", "s1", "s2", "s3"], [f"k{i}" for i in range(6)]
     for k in keys:
         put(m, k, rng.choice(segs[:3]), rng.choice([KIB, 3 * KIB]))
-    for step in range(60):
+    counts: dict[str, int] = {}
+    started: dict[str, str] = {}  # the kind last started per key
+    for step in range(80):
         k = rng.choice(keys)
-        op = rng.choice(["copy", "move", "end", "revoke", "remove", "evict", "clock", "unmount"])
+        op = rng.choice(["copy", "move", "end", "revoke", "upsert", "remove", "evict", "clock", "unmount"])
         try:
             if op == "copy":
                 src = rng.choice(segments_of(m, k))
                 m.replica_copy_start("client-1", k, src, rng.sample(segs, 2))
+                started[k] = "copy"
             elif op == "move":
                 src = rng.choice(segments_of(m, k))
                 m.replica_move_start("client-1", k, src, rng.choice([s for s in segs if s != src]))
+                started[k] = "move"
             elif op in ("end", "revoke"):
-                kind = rng.choice(["copy", "move"])
+                kind = started.get(k, "copy") if rng.random() < 0.8 else rng.choice(["copy", "move"])
                 (m.replica_end if op == "end" else m.replica_revoke)("client-1", k, kind)
+            elif op == "upsert":  # refused while a replication runs (a task reference)
+                m.upsert_start("client-1", k, rng.choice([KIB, 2 * KIB]))
+                m.upsert_end("client-1", k)
             elif op == "remove":
                 m.remove(k, force=True)
                 put(m, k, rng.choice(segs))
@@ -170,10 +177,12 @@ def test_random_replications_keep_the_books(new_master):
                 m.unmount_segment(seg, "client-1")
                 m.sweep_replicas() if hasattr(m, "sweep_replicas") else None
                 m.mount_segment(seg, 64 * KIB * m.shards, "client-1", base=(segs.index(seg)) << 30)
+            counts[op] = counts.get(op, 0) + 1
         except MasterError:
             pass  # refusals are part of the run: the books must hold whatever happened
         report = fsck(m)
         assert report.ok, (step, op, k, report)
+    assert all(counts.get(op, 0) > 0 for op in ("copy", "move", "end", "revoke", "upsert")), counts
     m.advance_clock(m.config.put_start_discard_timeout)
     for shard in range(m.shards):
         m.transport.call("mc_discard_puts", shard, 64)
