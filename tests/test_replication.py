@@ -192,3 +192,16 @@ def test_random_replications_keep_the_books(new_master):
         except MasterError as e:
             assert e.code == ErrorCode.OBJECT_NOT_FOUND
     assert fsck(m).ok
+
+
+def test_fsck_revokes_a_replication_the_worker_cannot_see(new_master):
+    m = setup(new_master)
+    put(m, "k")
+    m.replica_copy_start("client-1", "k", "seg-a", ["seg-b"])
+    shard = m.transport.shard_of(b"k")
+    m.transport.run([("ZREM", m.transport.keys[shard].repl_due, b"default:k")])  # drift
+    report = fsck(m)
+    assert [f.kind for f in report.findings] == ["repl_unlisted"]
+    fsck(m, repair=True)
+    assert m.task_refs("k") == 0 and m.usage().used_bytes == KIB and fsck(m).ok
+    assert code_of(m.replica_end, "client-1", "k", "copy") == ErrorCode.OBJECT_NO_REPLICATION_TASK

@@ -177,6 +177,7 @@ class _Pass:
     offload_tasks: set = field(default_factory=set)  # tenant:key of objects with an offload task in flight
     disk_bytes: dict = field(default_factory=lambda: defaultdict(int))  # client -> sizes of its live disk replicas
     indexed: dict = field(default_factory=lambda: defaultdict(dict))  # (tenant, group) -> {key: node} (ugroup)
+    replications: dict = field(default_factory=dict)  # tenant:key -> hash of objects with a replication in flight
 
 
 class ObjectRead(NamedTuple):

@@ -14,6 +14,7 @@ from .indexed import IndexedMembers
 from .objects import Objects
 from .offload import Offload
 from .radix import Radix
+from .replication import Replications
 from .retention import Retention
 from .segments import Segments
 
@@ -28,6 +29,7 @@ CHECKERS: tuple[Checker, ...] = (
     IndexedMembers(), # grouped radix keys: their groups' and nodes' membership
     Radix(),          # the radix index
     Offload(),        # the SSD offload tier
+    Replications(),   # replica copies and moves in flight
     Gateway(),        # the Mooncake wire gateway's segment records (shard 0)
 )
 
