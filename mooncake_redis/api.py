@@ -35,6 +35,7 @@ class ApiBase:
     shards: int   # the shard count
     key_pattern: re.Pattern  # radix_key_pattern, compiled (keys.compile_key_pattern)
     malformed_seen: dict[str, str]  # malformed figures already logged (mooncake_redis.figures.note)
+    read_heads: dict[tuple[str, str], list]  # a read's ARGV head per function and tenant (ObjectsApi._read_head)
 
     if TYPE_CHECKING:
         # What one family calls on another; Master combines them all. Declared for the type

@@ -46,6 +46,7 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
         self.shards = config.shards
         self.key_pattern = compile_key_pattern(config.radix_key_pattern)
         self.malformed_seen: dict[str, str] = {}
+        self.read_heads: dict[tuple[str, str], list] = {}
         wait = (config.min_replicas_ack, config.replica_ack_timeout) if config.min_replicas_ack else None
         self.transport = Shards(client, self.ns, self.shards, wait, self.key_pattern)
 

@@ -33,6 +33,9 @@ def _regex_matcher(pattern: str | bytes) -> Callable[[bytes], bool]:
     bytes_rx = cast("re.Pattern[bytes]", rx)
     return lambda k: bytes_rx.search(k) is not None
 
+READ_HEADS = 1024  # read heads remembered (per function and tenant) before the memo starts again
+
+
 class ObjectsApi(ApiBase):
     # ---- puts ------------------------------------------------------------------------
     def _put_head(self, client_id: str, tenant_id: str, config: ReplicateConfig | None) -> list[Any]:
@@ -191,12 +194,26 @@ class ObjectsApi(ApiBase):
     def _read(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> list[Any]:
         return self.drive(self._read_steps(fn, keys, tenant_id, guaranteed_ttl_ms))
 
-    def _read_steps(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> Steps[list[Any]]:
+    def _read_head(self, fn: str, tenant_id: str, guaranteed_ttl_ms: int) -> list[Any]:
+        """The ARGV head of a read; the common one (no guarantee TTL) is built and checked once
+        per function and tenant."""
+        if not guaranteed_ttl_ms and type(tenant_id) is str:
+            head = self.read_heads.get((fn, tenant_id))
+            if head is not None:
+                return head
         _check_tenant(tenant_id)
-        bkeys = _as_keys(keys)
         with_disk = 1 if fn == "mc_get_replica_list" else None  # replies carry disk replicas and the checksum
         head = wire.head(wire.KEY, tenant=tenant_id, guaranteed_ttl_ms=self._guarantee_ttl(guaranteed_ttl_ms) or None,
                          with_disk=with_disk)
+        if not guaranteed_ttl_ms:
+            if len(self.read_heads) >= READ_HEADS:
+                self.read_heads.clear()
+            self.read_heads[(fn, tenant_id)] = head
+        return head
+
+    def _read_steps(self, fn: str, keys: Sequence[Any], tenant_id: str, guaranteed_ttl_ms: int = 0) -> Steps[list[Any]]:
+        head = self._read_head(fn, tenant_id, guaranteed_ttl_ms)
+        bkeys = _as_keys(keys)
         if self.shards == 1 and len(bkeys) <= BATCH_CHUNK:  # the hot path: one round trip, no grouping
             return (yield [self.transport.command(fn, 0, *head, *bkeys)])[0]
         return (yield from self.transport.batch_steps(fn, head, [(k,) for k in bkeys], bkeys))

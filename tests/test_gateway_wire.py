@@ -117,6 +117,50 @@ def test_a_bad_header_closes_only_its_connection(served, head):
     assert good.call("ServiceReady")[0] == b"2.0.0"
 
 
+def test_pipelined_requests_are_answered_in_request_order(served):
+    """More requests than a connection keeps in flight (it stops reading, then reads on), of
+    every kind (answered at once, by Redis round trips on the event loop, on the thread pool,
+    refused), written at once: each reply comes, in request order, with its own answer."""
+    from mooncake_redis.gateway.connection import MAX_IN_FLIGHT
+    master, gateway = served
+    master.mount_segment("pipe/seg0", 1 << 20, client_id="pipe-client", base=0x1000)
+    master.put_start("pipe-client", b"pipe-present", 64)
+    master.put_end("pipe-client", b"pipe-present")
+    c = Conn(gateway.rpc_address)
+    kinds = [("ExistKey", (b"pipe-present", b"default"), (True, False)),
+             ("ExistKey", (b"pipe-absent", b"default"), (False, False)),
+             ("ServiceReady", (), (schema.SERVICE_VERSION.encode(), False)),
+             ("GetStorageConfig", (), None),
+             ("DynamicReplicaCopyEnd", ((1, 2), b"k", b"default", (3, 4), 0),
+              (Err(schema.ErrorCode.UNSUPPORTED), False))]
+    n = 3 * MAX_IN_FLIGHT
+    wanted = [kinds[i % len(kinds)] for i in range(n)]
+    out = b"".join(frames.request_frame(i, schema.RPCS[name].id, encode(schema.RPCS[name].request, args)
+                                        if schema.RPCS[name].request is not None else b"")
+                   for i, (name, args, _) in enumerate(wanted))
+    try:
+        c.sock.sendall(out)
+        for i, (name, _, answer) in enumerate(wanted):
+            err, seq, body = c.reply()
+            assert (err, seq) == (0, i)
+            if answer is not None:
+                assert decode(schema.RPCS[name].response, body) == answer
+    finally:  # the module's other tests allocate on the segments they mount alone
+        master.unmount_segment("pipe/seg0", client_id="pipe-client")
+
+
+def test_a_frame_that_arrives_byte_by_byte_is_served(served):
+    _, gateway = served
+    c = Conn(gateway.rpc_address)
+    c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rpc = schema.RPCS["ExistKey"]
+    frame = frames.request_frame(9, rpc.id, encode(rpc.request, (b"nope", b"default")))
+    for i in range(len(frame)):
+        c.sock.sendall(frame[i:i + 1])
+    err, seq, body = c.reply()
+    assert (err, seq, decode(rpc.response, body)) == (0, 9, (False, False))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(["ExistKey", "BatchExistKey", "GetReplicaList", "PutStart", "Ping", "Remove"]),
        body=st.binary(max_size=200), truncate=st.booleans())
@@ -236,6 +280,8 @@ def test_the_metrics_count_each_rpc_and_its_errors(valkey):
         assert 'mooncake_gateway_rpc_calls_total{rpc="ServiceReady"} 1.0' in text
         assert 'mooncake_gateway_rpc_errors_total{code="-704",rpc="Remove"} 1.0' in text
         assert 'mooncake_gateway_rpc_seconds_count{rpc="Remove"} 1.0' in text
+        assert 'mooncake_gateway_rpc_seconds_bucket{le="+Inf",rpc="Remove"} 1.0' in text
+        assert 'mooncake_gateway_rpc_connections_total 1.0' in text
     finally:
         thread.stop()
         master.close()

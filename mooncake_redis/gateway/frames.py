@@ -47,13 +47,13 @@ class Request(NamedTuple):
     attachment: bytes
 
 
-def parse_request_header(buf: bytes) -> tuple[int, int, int, int]:
-    """(seq, function_id, length, attach_length) of a 20-byte request header; FrameError for a
+def parse_request_header(buf: bytes | bytearray, offset: int = 0) -> tuple[int, int, int, int]:
+    """(seq, function_id, length, attach_length) of the 20-byte request header at `offset`; FrameError for a
     wrong magic, a version above 0, a serialize_type other than struct_pack, a msg_type other than
     0, or a body and attachment above MAX_BODY."""
-    if len(buf) < REQ_HEADER:
-        raise FrameError(f"request header of {len(buf)} bytes, needs {REQ_HEADER}")
-    magic, version, serialize_type, msg_type, seq, fid, length, attach = _REQ.unpack_from(buf)
+    if len(buf) - offset < REQ_HEADER:
+        raise FrameError(f"request header of {len(buf) - offset} bytes, needs {REQ_HEADER}")
+    magic, version, serialize_type, msg_type, seq, fid, length, attach = _REQ.unpack_from(buf, offset)
     if magic != MAGIC:
         raise FrameError(f"magic {magic}, not {MAGIC}")
     if version > VERSION:
