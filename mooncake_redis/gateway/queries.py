@@ -24,6 +24,15 @@ def uuid_text(pair: Sequence[int]) -> str:
     return str(uuidlib.UUID(int=(pair[0] << 64) | pair[1]))
 
 
+def uuid_client(text: str) -> tuple[int, int]:
+    """A client id the store keeps (a UUID's text, as uuid_text makes it) as Mooncake's UUID."""
+    try:
+        n = uuidlib.UUID(text).int
+    except ValueError:
+        return (0, 0)
+    return n >> 64, n & ((1 << 64) - 1)
+
+
 def _text(b: bytes) -> str:
     return b.decode("utf-8", "surrogateescape")
 

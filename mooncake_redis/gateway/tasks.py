@@ -6,7 +6,6 @@ segment names are the store's, which are Mooncake's for a client's first segment
 from __future__ import annotations
 
 import json
-import uuid as uuidlib
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ErrorCode, MasterError
@@ -14,7 +13,7 @@ from ..models import Replica
 from ..steps import Steps
 from . import schema
 from .codec import Err
-from .queries import _text, uuid_text
+from .queries import _text, uuid_client, uuid_text
 
 if TYPE_CHECKING:
     from ..master import Master
@@ -114,12 +113,3 @@ class TaskHandlers:
 
     def MoveRevoke(self, client: Sequence[int], key: bytes, tenant: bytes) -> None:
         self._step(self.master.replica_revoke, client, key, "move", tenant)
-
-
-def uuid_client(text: str) -> tuple[int, int]:
-    """A client id the store keeps (a UUID's text, as uuid_text makes it) as Mooncake's UUID."""
-    try:
-        n = uuidlib.UUID(text).int
-    except ValueError:
-        return (0, 0)
-    return n >> 64, n & ((1 << 64) - 1)
