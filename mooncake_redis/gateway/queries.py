@@ -4,6 +4,7 @@ GracefulUnmountSegment, QuerySegmentStatusById and QuerySegmentStatus, all "bloc
 on the gateway's thread pool and call Master)."""
 from __future__ import annotations
 
+import functools
 import uuid as uuidlib
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -21,7 +22,12 @@ MAX_QUERY_CLIENTS = 4096  # client ids per BatchQueryIp
 
 def uuid_text(pair: Sequence[int]) -> str:
     """A Mooncake UUID (hi, lo) as the client or segment id the store keeps."""
-    return str(uuidlib.UUID(int=(pair[0] << 64) | pair[1]))
+    return _uuid_text(pair[0], pair[1])
+
+
+@functools.lru_cache(maxsize=4096)  # a gateway sees few clients, each in every request it sends
+def _uuid_text(hi: int, lo: int) -> str:
+    return str(uuidlib.UUID(int=(hi << 64) | lo))
 
 
 def uuid_client(text: str) -> tuple[int, int]:
