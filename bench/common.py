@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 from typing import Any, Iterator
 
@@ -51,3 +52,13 @@ def url_or_private_valkey(url: str | None) -> Iterator[tuple[str, EmbeddedValkey
         return
     with private_valkey() as server:
         yield server.url, server
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

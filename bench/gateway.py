@@ -27,7 +27,7 @@ import redis
 from mooncake_redis import Master, MasterConfig
 from mooncake_redis.server import free_port, private_valkey, stop_process
 
-from .common import cpu_model
+from .common import cpu_model, cpu_seconds
 from .mooncake import MooncakeMaster, find_mooncake
 
 OPERATIONS = ("put", "is_exist", "batch_is_exist", "get", "remove")
@@ -130,12 +130,15 @@ def main(n: int = 2000, out: Callable[[str], None] = print) -> dict[str, Any]:
         out(f"machine {res['cores']} cores, {res['cpu']}, load average "
             f"{' '.join(f'{x:.2f}' for x in res['load_average_at_start'])}")
         single: dict[str, list[dict]] = {"mooncake": [], "gateway": []}
-        before = (gateways[0].rpc_seconds(), fcall_usec(valkey.url))
+        spans: list[tuple] = []  # (before, after) of each one-client gateway round
         for rep in range(REPEATS):
             single["mooncake"] += clients([mooncake.address], n, f"m{rep}-")
+            before = (gateways[0].rpc_seconds(), fcall_usec(valkey.url), cpu_seconds(gateways[0].proc.pid))
             single["gateway"] += clients([gateways[0].address], n, f"g{rep}-")
+            after = (gateways[0].rpc_seconds(), fcall_usec(valkey.url), cpu_seconds(gateways[0].proc.pid))
+            spans.append((before, after))
         res["single"] = _table(single, out, "one client")
-        res["where"] = _where(before, (gateways[0].rpc_seconds(), fcall_usec(valkey.url)), single["gateway"], out)
+        res["where"] = _where(spans, single["gateway"], out)
         many = {"mooncake": [_sum(clients([mooncake.address] * 4, n, f"M{rep}-")) for rep in range(REPEATS)]}
         many["gateway"] = [_sum(clients([g.address for g in gateways for _ in range(2)], n, f"G{rep}-"))
                            for rep in range(REPEATS)]
@@ -144,23 +147,33 @@ def main(n: int = 2000, out: Callable[[str], None] = print) -> dict[str, Any]:
     return res
 
 
-def _where(before, after, rates: list[dict], out) -> dict[str, Any]:
-    """Where a gateway call's time goes (one client): as the client sees it (1/rate), from its
-    arrival at the gateway to its reply, and the functions' own server time (all FCALLs of the
-    run, per call)."""
-    (gw0, (usec0, calls0)), (gw1, (usec1, calls1)) = before, after
-    fcall_us = (usec1 - usec0) / max(1, calls1 - calls0)
+def _where(spans: list[tuple], rates: list[dict], out) -> dict[str, Any]:
+    """Where a gateway call's time goes (one client, the gateway's rounds only): as the client
+    sees it (1/rate), from its arrival at the gateway to its reply, the functions' own server time
+    (every FCALL, per call) and the gateway process's CPU time per RPC it answered."""
+    seconds: dict[str, list[float]] = {}
+    usec = calls = cpu = 0.0
+    for (gw0, (usec0, calls0), cpu0), (gw1, (usec1, calls1), cpu1) in spans:
+        usec, calls, cpu = usec + usec1 - usec0, calls + calls1 - calls0, cpu + cpu1 - cpu0
+        for rpc, (total, count) in gw1.items():
+            t0, c0 = gw0.get(rpc, (0.0, 0.0))
+            seconds.setdefault(rpc, [0.0, 0.0])
+            seconds[rpc][0] += total - t0
+            seconds[rpc][1] += count - c0
+    fcall_us = usec / max(1, calls)
+    answered = sum(count for _, count in seconds.values())
+    cpu_us = 1e6 * cpu / answered if answered else float("nan")
     rows = {}
     out(f"where the time goes (one client, gateway side){'':<14}{'client us/call':>16}{'gateway us/call':>17}")
     for op, rpc in (("is_exist", "ExistKey"), ("get", "GetReplicaList"), ("remove", "Remove")):
-        total = gw1.get(rpc, (0.0, 0.0))[0] - gw0.get(rpc, (0.0, 0.0))[0]
-        count = gw1.get(rpc, (0.0, 0.0))[1] - gw0.get(rpc, (0.0, 0.0))[1]
+        total, count = seconds.get(rpc, [0.0, 0.0])
         client_us = 1e6 / statistics.median(r[op] for r in rates)
         gateway_us = 1e6 * total / count if count else float("nan")
         rows[op] = {"client_us": client_us, "gateway_us": gateway_us}
         out(f"  {op:<58}{client_us:>16.0f}{gateway_us:>17.0f}")
     out(f"  the functions' own server time: {fcall_us:.0f} us per FCALL (INFO commandstats, every call of the run)")
-    return {"operations": rows, "fcall_server_us": fcall_us}
+    out(f"  the gateway process's CPU time: {cpu_us:.0f} us per RPC answered ({answered:,.0f} RPCs)")
+    return {"operations": rows, "fcall_server_us": fcall_us, "gateway_cpu_us_per_rpc": cpu_us}
 
 
 def _sum(rates: list[dict[str, float]]) -> dict[str, float]:
