@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError
 from mooncake_redis.cluster import is_cluster_url
-from mooncake_redis.config import MAX_EVENTS
+from mooncake_redis.config import CHOICES, MAX_EVENTS
 from mooncake_redis.functions import LIBRARY_NAME, library_source
 from mooncake_redis.keys import KEY_PROFILES
 from mooncake_redis.server import (
@@ -49,7 +49,7 @@ from .output import CliError
 
 
 def _connect_for_serve(url: str, namespace: str, shards: int | None, key_profile: str | None = None,
-                       kv_events: int | None = None) -> Master:
+                       kv_events: int | None = None, allocation_strategy: str | None = None) -> Master:
     """Master.connect with the store's own configuration (so a restart does not reset tuned
     settings); a new store gets the defaults with `shards` (default 1) and `key_profile`
     (default: the default profile). An existing store of one shard takes a different
@@ -74,6 +74,8 @@ def _connect_for_serve(url: str, namespace: str, shards: int | None, key_profile
         config = dataclasses.replace(config, key_profile=key_profile, radix_key_pattern="")
     if kv_events is not None:  # on, resized or off, for a new or an existing store
         config = dataclasses.replace(config, kv_events_maxlen=kv_events)
+    if allocation_strategy is not None:  # for a new or an existing store
+        config = dataclasses.replace(config, allocation_strategy=allocation_strategy)
     return Master.connect(url, config)
 
 
@@ -112,13 +114,16 @@ def _serve_banner(private: PrivateValkey, tool: str) -> None:
 @click.option("--kv-events", type=click.IntRange(0, MAX_EVENTS), default=None, metavar="MAXLEN",
               help="KV events (`mooncake-redis events`, docs/events.md): keep about MAXLEN per shard "
                    "(0: off). Default: the store's own setting (off in a new store).")
+@click.option("--allocation-strategy", type=click.Choice(CHOICES["allocation_strategy"]), default=None,
+              help="Where puts place replicas after their preferred segments and the writer's host "
+                   "(docs/configuration.md). Default: the store's own (most_free in a new store).")
 @click.option("--no-gateway", is_flag=True, help="Do not start the Mooncake wire gateway.")
 @gateway_options
 @metrics_options
 @log_options
 @click.pass_context
 def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | None, key_profile: str | None,
-          kv_events: int | None, metrics_port: int | None,
+          kv_events: int | None, allocation_strategy: str | None, metrics_port: int | None,
           metrics_addr: str, no_gateway: bool, host: str, rpc_port: int, metadata_port: int,
           gateway_metrics_port: int) -> None:
     """Run a master until SIGINT/SIGTERM.
@@ -164,7 +169,7 @@ def serve(ctx: click.Context, data_dir: Path, port: int | None, shards: int | No
                 proc.wait()
                 stop.set()
             threading.Thread(target=stop_with_valkey, daemon=True).start()
-        master = _connect_for_serve(url, opts.namespace, shards, key_profile, kv_events)
+        master = _connect_for_serve(url, opts.namespace, shards, key_profile, kv_events, allocation_strategy)
         version = library_source()[1]
         out = click.echo
         out(f"mooncake-redis master: {safe_url(url)}")

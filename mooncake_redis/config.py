@@ -28,6 +28,10 @@ class ReplicateConfig:
     group_id: str | None = None
     guaranteed_ttl_ms: int = 0         # > 0: guaranteed against eviction until put_start + this (ms)
     guarantee_fallback: bool = False   # past the guaranteed-capacity limit: write an ordinary object
+    # Mooncake's host_id and prefer_alloc_in_same_node: the writer's node, and whether one replica
+    # goes to a segment mounted with that host (mount_segment's host) when one has room
+    host: str | None = None
+    prefer_same_host: bool = False
     # the radix index (MasterConfig.enable_radix_tree): the prefix hash of the parent node of the
     # keys' node (ignored while the index is off)
     parent_block_hash: str | bytes | None = None
@@ -63,6 +67,14 @@ INT_RANGES = {
     "min_replicas_ack": (0, 64),
     "replica_ack_timeout": (1, MAX_INT),
     "kv_events_maxlen": (0, MAX_EVENTS),
+}
+# Fields that name one of a few choices (the functions read the same in lua/lib/00_base.lua's
+# CONFIG_RANGES, {'choice', ...}; a test checks that they agree).
+CHOICES = {
+    # where put_start places replicas after the preferred segments and the writer's host:
+    # most_free (the segments with the most free bytes), random (uniform among segments with
+    # room, as Mooncake's default), free_ratio_first (the highest free / size, Mooncake's)
+    "allocation_strategy": ("most_free", "random", "free_ratio_first"),
 }
 _INT_TEXT = re.compile(r"-?[0-9]{1,17}")  # stored numbers: only forms Lua's tonumber reads the same
 _FLOAT_TEXT = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
@@ -136,6 +148,8 @@ class MasterConfig:
     # their replicas to the shard's stream <ns>:{<ns>:<i>}:events in the call that makes it,
     # trimmed to about this many entries (XADD MAXLEN ~); 0: off (no stream, no cost)
     kv_events_maxlen: int = 0
+    # placement (lua/ops/put_start.lua; CHOICES above)
+    allocation_strategy: str = "most_free"
 
     def __post_init__(self) -> None:
         if not isinstance(self.namespace, str) or not NAME_RE.fullmatch(self.namespace):
@@ -156,6 +170,9 @@ class MasterConfig:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     raise _bad(f"{f.name} must be a finite number, not {value!r}")
                 object.__setattr__(self, f.name, float(value))
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise _bad(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
         if not 0 < self.eviction_high_watermark_ratio <= 1:
             raise _bad("eviction_high_watermark_ratio must be in (0, 1]")
         if not 0 <= self.eviction_ratio <= self.eviction_high_watermark_ratio or self.eviction_ratio >= 1:

@@ -36,6 +36,7 @@ class ErrorCode(IntEnum):
     # a guaranteed put would pass the shard's or the tenant's guaranteed-bytes limit
     GUARANTEED_CAPACITY_EXCEEDED = -10002
     RETENTION_LIMIT_EXCEEDED = -10003  # retain_groups: admitting the group would pass a retained-groups limit
+    HOST_SEGMENTS_EXCEEDED = -10004  # mount_segment: the host already has 64 segments mounted (per shard)
     # put_end: the key's radix node is not yet listed by its parent on another shard (drain the outbox, retry)
     RADIX_LINK_PENDING = -10010
 

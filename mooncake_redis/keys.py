@@ -53,6 +53,7 @@ K: dict[str, str] = {
     "config": ":config", "mount_seq": ":mount_seq",
     "segment": ":seg:", "segments": ":segs", "free": ":free:", "free_by_off": ":by_off", "free_by_size": ":by_size",
     "segments_draining": ":segs_draining",  # graceful unmounts: segment -> its deadline
+    "host_segments": ":hsegs:",  # a host's segments (set), for put_start's prefer_same_host
     "repl_due": ":repl_due",  # replications in flight (lua/lib/47_replication.lua)
     "task": ":task:", "task_queue": ":taskq:", "tasks_due": ":tasks_due", "tasks_done": ":tasks_done",
     "held": ":held", "processing": ":processing", "clients": ":clients", "expired_clients": ":expired_clients",
@@ -171,6 +172,10 @@ class ShardKeys:
 
     def segment(self, name: str | bytes) -> bytes:
         return self.P + _KB["segment"] + _b(name)
+
+    def host_segments(self, host: str | bytes) -> bytes:
+        """The set of the segments mounted on this shard with that host (mount_segment's host)."""
+        return self.P + _KB["host_segments"] + _b(host)
 
     def free(self, segment: str | bytes) -> tuple[bytes, bytes]:
         """The free lists of a segment's slice: (by_off, by_size)."""

@@ -57,13 +57,18 @@ class ObjectsApi(ApiBase):
         hard_pin = _check_bool(c.with_hard_pin, "with_hard_pin")
         guarantee = self._guarantee_ttl(c.guaranteed_ttl_ms)
         fallback = _check_bool(c.guarantee_fallback, "guarantee_fallback")
+        same_host = _check_bool(c.prefer_same_host, "prefer_same_host")
+        host = None if c.host in (None, "") else _check_name(c.host, "host")
+        if same_host and host is None:
+            raise MasterError(ErrorCode.INVALID_PARAMS, "prefer_same_host needs the writer's host")
         fields = wire.KEY_SIZE_PREFIX if guarantee else wire.KEY_SIZE
         if self._radix_put(c):
             fields = (*fields, "node") + (("parent", "parent_shard") if c.parent_block_hash is not None else ())
         return wire.head(fields, client_id=client_id,
                          tenant=tenant_id, replica_num=c.replica_num, soft_pin_action=action.value,
                          soft_pin_ttl_ms=ttl, hard_pin=int(hard_pin), group=group, preferred=prefs,
-                         guaranteed_ttl_ms=guarantee or None, guarantee_fallback=int(fallback) if guarantee else None)
+                         guaranteed_ttl_ms=guarantee or None, guarantee_fallback=int(fallback) if guarantee else None,
+                         host=host if same_host else None, prefer_same_host=1 if same_host else None)
 
     def _radix_put(self, c: ReplicateConfig) -> bool:
         """Do this put's keys register in the radix index? (Index on; a grouped key too: its node

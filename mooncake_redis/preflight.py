@@ -29,10 +29,11 @@ log = logging.getLogger(__name__)
 DRYRUN_ARGS = {
     "DEL": "K", "EXISTS": "K", "GET": "K", "SET": "K v", "INCR": "K", "INCRBY": "K 1",
     "HDEL": "K f", "HGET": "K f", "HGETALL": "K", "HINCRBY": "K f 1", "HMGET": "K f", "HSET": "K f v",
-    "SADD": "K m", "SREM": "K m", "SCARD": "K", "SMEMBERS": "K", "SRANDMEMBER": "K 1",
+    "SADD": "K m", "SREM": "K m", "SCARD": "K", "SMEMBERS": "K", "SRANDMEMBER": "K 1", "SISMEMBER": "K m",
     "ZADD": "K 1 m", "ZCARD": "K", "ZCOUNT": "K 0 1", "ZINCRBY": "K 1 m", "ZRANGE": "K 0 1",
     "ZRANGEBYSCORE": "K 0 1", "ZREM": "K m", "ZREVRANGE": "K 0 1", "ZREVRANGEBYSCORE": "K 1 0",
-    "ZREMRANGEBYSCORE": "K 0 1", "ZSCORE": "K m", "ZSCAN": "K 0", "SCAN": "0", "TIME": "", "MULTI": "", "EXEC": "",
+    "ZREMRANGEBYSCORE": "K 0 1", "ZSCORE": "K m", "ZMSCORE": "K m", "ZRANDMEMBER": "K -1 WITHSCORES",
+    "ZSCAN": "K 0", "SCAN": "0", "TIME": "", "MULTI": "", "EXEC": "",
     "XADD": "K 0-* f v", "XRANGE": "K - +", "XREVRANGE": "K + -",  # the KV event streams
     "FCALL": "mc_now 1 K", "FCALL_RO": "mc_now 1 K",
 }

@@ -18,12 +18,17 @@ DRAIN_BATCH = 64  # gracefully unmounting segments finish_drains looks at per ca
 
 
 class SegmentsApi(ApiBase):
-    def mount_segment(self, name: str, size: int, client_id: str, base: int = 0, path: str | None = None) -> None:
+    def mount_segment(self, name: str, size: int, client_id: str, base: int = 0, path: str | None = None,
+                      host: str | None = None) -> None:
         """Mount a segment (one slice per shard). `path`: where a reader on the same host finds
-        its bytes (the reference data plane's memory-mapped file), recorded with the segment."""
+        its bytes (the reference data plane's memory-mapped file), recorded with the segment.
+        `host`: the node it is on (Mooncake's host_id); puts with prefer_same_host and that host
+        try its segments first. At most 64 segments per host (HOST_SEGMENTS_EXCEEDED)."""
         _check_name(name, "segment name", 1024)
         if path is not None:
             _check_name(path, "path", 4096)
+        if host is not None:
+            _check_name(host, "host")
         _check_name(client_id, "client_id")
         _check_int(size, "size", self.shards)
         _check_int(base, "base", 0)
@@ -31,7 +36,7 @@ class SegmentsApi(ApiBase):
         t = self.transport
         slices = [segment_slice(base, size, shard, self.shards) for shard in range(self.shards)]
         t.run([t.command("mc_mount_segment", shard, *wire.options(name=name, client_id=client_id, base=lo, size=length,
-                                                                     path=path))
+                                                                     path=path, host=host))
                for shard, (lo, length) in enumerate(slices)])
 
     def unmount_segment(self, name: str, client_id: str,

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from helpers import (WRITER, assert_no_overlap, assert_tiles, code_of, examples, free_extents, mount, put,
-                     shard_of_key, slice_of)
+                     shard_keys, shard_of_key, slice_of)
 from mooncake_redis import ErrorCode, MasterError, ReplicaListResult, ReplicaStatus, ReplicateConfig
 
 
@@ -123,9 +123,10 @@ class Model:
 class Run:
     """Applies one operation to the store and the model and checks the reply."""
 
-    def __init__(self, m):
+    def __init__(self, m, hosts: dict[str, str] | None = None):
         self.m = m
         self.model = Model(m.shards, m.now_ms())
+        self.hosts = hosts or {}  # segment -> the host it is mounted with
 
     def shard(self, key: str) -> int:
         return shard_of_key(self.m, key)
@@ -138,7 +139,7 @@ class Run:
 
     # -- operations --
     def mount(self, seg):
-        mount(self.m, seg, SEG_SLICES[seg], client="owner")
+        self.m.mount_segment(seg, SEG_SLICES[seg] * self.m.shards, "owner", host=self.hosts.get(seg))
         if seg not in self.model.mounted:
             self.model.epochs[seg] = self.model.epochs.get(seg, 0) + 1
             self.model.mounted[seg] = self.model.epochs[seg]
@@ -156,8 +157,10 @@ class Run:
             if not obj.replicas:
                 del self.model.objects[key]
 
-    def put(self, key, size, replica_num, client, preferred):
+    def put(self, key, size, replica_num, client, preferred, host=None):
         md, shard = self.model, self.shard(key)
+        config = ReplicateConfig(replica_num=replica_num, preferred_segments=preferred, host=host,
+                                 prefer_same_host=host is not None)
         # a put_start first releases the due held extents of its shard
         kept = [h for h in md.held if not (h.shard == shard and h.due <= md.now)]
         if len(kept) < len(md.held):
@@ -167,8 +170,7 @@ class Run:
         expect_exists = old is not None and (old.complete or md.now - old.started < DISCARD)
         if expect_exists and not old.complete and old.writer == client and old.size == size and old.replicas:
             event("put_start retried by its writer")  # answers the replicas it already has
-            replicas = self.m.put_start(client, key, size, ReplicateConfig(replica_num=replica_num,
-                                                                           preferred_segments=preferred))
+            replicas = self.m.put_start(client, key, size, config)
             assert {r.segment: r.offset for r in replicas} == old.replicas
             return
         if old is not None and not expect_exists:  # preempted: its extents stay held
@@ -177,9 +179,10 @@ class Run:
                 md.held.append(Held(shard, seg, md.mounted[seg], off, old.size, old.started + RELEASE))
             del md.objects[key]
         before = dict(md.objects)
+        local = [seg for seg in md.mounted if host is not None and self.hosts.get(seg) == host
+                 and self.room(seg, shard, size)]
         try:
-            replicas = self.m.put_start(client, key, size, ReplicateConfig(replica_num=replica_num,
-                                                                           preferred_segments=preferred))
+            replicas = self.m.put_start(client, key, size, config)
         except MasterError as exc:
             if expect_exists:
                 assert exc.code == ErrorCode.OBJECT_ALREADY_EXISTS
@@ -201,11 +204,17 @@ class Run:
         for seg in preferred:  # a mounted preferred segment with room is always used
             if seg in md.mounted and seg not in segs:
                 assert len(segs) == replica_num or not self.room(seg, shard, size)
+        if local and not set(preferred) & set(md.mounted):  # a host segment with room gets a replica
+            event("placed on the writer's host")
+            assert set(segs) & set(local), f"{segs}: none on host {host} ({local} had room)"
         if len(segs) < replica_num:  # best effort: no other segment had room
             event("fewer replicas than asked")
             for seg in md.mounted:
                 assert seg in segs or not self.room(seg, shard, size)
         md.objects[key] = Obj(size, client, md.now, {r.segment: r.offset for r in replicas})
+
+    def put_host(self, key, size, replica_num, client, preferred, host):
+        self.put(key, size, replica_num, client, preferred, host)
 
     def forget_evicted(self, shard, before):
         """A put that finds no room may evict; only unprotected objects of its shard may go."""
@@ -306,6 +315,10 @@ class Run:
         replica_bytes = sum(obj.size * len(obj.replicas) for obj in md.objects.values())
         held_bytes = sum(h.size for h in md.live_held())
         assert usage.used_bytes == replica_bytes + held_bytes
+        for shard in range(m.shards):  # the host index lists exactly the mounted segments of each host
+            for host in set(self.hosts.values()):
+                listed = m.redis.smembers(shard_keys(m, shard).host_segments(host))
+                assert listed == {s.encode() for s in md.mounted if self.hosts.get(s) == host}
         assert {s["name"]: s["used"] for s in m.segments()} == {
             seg: sum(obj.size for obj in md.objects.values() if seg in obj.replicas)
             + sum(h.size for h in md.live_held() if h.seg == seg)
@@ -319,6 +332,29 @@ def test_random_operations_keep_the_allocator_consistent(new_master, ops):
     m = new_master(put_start_discard_timeout=DISCARD, put_start_release_timeout=RELEASE,
                    default_kv_lease_ttl=LEASE)
     run = Run(m)
+    run.mount("s0")
+    run.check()
+    for op in ops:
+        getattr(run, op[0])(*op[1:])
+        run.check()
+
+
+# The same sequences with the placement options: segments mounted with hosts, puts that prefer
+# a host (one with segments, or none), under each allocation strategy.
+HOSTS = {"s0": "h0", "s1": "h1"}
+host_put_st = st.tuples(st.just("put_host"), key_st, st.integers(1, 48), st.integers(1, 3),
+                        st.sampled_from(CLIENTS), pref_st, st.sampled_from(["h0", "h1", "hx"]))
+placement_op_st = st.one_of(op_st, host_put_st, host_put_st)
+
+
+@settings(max_examples=examples(30), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=st.lists(placement_op_st, min_size=10, max_size=60),
+       strategy=st.sampled_from(["most_free", "random", "free_ratio_first"]))
+def test_random_operations_with_placement_keep_the_allocator_consistent(new_master, ops, strategy):
+    m = new_master(put_start_discard_timeout=DISCARD, put_start_release_timeout=RELEASE,
+                   default_kv_lease_ttl=LEASE, allocation_strategy=strategy)
+    run = Run(m, HOSTS)
     run.mount("s0")
     run.check()
     for op in ops:

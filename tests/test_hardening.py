@@ -220,7 +220,7 @@ FUNCTIONS += ["mc_gw_segment_record", "mc_gw_segment_forget", "mc_gw_reap", "mc_
               "mc_gw_metadata_delete", "mc_gw_register_client", "mc_gw_heartbeat"]
 FUNCTIONS += ["mc_fsck_gateway", "mc_fsck_sweep_due", "mc_fsck_figures", "mc_upgrade_objects",
               "mc_fsck_indexed"]
-FUNCTIONS += ["mc_graceful_unmount_segment", "mc_finish_drain", "mc_upsert_start"]
+FUNCTIONS += ["mc_graceful_unmount_segment", "mc_finish_drain", "mc_upsert_start", "mc_fsck_host_index"]
 FUNCTIONS += ["mc_replica_start", "mc_replica_end", "mc_replica_revoke"]
 FUNCTIONS += ["mc_task_create", "mc_task_fetch", "mc_task_complete", "mc_task_query"]
 

@@ -20,7 +20,7 @@ from helpers import (OWNER, T0, WRITER, all_shard_keys, make_master, mount, put,
 from mooncake_redis import ErrorCode, Master, MasterConfig, MasterError, ReplicateConfig, preflight
 from mooncake_redis.cli.main import cli
 from mooncake_redis.fsck import fsck
-from mooncake_redis.config import INT_RANGES
+from mooncake_redis.config import CHOICES, INT_RANGES
 from mooncake_redis.library import library_source, lua_dir
 from mooncake_redis.keys import ShardKeys
 from mooncake_redis.server import EmbeddedValkey, free_port
@@ -94,6 +94,17 @@ def test_the_functions_accept_exactly_the_configuration_python_accepts():
             assert rng == (0, 1, "ratio"), name
         else:
             assert rng == INT_RANGES[name], name
+
+
+def test_the_functions_accept_exactly_the_choices_python_accepts():
+    """A 'choice' field ({'choice', name...} in CONFIG_RANGES) has the names of config.CHOICES,
+    and its default (CONFIG_DEFAULTS, for a store written before it) is MasterConfig's."""
+    source = (lua_dir() / "lib" / "00_base.lua").read_text()
+    lua = {name: tuple(p.strip().strip("'") for p in body.split(","))
+           for name, body in re.findall(r"^\s*(\w+) = \{ 'choice', ([^}]*) \}", source, re.M)}
+    assert lua == CHOICES
+    defaults = dict(re.findall(r"(\w+) = '(\w+)'", re.search(r"CONFIG_DEFAULTS = \{([^}]*)\}", source).group(1)))
+    assert defaults == {name: getattr(MasterConfig(), name) for name in CHOICES}
 
 
 def test_a_store_without_read_leases_serves_reads(backend, request):

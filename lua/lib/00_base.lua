@@ -8,6 +8,7 @@ local K = {
   config = ':config', mount_seq = ':mount_seq',
   segment = ':seg:', segments = ':segs', free = ':free:', free_by_off = ':by_off', free_by_size = ':by_size',
   segments_draining = ':segs_draining', -- graceful unmounts (lua/ops/segments.lua)
+  host_segments = ':hsegs:', -- a host's segments (lua/ops/segments.lua), for put_start's prefer_same_host
   repl_due = ':repl_due', -- replications in flight (lua/lib/47_replication.lua)
   -- Mooncake's task queue (lua/ops/task_queue.lua)
   task = ':task:', task_queue = ':taskq:', tasks_due = ':tasks_due', tasks_done = ':tasks_done',
@@ -45,7 +46,7 @@ local E = {
   INVALID_WRITE = -700, OBJECT_HAS_REPLICATION_TASK = -708, OBJECT_NO_REPLICATION_TASK = -709,
   REPLICA_NOT_FOUND = -710, REPLICA_IS_GONE = -712, UNAVAILABLE_IN_CURRENT_STATUS = -1010,
   TASK_NOT_FOUND = -1400, TASK_PENDING_LIMIT_EXCEEDED = -1401,
-  GUARANTEED_CAPACITY_EXCEEDED = -10002, RETENTION_LIMIT_EXCEEDED = -10003,
+  GUARANTEED_CAPACITY_EXCEEDED = -10002, RETENTION_LIMIT_EXCEEDED = -10003, HOST_SEGMENTS_EXCEEDED = -10004,
   RADIX_LINK_PENDING = -10010,
 }
 -- code -> name, filled on first use (library load time may not iterate tables)
@@ -169,8 +170,9 @@ local function new_mount_epoch(P)
   if P == CALL.shard then CALL.mounts = token end
 end
 
--- P:config fields the functions read, with their ranges: {lo, hi}, or {lo, hi, 'ratio'} for a
--- finite real number. Python writes them (MasterConfig); a value out of range here means the
+-- P:config fields the functions read, with their ranges: {lo, hi}, {lo, hi, 'ratio'} for a
+-- finite real number, or {'choice', name...} for one of those names (kept as the string).
+-- Python writes them (MasterConfig); a value out of range here means the
 -- hash was edited by hand or by another program, and every function refuses to run on it.
 -- mooncake_redis/config.py accepts the same ranges (a test checks that they agree).
 local MAX_TTL = 1000000000000000 -- 10^15 ms: now + MAX_TTL stays far below 2^53
@@ -202,10 +204,23 @@ local CONFIG_RANGES = {
   offload_max_attempts = { 1, 1000 },
   disk_removal_queue_limit = { 0, MAX_INT },
   kv_events_maxlen = { 0, 100000000 },
+  allocation_strategy = { 'choice', 'most_free', 'random', 'free_ratio_first' }, -- lua/ops/put_start.lua
 }
+
+-- Fields added after stores were first written: one missing from P:config (a store last
+-- configured by an earlier package) reads as this value until Master.connect writes it.
+local CONFIG_DEFAULTS = { allocation_strategy = 'most_free' }
+
+local function choice_value(range, raw)
+  for i = 2, #range do
+    if range[i] == raw then return raw end
+  end
+  return nil
+end
 
 local function config_value(name, raw)
   local range = CONFIG_RANGES[name]
+  if range[1] == 'choice' then return choice_value(range, raw) end
   local v = tonumber(raw)
   if not v or v ~= v or v < range[1] or v > range[2] then return nil end -- v ~= v: nan
   if range[3] ~= 'ratio' and math.floor(v) ~= v then return nil end
@@ -240,11 +255,12 @@ local function config(P, names)
   local cfg = {}
   for i = 1, n do
     local name = names[i]
-    if not values[i] then return nil, fail(E.INTERNAL_ERROR,
+    local raw = values[i] or CONFIG_DEFAULTS[name]
+    if not raw then return nil, fail(E.INTERNAL_ERROR,
       'store not initialised (' .. P .. ':config has no ' .. name .. '): connect once with Master.connect or mooncake-redis serve') end
-    cfg[name] = config_value(name, values[i])
+    cfg[name] = config_value(name, raw)
     if not cfg[name] then return nil, fail(E.INTERNAL_ERROR,
-      'bad configuration: ' .. P .. ':config ' .. name .. ' = ' .. values[i] .. '; rewrite it with Master.connect(url, MasterConfig(...))') end
+      'bad configuration: ' .. P .. ':config ' .. name .. ' = ' .. raw .. '; rewrite it with Master.connect(url, MasterConfig(...))') end
   end
   CONFIG_MEMO[names] = { raw = values, cfg = cfg }
   return cfg

@@ -3,6 +3,7 @@
 --   P:free:<seg>:by_size  member = offset, score = length   (best fit)
 -- Byte accounting is kept in three places that fsck can recompute:
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
+-- and a segment mounted with a host is a member of P:hsegs:<host> while it is mounted.
 
 local K, S, HEAD_CACHE_MAX = Base.K, Base.S, Base.HEAD_CACHE_MAX
 local mount_table, new_mount_epoch = Base.mount_table, Base.new_mount_epoch
@@ -47,6 +48,24 @@ local function draining(P, seg)
   if known then known.drain[seg], known.n = d, known.n + 1 end
   return d
 end
+
+-- The size of a segment's slice on this shard (0: not mounted), remembered with the mount ids.
+local function slice_size(P, seg)
+  local known = mount_table(P)
+  if known then
+    known.size = known.size or {}
+    local n = known.size[seg]
+    if n then return n end
+  end
+  local n = tonumber(redis.call('HGET', P .. K.segment .. seg, 'size')) or 0
+  if known then known.size[seg], known.n = n, known.n + 1 end
+  return n
+end
+
+-- P:hsegs:<host>: the set of the segments mounted on this shard with that host (mount_segment's
+-- option host), at most MAX_HOST_SEGMENTS; what put_start's prefer_same_host tries first.
+local MAX_HOST_SEGMENTS = 64
+local function host_key(P, host) return P .. K.host_segments .. host end
 
 -- Best fit: the smallest free extent that holds `size`; returns the offset or nil (none, or
 -- the slice is draining).
@@ -114,8 +133,9 @@ end
 -- Returns false when the segment is not mounted here.
 local function drop_segment(P, name)
   local skey = P .. K.segment .. name
-  local cur = redis.call('HMGET', skey, 'size', 'used')
+  local cur = redis.call('HMGET', skey, 'size', 'used', 'host')
   if not cur[1] then return false end
+  if cur[3] then redis.call('SREM', host_key(P, cur[3]), name) end
   forget_segment_guarantees(P, redis.call('HGETALL', skey))
   redis.call('HINCRBY', P, 'capacity_bytes', S(0 - tonumber(cur[1])))
   redis.call('HINCRBY', P, 'used_bytes', S(0 - (tonumber(cur[2]) or 0)))
@@ -171,6 +191,7 @@ end
 
 return {
   free_keys = free_keys, add_free = add_free, alloc_extent = alloc_extent,
-  free_extent = free_extent, drop_segment = drop_segment, mount_of = mount_of,
+  free_extent = free_extent, drop_segment = drop_segment, mount_of = mount_of, slice_size = slice_size,
+  host_key = host_key, MAX_HOST_SEGMENTS = MAX_HOST_SEGMENTS,
   hold_extent = hold_extent, hold_until = hold_until, release_held = release_held,
 }

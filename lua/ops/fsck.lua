@@ -202,6 +202,23 @@ local function fsck_figures(P, args)
   return reply
 end
 
+-- mc_fsck_host_index. KEYS: P. ARGV: segment, host (each 1-1024 / 1-256 bytes).
+--   Makes P:hsegs:<host> agree with the segment's slice as it is inside the call: listed when the
+--   slice is mounted with that host (P:seg:<segment>.host), else not. Reply: 1 if listed, else 0.
+local function fsck_host_index(P, args)
+  local seg, host = args[1], args[2]
+  if #args ~= 2 or not valid_name(seg, 1024) or not valid_name(host, 256) then
+    return fail(E.INVALID_PARAMS, 'expected a segment name (1-1024 bytes) and a host (1-256 bytes)')
+  end
+  local hkey = Alloc.host_key(P, host)
+  if redis.call('HGET', P .. K.segment .. seg, 'host') == host then
+    redis.call('SADD', hkey, seg)
+    return 1
+  end
+  redis.call('SREM', hkey, seg)
+  return 0
+end
+
 -- mc_fsck_forget_segment. KEYS: P. ARGV: segment.
 --   For a segment that is NOT mounted (no P:seg:<segment> hash): drop it from P:segs and delete
 --   its free lists (unmount removes all three at once; leftovers are drift). A mounted segment is
@@ -558,6 +575,7 @@ register('mc_fsck_guaranteed', {}, fsck_guaranteed)
 register('mc_fsck_segment_used', {}, fsck_segment_used)
 register('mc_fsck_disk_used', {}, fsck_disk_used)
 register('mc_fsck_forget_segment', {}, fsck_forget_segment)
+register('mc_fsck_host_index', {}, fsck_host_index)
 register('mc_fsck_place', {}, fsck_place)
 register('mc_fsck_unit', {}, fsck_unit)
 register('mc_fsck_group', {}, fsck_group)

@@ -5,7 +5,10 @@
 --   (repeatable, in order of preference), guaranteed_ttl_ms (0 - max_guaranteed_ttl, default 0:
 --   with > 0 each new object is guaranteed until now + guaranteed_ttl_ms), guarantee_fallback
 --   (0|1: a key that would pass the guaranteed-capacity limit is written as an ordinary object
---   instead of failing); fields key, size, prefix (optional: the key's prefix hash, computed by
+--   instead of failing), host (1-256 bytes: the writer's node, Mooncake's host_id) and
+--   prefer_same_host (0|1, default 0; 1 needs host: after the preferred segments, one replica is
+--   placed on a segment of P:hsegs:<host> with room, the most free first, before the strategy's
+--   segments); fields key, size, prefix (optional: the key's prefix hash, computed by
 --   the caller with the store's one extraction rule; kept as the object's `prefix` field for
 --   prefix-wide operations such as expire_guaranteed; a guaranteed key without one is its own
 --   prefix), node, parent and parent_shard (optional: with enable_radix_tree, a key registers
@@ -19,8 +22,10 @@
 --   (GUARANTEED_CAPACITY_EXCEEDED: the shard's or the tenant's guaranteed bytes would pass their
 --   limit, see guarantee_room; nothing is allocated).
 -- Bounds: at most MAX_PUTS_PER_CALL keys and MAX_PREFERRED preferred segments a call; the search
--- for space looks at the preferred segments and the SEARCH_EXTRA + replica_num segments with
--- the most free bytes, never at every segment of the shard.
+-- for space looks at the preferred segments, the host's (at most 64), and the segments of the
+-- store's allocation_strategy (most_free: the SEARCH_EXTRA + replica_num segments with the most
+-- free bytes; random and free_ratio_first: as many random picks besides; see most_free below),
+-- never at every segment of the shard.
 -- Retry: a put_start of a key whose put is in progress, by the same writer with the same size,
 -- answers the replicas already allocated (so a caller whose first call timed out can retry).
 
@@ -29,6 +34,7 @@ local int_arg, now_ms, valid_tenant = Base.int_arg, Base.now_ms, Base.valid_tena
 local valid_name, parse_call, row_of = Base.valid_name, Base.parse_call, Base.row_of
 local register = Base.register
 local alloc_extent, mount_of = Alloc.alloc_extent, Alloc.mount_of
+local slice_size, host_key = Alloc.slice_size, Alloc.host_key
 local hold_until, release_held = Alloc.hold_until, Alloc.release_held
 local obj_key, obj_id, load_object = Object.obj_key, Object.obj_id, Object.load_object
 local replicas_of, encode_reps = Object.replicas_of, Object.encode_reps
@@ -42,22 +48,32 @@ local radix_check, radix_register = Radix.radix_check, Radix.radix_register
 local radix_parent_of = Radix.radix_parent_of
 local next_candidate, evict_unit = Evict.next_candidate, Evict.evict_unit
 
--- Pick up to `want` distinct segments with room for `size`, preferred ones first. `mounts`
--- memoises the segments' mount ids for the call (mount_of).
-local function allocate(P, size, want, preferred, by_free, mounts)
+-- Pick up to `want` distinct segments with room for `size`: the preferred ones first, then (with
+-- prefer_same_host) one replica on the writer's host (`host`: its segments, most free first,
+-- as {seg, free} with the free bytes read at the call's start), then the strategy's list.
+-- `free_of` (the strategy's free bytes per segment, or nil) skips segments without the room.
+-- `mounts` memoises the segments' mount ids for the call (mount_of).
+local function allocate(P, size, want, preferred, by_free, mounts, host, free_of)
   local got, used = {}, {}
   local function try(seg)
-    if #got >= want or used[seg] then return end
+    if #got >= want or used[seg] then return false end
     local mount = mount_of(P, seg, mounts)
-    if not mount then return end
+    if not mount then return false end
     local off = alloc_extent(P, seg, size)
-    if off then
-      used[seg] = true
-      got[#got + 1] = { seg = seg, off = off, mount = mount }
-    end
+    if not off then return false end
+    used[seg] = true
+    got[#got + 1] = { seg = seg, off = off, mount = mount }
+    return true
   end
   for _, seg in ipairs(preferred) do try(seg) end
-  for _, seg in ipairs(by_free) do try(seg) end
+  if host then
+    for _, h in ipairs(host) do
+      if h.free >= size and try(h.seg) then h.free = h.free - size; break end
+    end
+  end
+  for _, seg in ipairs(by_free) do
+    if not free_of or (free_of[seg] or 0) >= size then try(seg) end
+  end
   return got
 end
 
@@ -77,14 +93,62 @@ local function could_fit(P, size, by_free)
   return false
 end
 
--- The segments an allocation looks at (besides the preferred ones): the most free first.
-local function most_free(P, a)
-  return redis.call('ZREVRANGE', P .. K.segments, 0, SEARCH_EXTRA + a.replica_num - 1)
+-- The segments an allocation looks at (besides the preferred ones and the writer's host), by
+-- the store's allocation_strategy: most_free, the SEARCH_EXTRA + replica_num segments with the
+-- most free bytes; random, as many random picks (ZRANDMEMBER, uniform, repeats dropped), then
+-- the most free ones (so a put fails only when no segment the search sees has room);
+-- free_ratio_first, the picks and the most free ones ranked by free / slice size. Sets a.free_of
+-- (segment -> free bytes) for the sampling strategies.
+local function pairs_of(reply, into, seen)
+  for i = 1, #reply, 2 do
+    local seg = reply[i]
+    if not seen[seg] then
+      seen[seg] = tonumber(reply[i + 1])
+      into[#into + 1] = seg
+    end
+  end
+end
+
+local function most_free(P, a, cfg)
+  local n, strategy = SEARCH_EXTRA + a.replica_num, cfg.allocation_strategy
+  if strategy == 'most_free' then return redis.call('ZREVRANGE', P .. K.segments, 0, n - 1) end
+  local list, free_of = {}, {}
+  local top = redis.call('ZREVRANGE', P .. K.segments, 0, n - 1, 'WITHSCORES')
+  a.free_of = free_of
+  if #top == 0 then return list end -- (and no ZRANDMEMBER of a missing key: fakeredis fails it)
+  pairs_of(redis.call('ZRANDMEMBER', P .. K.segments, -n, 'WITHSCORES'), list, free_of)
+  pairs_of(top, list, free_of)
+  if strategy == 'free_ratio_first' then
+    local ratio = {}
+    for _, seg in ipairs(list) do ratio[seg] = free_of[seg] / math.max(slice_size(P, seg), 1) end
+    table.sort(list, function(x, y)
+      if ratio[x] ~= ratio[y] then return ratio[x] > ratio[y] end
+      return x < y
+    end)
+  end
+  return list
+end
+
+-- The writer's host's segments (prefer_same_host): {seg, free} most free first, those not
+-- mounted (a stale entry) left out. At most MAX_HOST_SEGMENTS.
+local function host_segments(P, host)
+  local names = redis.call('SMEMBERS', host_key(P, host))
+  if #names == 0 then return nil end
+  local free = redis.call('ZMSCORE', P .. K.segments, unpack(names))
+  local out = {}
+  for i, seg in ipairs(names) do
+    if free[i] then out[#out + 1] = { seg = seg, free = tonumber(free[i]) } end
+  end
+  table.sort(out, function(x, y)
+    if x.free ~= y.free then return x.free > y.free end
+    return x.seg < y.seg
+  end)
+  return out
 end
 
 -- Returns the replicas got, and whether eviction could have helped (the put fits some slice).
 local function allocate_evicting(P, size, a, now, cfg, by_free)
-  local got = allocate(P, size, a.replica_num, a.preferred, by_free, a.mounts)
+  local got = allocate(P, size, a.replica_num, a.preferred, by_free, a.mounts, a.host_segs, a.free_of)
   if #got > 0 then return got, true end
   -- evict only for a put that eviction can help: never for one larger than every slice
   local fits = could_fit(P, size, by_free)
@@ -100,9 +164,10 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
     local n, _, spent = evict_unit(P, unit, now, budget, cfg)
     budget, a.evict_budget = budget - spent, a.evict_budget - spent
     if n > 0 then
-      by_free = most_free(P, a) -- the freed bytes may sit in a segment the first search passed over
+      by_free = most_free(P, a, cfg) -- the freed bytes may sit in a segment the first search passed over
       a.by_free = by_free
-      got = allocate(P, size, a.replica_num, a.preferred, by_free, a.mounts)
+      if a.host then a.host_segs = host_segments(P, a.host) end
+      got = allocate(P, size, a.replica_num, a.preferred, by_free, a.mounts, a.host_segs, a.free_of)
       if #got > 0 then return got, true end
     end
   end
@@ -207,7 +272,7 @@ end
 local PUT_SPEC = {
   opts = { client_id = 'required', tenant = 'optional', replica_num = 'optional', soft_pin_action = 'optional',
     soft_pin_ttl_ms = 'optional', hard_pin = 'optional', group = 'optional', preferred = 'list',
-    guaranteed_ttl_ms = 'optional', guarantee_fallback = 'optional' },
+    guaranteed_ttl_ms = 'optional', guarantee_fallback = 'optional', host = 'optional', prefer_same_host = 'optional' },
   fields = { key = 'required', size = 'required', prefix = 'optional', node = 'optional', parent = 'optional',
     parent_shard = 'optional' },
   max_rows = MAX_PUTS_PER_CALL,
@@ -251,6 +316,11 @@ local function parse_put_args(call, cfg)
   a.fallback = fallback == '1'
   a.preferred = o.preferred or {}
   if #a.preferred > MAX_PREFERRED then return nil, 'at most ' .. MAX_PREFERRED .. ' preferred segments' end
+  local host, same = o.host, o.prefer_same_host or '0'
+  if host ~= nil and not valid_name(host, 256) then return nil, 'host must be 1-256 bytes' end
+  if same ~= '0' and same ~= '1' then return nil, 'prefer_same_host must be 0 or 1' end
+  if same == '1' and not host then return nil, 'prefer_same_host needs the writer\'s host' end
+  a.host = same == '1' and host or nil -- a host alone is accepted and changes nothing (Mooncake sends host_id always)
   return a
 end
 
@@ -280,7 +350,8 @@ local function put_start(P, args, cfg)
   release_held(P, now, 16)
   if a.guarantee_ttl > 0 then sweep_guarantees(P, now, GUARANTEE_SWEEP) end -- the limit counts only live guarantees
   a.evict_budget, a.mounts = EVICT_PER_CALL, {}
-  a.by_free = most_free(P, a)
+  a.by_free = most_free(P, a, cfg)
+  if a.host then a.host_segs = host_segments(P, a.host) end
   local reply = {}
   for r = 1, a.call.rows do
     local row = row_of(args, a.call, r)
@@ -292,4 +363,4 @@ end
 register('mc_put_start', { 'put_start_discard_timeout', 'put_start_release_timeout',
   'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length', 'evict_on_put',
   'allow_evict_soft_pinned_objects', 'guaranteed_capacity_ratio', 'guaranteed_tenant_ratio',
-  'max_guaranteed_ttl', 'allow_evict_retained_groups', 'enable_radix_tree' }, put_start)
+  'max_guaranteed_ttl', 'allow_evict_retained_groups', 'enable_radix_tree', 'allocation_strategy' }, put_start)

@@ -1,7 +1,8 @@
 -- Segments and clients. A segment of `size` bytes at `base` is split into one slice per shard
 -- (slice i = [base + floor(i*size/shards), base + floor((i+1)*size/shards)) ); each shard
 -- allocates only inside its own slice. P:seg:<name> hash: client, base, size, used, mount,
--- mounted_at, and draining_until while the segment is unmounted gracefully (below). P:segs zset:
+-- mounted_at, host (when mounted with one), and draining_until while the segment is unmounted
+-- gracefully (below). P:hsegs:<host> set: the segments mounted with that host. P:segs zset:
 -- segment -> free bytes. P:segs_draining zset: segment -> its drain deadline. P:clients zset:
 -- client -> last ping ms.
 
@@ -10,6 +11,7 @@ local int_arg, now_ms, valid_name = Base.int_arg, Base.now_ms, Base.valid_name
 local parse_call, register, FREES = Base.parse_call, Base.register, Base.FREES
 local new_mount_epoch = Base.new_mount_epoch
 local free_keys, add_free, drop_segment = Alloc.free_keys, Alloc.add_free, Alloc.drop_segment
+local host_key, MAX_HOST_SEGMENTS = Alloc.host_key, Alloc.MAX_HOST_SEGMENTS
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
 local keys_spec, load_object = Object.keys_spec, Object.load_object
 local live_replicas = Object.live_replicas
@@ -19,11 +21,41 @@ local settle_disk_only = Offload.settle_disk_only
 
 -- mount_segment. KEYS: P. ARGV: options name, client_id, base (the slice base), size (the slice size),
 -- all required; path (optional, 1-4096 bytes: where a same-host reader finds the segment's bytes,
--- e.g. the data plane's memory-mapped file; stored as the field path). Reply: 0 (OK).
+-- e.g. the data plane's memory-mapped file; stored as the field path); host (optional, 1-256
+-- bytes: the node the segment is on, as Mooncake names one; the segment joins P:hsegs:<host>).
+-- Reply: 0 (OK); HOST_SEGMENTS_EXCEEDED when the host has MAX_HOST_SEGMENTS (64) segments here.
 -- Idempotent: mounting the same name again with the same client, base and size is OK (and counts
--- as a ping). A refused mount writes nothing.
+-- as a ping); a host given then that differs from the recorded one replaces it. A refused mount
+-- writes nothing.
 local MOUNT_SPEC = { opts = { name = 'required', client_id = 'required', base = 'required', size = 'required',
-  path = 'optional' } }
+  path = 'optional', host = 'optional' } }
+
+-- May `name` join P:hsegs:<host>? (Already a member, or the host has room.)
+local function host_room(P, host, name)
+  local hkey = host_key(P, host)
+  return redis.call('SISMEMBER', hkey, name) == 1 or redis.call('SCARD', hkey) < MAX_HOST_SEGMENTS
+end
+
+local function host_full(host)
+  return fail(E.HOST_SEGMENTS_EXCEEDED, 'host ' .. host .. ' has ' .. MAX_HOST_SEGMENTS .. ' segments mounted')
+end
+
+-- A remount of a mounted segment: the same parameters (a ping, and a new host recorded), else
+-- SEGMENT_ALREADY_EXISTS.
+local function remount(P, skey, name, client, base, size, host, cur, now)
+  if cur[1] ~= client or tonumber(cur[2]) ~= base or tonumber(cur[3]) ~= size then
+    return fail(E.SEGMENT_ALREADY_EXISTS, 'segment ' .. name .. ' is mounted with other parameters')
+  end
+  if host and host ~= cur[4] then
+    if not host_room(P, host, name) then return host_full(host) end
+    if cur[4] then redis.call('SREM', host_key(P, cur[4]), name) end
+    redis.call('SADD', host_key(P, host), name)
+    redis.call('HSET', skey, 'host', host)
+  end
+  redis.call('ZADD', P .. K.clients, S(now), client)
+  redis.call('ZREM', P .. K.expired_clients, client)
+  return E.OK
+end
 
 local function mount_segment(P, args)
   local call, err = parse_call(args, MOUNT_SPEC)
@@ -32,26 +64,21 @@ local function mount_segment(P, args)
   local base, size = int_arg(call.opts.base, 0, MAX_INT), int_arg(call.opts.size, 1, MAX_INT)
   if not valid_name(name, 1024) then return fail(E.INVALID_PARAMS, 'segment name must be 1-1024 bytes') end
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
-  local path = call.opts.path
+  local path, host = call.opts.path, call.opts.host
   if path ~= nil and not valid_name(path, 4096) then return fail(E.INVALID_PARAMS, 'path must be 1-4096 bytes') end
+  if host ~= nil and not valid_name(host, 256) then return fail(E.INVALID_PARAMS, 'host must be 1-256 bytes') end
   if not base or not size or base + size > MAX_INT then
     return fail(E.INVALID_PARAMS, 'base and size must be integers, size > 0, base + size < 2^53')
   end
   local skey = P .. K.segment .. name
-  local cur = redis.call('HMGET', skey, 'client', 'base', 'size')
+  local cur = redis.call('HMGET', skey, 'client', 'base', 'size', 'host')
   local now = now_ms(P)
-  if cur[1] then
-    if cur[1] ~= client or tonumber(cur[2]) ~= base or tonumber(cur[3]) ~= size then
-      return fail(E.SEGMENT_ALREADY_EXISTS, 'segment ' .. name .. ' is mounted with other parameters')
-    end
-    redis.call('ZADD', P .. K.clients, S(now), client)
-    redis.call('ZREM', P .. K.expired_clients, client)
-    return E.OK
-  end
+  if cur[1] then return remount(P, skey, name, client, base, size, host, cur, now) end
   local capacity = tonumber(redis.call('HGET', P, 'capacity_bytes')) or 0
   if capacity + size > MAX_INT then
     return fail(E.INVALID_PARAMS, 'the shard\'s capacity would pass 2^53 bytes')
   end
+  if host and not host_room(P, host, name) then return host_full(host) end
   -- every check is done: from here on the call only writes
   redis.call('ZADD', P .. K.clients, S(now), client)
   redis.call('ZREM', P .. K.expired_clients, client)
@@ -59,6 +86,10 @@ local function mount_segment(P, args)
   redis.call('HSET', skey, 'client', client, 'base', S(base), 'size', S(size), 'used', 0,
     'mount', mount, 'mounted_at', S(now))
   if path then redis.call('HSET', skey, 'path', path) end
+  if host then
+    redis.call('HSET', skey, 'host', host)
+    redis.call('SADD', host_key(P, host), name)
+  end
   local by_off, by_size = free_keys(P, name)
   add_free(by_off, by_size, base, size)
   redis.call('ZADD', P .. K.segments, S(size), name)

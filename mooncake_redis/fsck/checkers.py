@@ -10,6 +10,7 @@ from .drains import Drains
 from .gateway import Gateway
 from .groups import Groups
 from .guarantees import Guarantees
+from .hosts import Hosts
 from .indexed import IndexedMembers
 from .objects import Objects
 from .offload import Offload
@@ -22,6 +23,7 @@ CHECKERS: tuple[Checker, ...] = (
     Objects(),        # object hashes, their index entries and placement (drives the object pass)
     Segments(),       # segment records, P:segs, free lists and the allocator's tiling
     Drains(),         # graceful unmounts: draining slices and P:segs_draining
+    Hosts(),          # the host index: P:hsegs:<host> and the slices mounted with a host
     Guarantees(),     # guaranteed bytes per tenant and segment, prefix sets
     ShardCounters(),  # P.used_bytes, capacity_bytes, objects, guaranteed_bytes
     Groups(),         # groups and radix nodes' keys (composite units)
