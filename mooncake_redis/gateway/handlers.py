@@ -25,7 +25,7 @@ from ..steps import Blocking, Steps
 from . import schema
 from .codec import Err
 from .queries import SegmentQueries, _text, uuid_text
-from .store import GatewayStore, SegmentFacts
+from .store import GatewayStore, SegmentFacts, host_without_port
 from .tasks import TaskHandlers
 
 log = logging.getLogger("mooncake_redis.gateway")
@@ -70,12 +70,22 @@ class ReadCounts:
         return taken
 
 
+def segment_host(seg: Any, endpoint: str) -> str | None:
+    """The node a segment is on, as Mooncake identifies one: the client's host_id, else the host
+    of its transfer endpoint (getHostNameWithoutPort); None when neither names one that the store
+    takes (1-256 bytes). Unlike Mooncake, a loopback host (127.0.0.1, localhost) is a node too:
+    every client of one machine then shares it."""
+    host = _text(seg.host_id) or host_without_port(endpoint)
+    return host if 1 <= len(host.encode(errors="surrogateescape")) <= 256 else None
+
+
 class Handlers(SegmentQueries, TaskHandlers):
     def __init__(self, master: Master):
         self.master = master
         self.reads = ReadCounts()
         self.store = GatewayStore(master)
         self._facts: dict[str, tuple[float, SegmentFacts | None]] = {}
+        self._hosts: dict[str, tuple[float, str | None]] = {}  # client -> (when, its node): PutStart's host
         self._kinds = {name: kind for name in schema.RPCS if (kind := self._kind(name))}
 
     def kind(self, name: str) -> str | None:
@@ -125,9 +135,11 @@ class Handlers(SegmentQueries, TaskHandlers):
     def _mount(self, seg: Any, client_id: str) -> None:
         seg_uuid, given = uuid_text(seg.id), _text(seg.name)
         name = self._store_name(given, seg_uuid)
-        self.master.mount_segment(name, seg.size, client_id, base=seg.base)
-        facts = SegmentFacts(name, seg_uuid, client_id, _text(seg.te_endpoint) or given,
-                             _text(seg.protocol) or "tcp", seg.base, seg.size)
+        endpoint = _text(seg.te_endpoint) or given
+        host = segment_host(seg, endpoint)
+        self.master.mount_segment(name, seg.size, client_id, base=seg.base, host=host)
+        self._hosts[client_id] = (time.monotonic(), host)
+        facts = SegmentFacts(name, seg_uuid, client_id, endpoint, _text(seg.protocol) or "tcp", seg.base, seg.size)
         self.store.record_segment(facts)
         self._facts[name] = (time.monotonic(), facts)
 
@@ -231,16 +243,28 @@ class Handlers(SegmentQueries, TaskHandlers):
         return out
 
     # ---- writes --------------------------------------------------------------------------
-    def _config(self, c: Any, group_id: str | None) -> ReplicateConfig:
+    def client_host_steps(self, client_id: str) -> Steps[str | None]:
+        """The node of a client's segments (the first one's), as Mooncake's GetClientHostId:
+        remembered from its mounts here, else read from the store (cached like the facts)."""
+        now = time.monotonic()
+        cached = self._hosts.get(client_id)
+        if cached is None or now - cached[0] > FACTS_TTL_S:
+            hosts = (yield from self.store.client_hosts_steps([client_id])).get(client_id) or []
+            cached = self._hosts[client_id] = (now, hosts[0] if hosts else None)
+        return cached[1]
+
+    def _config(self, c: Any, group_id: str | None, host: str | None = None) -> ReplicateConfig:
         if c.nof_replica_num or c.dfs_replica_num:
             raise MasterError(ErrorCode.INVALID_PARAMS, "NoF and DFS replicas are not supported by this master")
         if c.soft_pin_action not in SOFT_PIN_ACTIONS:
             raise MasterError(ErrorCode.INVALID_PARAMS, f"unknown soft_pin_action {c.soft_pin_action}")
         prefs = [_text(s) for s in c.preferred_segments] + ([_text(c.preferred_segment)] if c.preferred_segment else [])
-        # host_id, prefer_alloc_in_same_node and data_type are ignored (docs/gateway.md)
+        # prefer_alloc_in_same_node: the writer's host (host_id, else its segments'); data_type is
+        # ignored (docs/gateway.md)
         return ReplicateConfig(replica_num=c.replica_num, soft_pin_action=SOFT_PIN_ACTIONS[c.soft_pin_action],
                                soft_pin_ttl_ms=c.soft_pin_ttl_ms, with_hard_pin=bool(c.with_hard_pin),
-                               preferred_segments=tuple(dict.fromkeys(prefs)), group_id=group_id)
+                               preferred_segments=tuple(dict.fromkeys(prefs)), group_id=group_id,
+                               host=host, prefer_same_host=host is not None)
 
     @staticmethod
     def _groups(c: Any, count: int) -> list[str | None]:
@@ -287,11 +311,14 @@ class Handlers(SegmentQueries, TaskHandlers):
         if len(keys) != len(sizes):
             raise MasterError(ErrorCode.INVALID_PARAMS, "keys and sizes differ in length")
         groups = self._groups(c, len(keys))
+        host = None
+        if c.prefer_alloc_in_same_node:  # a writer whose node is not known gets the normal placement
+            host = _text(c.host_id) or (yield from self.client_host_steps(uuid_text(client)))
         results: list[Any] = [None] * len(keys)
         for group in dict.fromkeys(groups):  # one batch per group (a batch call carries one group)
             idx = [i for i, g in enumerate(groups) if g == group]
             started = yield from start(uuid_text(client), [keys[i] for i in idx], [sizes[i] for i in idx],
-                                       self._config(c, group), _text(tenant))
+                                       self._config(c, group, host), _text(tenant))
             for i, r in zip(idx, started):
                 results[i] = r
         lists = [r if isinstance(r, list) else [] for r in results]

@@ -77,11 +77,14 @@ class GatewayStore:
         endpoints (unique, in segment order; [] when none was recorded), as Mooncake's QueryIp.
         Reads shard 0's segment list (every segment has a slice on every shard) in two round
         trips; a client with no segment is left out."""
+        return self.master.drive(self.client_hosts_steps(client_ids))
+
+    def client_hosts_steps(self, client_ids: list[str]) -> Steps[dict[str, list[str]]]:
         wanted = set(client_ids)
         k = self.keys0
-        names = self.transport.run([("ZRANGE", k.segments, 0, -1)])[0]
-        rows = self.transport.run([cmd for n in names for cmd in (("HGET", k.segment(n), "client"),
-                                                                  ("HGET", k.gw_segment(n), "endpoint"))])
+        names = (yield [("ZRANGE", k.segments, 0, -1)])[0]
+        rows = (yield [cmd for n in names for cmd in (("HGET", k.segment(n), "client"),
+                                                      ("HGET", k.gw_segment(n), "endpoint"))]) if names else []
         out: dict[str, list[str]] = {}
         for at in range(0, len(rows), 2):
             client = rows[at].decode(errors="surrogateescape") if rows[at] is not None else None
