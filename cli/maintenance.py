@@ -63,12 +63,13 @@ def evict(opts: Opts, step_units: int, as_json: bool) -> None:
     if as_json:
         emit_json("evict", {
             "evicted_units": report.evicted_units, "evicted_objects": report.evicted_objects,
-            "evicted_bytes": report.evicted_bytes, "steps": report.steps,
+            "evicted_bytes": report.evicted_bytes, "steps": report.steps, "queued": report.queued_objects,
             "shards": [{"shard": s.shard, "state": s.state, "used_bytes": s.used_bytes,
                         "target_bytes": s.target_bytes} for s in report.final]})
         return
     click.echo(f"evicted {report.evicted_units} unit(s), {report.evicted_objects} object(s), "
-               f"{human(report.evicted_bytes)} in {report.steps} step(s)")
+               f"{human(report.evicted_bytes)} in {report.steps} step(s)"
+               + (f"; {report.queued_objects} object(s) queued for offload first" if report.queued_objects else ""))
     for step in report.final:
         click.echo(f"  shard {step.shard}: {step.state}, used {human(step.used_bytes)}, "
                    f"target {human(step.target_bytes)}")

@@ -133,6 +133,10 @@ class MasterConfig:
     # in offload_task_timeout is handed out again (HIGH: until it succeeds; NORMAL and LOW: up to
     # offload_max_attempts hand-outs, then dropped and counted)
     offload_on_put: bool = False
+    # eviction queues an evictable object that has no disk copy for offload instead of dropping
+    # it (its memory goes once the copy is recorded, or when the offload is refused or not handed
+    # out within offload_task_timeout); allocation-time eviction (evict_on_put) still drops
+    offload_on_evict: bool = False
     offload_task_timeout: int = 60_000
     offload_max_attempts: int = 3
     # per client: the files whose disk replica went and that its agent is still to remove (split

@@ -72,6 +72,7 @@ K: dict[str, str] = {
     # files to remove
     "disk": ":disk:", "disks": ":disks", "offload_queue": ":offq:", "offload_overflow": ":offover:",
     "offload_inflight": ":offload_inflight", "disk_removals": ":diskrm:",
+    "offload_evict": ":offload_evict",  # objects eviction queued for offload (offload_on_evict)
     # the Mooncake wire gateway: segment facts, the transfer engine's metadata, the gateways serving
     "gw_segment": ":gwseg:", "gw_segment_ids": ":gwsegids", "gw_segments": ":gwsegs", "gw_metadata": ":gwmeta",
     "gateways": ":gateways", "gateway": ":gateway:",
@@ -135,6 +136,7 @@ class ShardKeys:
         # SSD offload
         self.disks = P + _KB["disks"]
         self.offload_inflight = P + _KB["offload_inflight"]
+        self.offload_evict = P + _KB["offload_evict"]
         # the Mooncake wire gateway (kept on shard 0)
         self.gw_segment_ids = P + _KB["gw_segment_ids"]
         self.gw_segments = P + _KB["gw_segments"]

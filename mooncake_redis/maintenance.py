@@ -81,13 +81,14 @@ class MaintenanceApi(ApiBase):
     def evict_step(self, shard: int, max_units: int = EVICT_STEP_UNITS) -> EvictionStep:
         _check_int(shard, "shard", 0, self.shards - 1)
         _check_int(max_units, "max_units", 1, 1024)
-        state, units, objects, nbytes, used, target = self.transport.call("mc_evict", shard, max_units)
-        return EvictionStep(shard, state.decode(), int(units), int(objects), int(nbytes), int(used), int(target))
+        state, units, objects, nbytes, used, target, queued = self.transport.call("mc_evict", shard, max_units)
+        return EvictionStep(shard, state.decode(), int(units), int(objects), int(nbytes), int(used), int(target),
+                            int(queued))
 
     def run_eviction(self, max_units_per_step: int = EVICT_STEP_UNITS) -> EvictionReport:
         """Evict now, in bounded steps, until every shard is at its target (or has nothing
         evictable left)."""
-        units = objects = nbytes = steps = 0
+        units = objects = nbytes = steps = queued = 0
         last: dict[int, EvictionStep] = {}
         todo = list(range(self.shards))
         while todo:
@@ -96,6 +97,7 @@ class MaintenanceApi(ApiBase):
                     step = self.evict_step(shard, max_units_per_step)
                     steps += 1
                     units, objects, nbytes = units + step.units, objects + step.objects, nbytes + step.bytes
+                    queued += step.queued
                     if step.state != "more":
                         last[shard] = step
                         break
@@ -104,4 +106,4 @@ class MaintenanceApi(ApiBase):
             if not self.config.enable_radix_tree or self.drain_radix_outbox(todo) == 0:
                 break
             todo = [s for s in range(self.shards) if last[s].state == "blocked"]
-        return EvictionReport(units, objects, nbytes, steps, [last[s] for s in range(self.shards)])
+        return EvictionReport(units, objects, nbytes, steps, [last[s] for s in range(self.shards)], queued)

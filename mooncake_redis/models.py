@@ -100,6 +100,7 @@ class EvictionStep:
     bytes: int
     used_bytes: int
     target_bytes: int
+    queued: int = 0     # objects queued for offload instead of evicted (offload_on_evict)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class EvictionReport:
     evicted_bytes: int
     steps: int
     final: list[EvictionStep]  # the last step of each shard
+    queued_objects: int = 0    # objects queued for offload instead of evicted (offload_on_evict)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from .models import DiskRemoval, OffloadTask
 PRIORITIES = ("high", "normal", "low")  # rank 0, 1, 2
 MAX_TASKS = 1024  # the functions' cap per call
 COUNTERS = ("enqueued", "done", "redelivered", "stale", "dropped_high", "dropped_normal", "dropped_low",
-            "deferred", "orphaned")
+            "deferred", "orphaned", "evict_queued", "evict_refused")
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ space that eviction would otherwise have to find):
      longer mounted, with their transfer-engine metadata (`mc_gw_reap`);
   4. redeliver_offload: offload tasks whose deadline passed are queued again or dropped
      (`mc_offload_sweep`, which releases their task references first);
-  5. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps) until the
-     shard's state is no longer "more".
+  5. evict: eviction steps (`mc_evict`, which also runs the due deadline sweeps and, with
+     offload_on_evict, queues objects without a disk copy for offload) until the shard's state
+     is no longer "more".
   6. radix (only with enable_radix_tree): deliver the shard's radix outbox (unlinks eviction
      wrote make parents on other shards candidates), then one bounded reconciliation call.
 Then it publishes metrics to the plain hash `<P>:metrics` (not master state): at once after a
@@ -67,6 +68,7 @@ class WorkerPass:
     evicted_objects: int = 0
     evicted_bytes: int = 0
     eviction_steps: int = 0
+    evict_queued: int = 0  # objects eviction queued for offload instead (offload_on_evict)
     discarded_puts: int = 0
     released_extents: int = 0
     revoked_replications: int = 0
@@ -99,6 +101,7 @@ _TOTALS = {
     "evicted_objects_total": "evicted_objects",
     "evicted_bytes_total": "evicted_bytes",
     "eviction_steps_total": "eviction_steps",
+    "evict_queued_total": "evict_queued",
     "discarded_puts_total": "discarded_puts",
     "released_extents_total": "released_extents",
     "revoked_replications_total": "revoked_replications",
@@ -194,6 +197,7 @@ def evict(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
         done.evicted_units += step.units
         done.evicted_objects += step.objects
         done.evicted_bytes += step.bytes
+        done.evict_queued += step.queued
         if step.state != "more" or worker.stopping():
             worker.note_eviction_state(shard.index, step)
             return

@@ -28,6 +28,7 @@ local K = {
   -- files to remove
   disk = ':disk:', disks = ':disks', offload_queue = ':offq:', offload_overflow = ':offover:',
   offload_inflight = ':offload_inflight', disk_removals = ':diskrm:',
+  offload_evict = ':offload_evict', -- objects eviction queued for offload (offload_on_evict)
   -- the Mooncake wire gateway (lua/ops/gateway.lua): segment facts, the transfer engine's
   -- metadata, the gateways serving
   gw_segment = ':gwseg:', gw_segment_ids = ':gwsegids', gw_segments = ':gwsegs', gw_metadata = ':gwmeta',
@@ -199,6 +200,7 @@ local CONFIG_RANGES = {
   max_group_retention = { 0, MAX_TTL },
   enable_radix_tree = { 0, 1 },
   offload_on_put = { 0, 1 },
+  offload_on_evict = { 0, 1 },
   offload_queue_limit = { 0, MAX_INT },
   offload_task_timeout = { 1, MAX_TTL },
   offload_max_attempts = { 1, 1000 },

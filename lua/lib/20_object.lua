@@ -92,13 +92,13 @@ local function keys_spec(option, kind)
 end
 
 -- The read mark: the field special = 1 on an object that has (or had) a guarantee, a hard pin, a
--- task reference, a soft pin or a disk replica, so that a read tells from a few fields that an
+-- task reference, a soft pin, a disk replica or an offload on evict pending, so that a read tells from a few fields that an
 -- object without it has none of them (get_replica_list's plain_read) and takes the general path
 -- for one that has. Set where those fields are written (put_start, put_end, task references,
 -- offload), never taken back but with the object: a stale mark costs a read the general path.
 local function needs_read_mark(o)
   if o.guaranteed_until or o.hard_pin == '1' or (tonumber(o.task_refs) or 0) > 0
-    or (tonumber(o.soft_pin_until) or 0) > 0 then return true end
+    or (tonumber(o.soft_pin_until) or 0) > 0 or o.offload_evict then return true end
   for field in pairs(o) do
     if string.sub(field, 1, 5) == 'disk:' then return true end
   end

@@ -11,6 +11,7 @@
 --     P:deadline:soft_pin
 --   P:evict:draining     groups being evicted over several steps (unit -> ms the drain began)
 -- A unit is in no tier while protected: put in progress, hard-pinned, referenced by a task,
+-- queued for offload by eviction (offload_on_evict: the field offload_evict, 45_offload.lua),
 -- guaranteed (until guaranteed_until: 25_guarantee.lua; the expiry sweep re-places the unit), a
 -- group without members; a group while any member is so. New protections, tiers and deadline
 -- kinds are one entry in TIERS / DEADLINES and one line in unit_rule.
@@ -157,6 +158,7 @@ local function unplace_object(P, unit, o)
 end
 
 -- The rule. `f` holds a unit's facts: processing, hard_pinned, task_refs (counts or flags),
+-- offload_pending (an object eviction queued for offload: its memory goes when that ends),
 -- disk_only (an object kept only by its disk replicas, 27_disk.lua: nothing to free), has_disk
 -- (an object with a disk replica field), empty (a group without members), draining, lease_until, and one deadline per kind
 -- (soft_pin, guarantee). Returns why the unit is protected ('' when it is not) and the index entries it
@@ -165,6 +167,7 @@ local function unit_rule(f, now)
   if f.draining then return 'draining', { [DRAINING] = false } end
   local why = (f.empty and 'no_members') or ((f.children or 0) > 0 and 'has_children') or (f.processing > 0 and 'processing')
     or (f.hard_pinned > 0 and 'hard_pin') or (f.task_refs > 0 and 'task_ref')
+    or (f.offload_pending and 'offload_pending')
     or (f.disk_only and 'disk_only')
     or (f.guarantee > now and 'guaranteed') or ''
   if why ~= '' then return why, {} end
@@ -185,7 +188,7 @@ local function object_facts(o)
   return { processing = o.status ~= 'complete' and 1 or 0, hard_pinned = o.hard_pin == '1' and 1 or 0,
     task_refs = tonumber(o.task_refs) or 0, lease_until = tonumber(o.lease_until) or 0,
     soft_pin = tonumber(o.soft_pin_until) or 0, guarantee = tonumber(o.guaranteed_until) or 0,
-    disk_only = disk_only, has_disk = has_disk }
+    disk_only = disk_only, has_disk = has_disk, offload_pending = o.offload_evict ~= nil }
 end
 
 local function group_facts(P, tenant, group)
@@ -372,7 +375,7 @@ end
 -- The tier an unprotected, ungrouped object without pins, guarantee, tasks or disk replicas
 -- sits in, as the rule says (asked once: its facts are always the same).
 local PLAIN_FACTS = { processing = 0, hard_pinned = 0, task_refs = 0, lease_until = 0, soft_pin = 0,
-  guarantee = 0, disk_only = false, has_disk = false }
+  guarantee = 0, disk_only = false, has_disk = false, offload_pending = false }
 local plain_tier = nil
 local function plain_object_tier(now)
   if not plain_tier then
@@ -513,6 +516,14 @@ local function leave_group(P, tenant, key, o, now)
   end
 end
 
+-- An object eviction queued for offload (offload_evict) ends: it leaves P:offload_evict and its
+-- bytes leave P.offload_evict_bytes (the caller deletes the object, or drops the field).
+local function forget_offload_evict(P, tenant, key, o)
+  redis.call('ZREM', P .. K.offload_evict, obj_id(tenant, key))
+  redis.call('HINCRBY', P, 'offload_evict_bytes', S(-(tonumber(o.size) or 0)))
+  o.offload_evict = nil
+end
+
 -- Free an object's replicas (or hold them until `hold_until`; its disk replicas leave their disks
 -- and their files are queued for removal) and drop its hash and counters: the KV event `event`
 -- ('removed' when nil; eviction says 'evicted'). Returns the bytes its live replicas occupied.
@@ -523,6 +534,7 @@ local function drop_object(P, tenant, key, okey, o, hold_until, event)
   local replicas, maybe_disk = replicas_of(P, o)
   if o.guaranteed_until then forget_guarantee(P, tenant, key, o, replicas) end
   if o.offload_client then forget_offload_task(P, tenant, key, o) end
+  if o.offload_evict then forget_offload_evict(P, tenant, key, o) end
   if maybe_disk then drop_disk_replicas(P, tenant, key, o) end
   for _, r in ipairs(replicas) do
     if r.live and r.off then
@@ -616,6 +628,7 @@ return {
   place_group_nodes = place_group_nodes, node_retention = node_retention,
   join_group = join_group, group_member_completed = group_member_completed,
   retire_group = retire_group, leave_group = leave_group, drop_object = drop_object,
+  forget_offload_evict = forget_offload_evict,
   delete_object = delete_object, end_guarantee = end_guarantee, renew_guarantee = renew_guarantee,
   sweep_guarantees = sweep_guarantees, sweep_deadlines = sweep_deadlines,
 }

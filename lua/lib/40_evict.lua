@@ -1,5 +1,8 @@
 -- Eviction: pop candidates from the low end of the tiers, re-check the rule, delete. An object
 -- with a live disk replica is not deleted: its memory is freed and it stays readable from disk.
+-- With offload_on_evict (cfg, as mc_evict reads it), an ungrouped object without one is queued for
+-- offload instead (Offload.queue_on_evict, lua/lib/45_offload.lua) and freed when that ends; a
+-- group (or radix node) is evicted outright, and so is everything a put_start evicts.
 
 local S = Base.S
 local obj_key, RADIX_MARK, grp_key = Object.obj_key, Object.RADIX_MARK, Object.grp_key
@@ -56,6 +59,7 @@ local function still_evictable(why, entries, lease_until, now, cfg)
   return false
 end
 
+-- Returns objects and bytes freed, and the bytes queued for offload instead.
 local function evict_object(P, tenant, key, now, cfg)
   local okey, unit = obj_key(P, tenant, key), object_unit(tenant, key)
   local o = load_object(okey)
@@ -77,6 +81,10 @@ local function evict_object(P, tenant, key, now, cfg)
   unplace_object(P, unit, o)
   if f.has_disk and #live_disk_replicas(P, okey, o) > 0 then -- the disk replica keeps the object readable
     return 1, shed_memory(P, tenant, key, okey, o)
+  end
+  if cfg.offload_on_evict == 1 then -- its memory goes when the offload ends
+    local queued = Offload.queue_on_evict(P, tenant, key, okey, o, now, cfg)
+    if queued then return 0, 0, queued end
   end
   return 1, drop_object(P, tenant, key, okey, o, nil, 'evicted')
 end
@@ -124,12 +132,13 @@ local function evict_group(P, tenant, group, now, budget, cfg)
 end
 
 -- Evict one unit if it is still evictable, spending at most `budget` (members of a group);
--- returns objects and bytes freed and the budget spent.
+-- returns objects and bytes freed, the budget spent, and the bytes queued for offload instead
+-- (an object: see evict_object).
 local function evict_unit(P, unit, now, budget, cfg)
   local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.*)$')
   if kind == 'o' then
-    local n, b = evict_object(P, tenant, name, now, cfg)
-    return n, b, 1
+    local n, b, queued = evict_object(P, tenant, name, now, cfg)
+    return n, b, 1, queued
   end
   if kind == 'g' then return evict_group(P, tenant, name, now, budget, cfg) end
   if kind == 'r' then return evict_group(P, tenant, RADIX_MARK .. name, now, budget, cfg) end -- a radix node's keys

@@ -18,13 +18,33 @@
 -- full too or its client's disk went away), offload_deferred (heartbeats that stopped at an
 -- entry whose bytes do not fit the disk's room: it stays queued), offload_orphaned (files whose
 -- removal could not be queued or was dropped with an unmounted disk: 27_disk.lua).
+--
+-- Offload on evict (offload_on_evict): eviction queues an evictable ungrouped object without a
+-- disk copy here instead of dropping it (queue_on_evict), with the priority rule above:
+--   offload_evict  object field: the ms it was queued (with the read mark); unit_rule reads it as
+--                  the protection 'offload_pending', so the object sits in no tier meanwhile
+--   P:offload_evict  zset "<tenant>:<key>" -> the end of its wait: queued (or queued again after a
+--                  failure or timeout) + offload_task_timeout, or its task's deadline while handed out
+--   P.offload_evict_bytes  the sizes of the objects in P:offload_evict (eviction counts them as
+--                  freed toward its target, so it does not queue everything at once)
+-- The wait ends (settle_offload_evict) when a disk copy is recorded (then the memory replica goes
+-- and the object stays readable from disk), when the queue drops the entry (retries spent, too
+-- large for the disk), or at its end (sweep_offload_evict, run by mc_evict: queue entries lost
+-- with an unmounted disk or displaced by a HIGH entry end so): then the object is evicted as it
+-- would have been. Either way only if the rule lets it then (a lease or pin taken meanwhile:
+-- it is placed instead). Counters: offload_evict_queued, offload_evict_refused (waits that ended
+-- without a disk copy).
 
 local K, S, shard_share = Base.K, Base.S, Base.shard_share
-local obj_id, grp_key, load_object = Object.obj_id, Object.grp_key, Object.load_object
+local obj_key, obj_id, grp_key, load_object = Object.obj_key, Object.obj_id, Object.grp_key, Object.load_object
 local replicas_of = Object.replicas_of
 local disk_mount, is_disk_only = Disk.disk_mount, Disk.is_disk_only
+local live_disk_replicas, shed_memory = Disk.live_disk_replicas, Disk.shed_memory
 local place_object, place_unit_of = Units.place_object, Units.place_unit_of
 local being_evicted, leave_group = Units.being_evicted, Units.leave_group
+local object_unit, unplace_object, keep_lease = Units.object_unit, Units.unplace_object, Units.keep_lease
+local unit_rule, object_facts = Units.unit_rule, Units.object_facts
+local drop_object, forget_offload_evict = Units.drop_object, Units.forget_offload_evict
 
 local RANK_SPAN = 17592186044416 -- 2^44: seq stays below it, and rank * 2^44 + seq below 2^53
 local RANK_NAMES = { [0] = 'high', [1] = 'normal', [2] = 'low' }
@@ -164,7 +184,74 @@ local function settle_disk_only(P, tenant, key, okey, now)
   place_object(P, tenant, key, o, now)
 end
 
+-- Eviction picked the object (ungrouped, evictable, no live disk replica; cfg: offload_queue_limit,
+-- offload_task_timeout, shards): queue it for offload instead. Returns its size when it waits, or
+-- nil when no client's disk takes it or the queue refused it (the caller evicts it outright).
+local function queue_on_evict(P, tenant, key, okey, o, now, cfg)
+  local what = enqueue_offload(P, tenant, key, o, now, cfg)
+  if what == nil or what == 'dropped' then return nil end
+  local size = tonumber(o.size) or 0
+  o.offload_evict, o.special = S(now), '1'
+  redis.call('HSET', okey, 'offload_evict', o.offload_evict, 'special', '1')
+  redis.call('ZADD', P .. K.offload_evict, S(now + cfg.offload_task_timeout), obj_id(tenant, key))
+  redis.call('HINCRBY', P, 'offload_evict_bytes', S(size))
+  redis.call('HINCRBY', P, 'offload_evict_queued', 1)
+  return size
+end
+
+-- The object's wait ends (it has offload_evict): it is evicted now if the rule lets it (with a
+-- live disk replica its memory goes and it stays readable from disk, else it is deleted as
+-- 'evicted'), else placed where the rule says. Returns the bytes freed.
+local function settle_offload_evict(P, tenant, key, okey, o, now)
+  forget_offload_evict(P, tenant, key, o)
+  redis.call('HDEL', okey, 'offload_evict')
+  local unit = object_unit(tenant, key)
+  local on_disk = #live_disk_replicas(P, okey, o) > 0
+  if not on_disk then redis.call('HINCRBY', P, 'offload_evict_refused', 1) end
+  keep_lease(P, unit, okey, o)
+  local f = object_facts(o)
+  if unit_rule(f, now) ~= '' or f.lease_until > now then
+    place_object(P, tenant, key, o, now)
+    return 0
+  end
+  unplace_object(P, unit, o)
+  if on_disk then return shed_memory(P, tenant, key, okey, o) end
+  return drop_object(P, tenant, key, okey, o, nil, 'evicted')
+end
+
+-- An offload task ended without a copy (failure, timeout) and requeue_offload answered `what`:
+-- an object eviction queued waits again, or (dropped) its wait ends. Returns the bytes freed.
+local function offload_evict_requeued(P, tenant, key, okey, o, now, what, timeout)
+  if not o.offload_evict then return 0 end
+  if what == 'dropped' then return settle_offload_evict(P, tenant, key, okey, o, now) end
+  redis.call('ZADD', P .. K.offload_evict, 'XX', S(now + timeout), obj_id(tenant, key))
+  return 0
+end
+
+-- End up to `limit` waits whose end passed (a wait handed out as a task goes on until the task
+-- ends: it is given timeout more). Returns the objects and bytes freed.
+local function sweep_offload_evict(P, now, limit, timeout)
+  local index, objects, bytes = P .. K.offload_evict, 0, 0
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', S(now), 'LIMIT', 0, limit)) do
+    local tenant, key = string.match(id, '^([^:]+):(.*)$')
+    local okey = tenant and obj_key(P, tenant, key)
+    local o = okey and load_object(okey)
+    if not o or not o.offload_evict then
+      redis.call('ZREM', index, id) -- a stale entry (fsck reports the drift it leaves)
+    elseif o.offload_client then
+      redis.call('ZADD', index, S(now + timeout), id)
+    else
+      local b = settle_offload_evict(P, tenant, key, okey, o, now)
+      if b > 0 or redis.call('EXISTS', okey) == 0 then objects = objects + 1 end
+      bytes = bytes + b
+    end
+  end
+  return objects, bytes
+end
+
 return {
+  queue_on_evict = queue_on_evict, settle_offload_evict = settle_offload_evict,
+  offload_evict_requeued = offload_evict_requeued, sweep_offload_evict = sweep_offload_evict,
   RANK_SPAN = RANK_SPAN, RANK_NAMES = RANK_NAMES, offload_rank = offload_rank,
   add_task_refs = add_task_refs, count_dropped = count_dropped, enqueue_offload = enqueue_offload,
   release_offload_task = release_offload_task, requeue_offload = requeue_offload,

@@ -21,6 +21,8 @@
 --   or LOW entry larger than the whole capacity_bytes is dropped and counted instead (HIGH
 --   waits for a larger report). Each task takes a task reference on its object and runs until
 --   acknowledged or now + offload_task_timeout. Counts as a ping.
+--   An entry of an object eviction queued (offload_on_evict) that is stale or dropped ends its
+--   wait (settle_offload_evict: evicted, or its memory freed when a disk copy exists).
 --   Reply: {{key, tenant, size, priority, segment, offset, attempt}, ...}; SEGMENT_NOT_FOUND (error)
 --   when the client has no disk segment here; {} while its offloading is disabled.
 -- mc_offload_done. KEYS: P. ARGV: options client_id, tenant, result (success | failure);
@@ -30,10 +32,13 @@
 --     bytes count in used_bytes (once per object), a queued removal of that very location is
 --     withdrawn, the client's task (if any) ends; idempotent.
 --   failure: the client's task (if any) ends and is queued again or dropped (requeue_offload).
+--   An object eviction queued (offload_on_evict) loses its memory replica with a success, and is
+--   evicted when its entry is dropped (unless a lease or pin taken meanwhile keeps it).
 --   Reply: one code per key: OK, OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, SEGMENT_NOT_FOUND
 --   (the client's disk is not mounted), INVALID_PARAMS (bad location).
 -- mc_offload_sweep. KEYS: P. ARGV: max (1-1024). Tasks whose deadline passed end as failures
---   (requeue_offload); entries of objects that went away are dropped.
+--   (requeue_offload; an object eviction queued is evicted when its entry is dropped); entries
+--   of objects that went away are dropped.
 --   Reply: {timed_out, requeued, dropped}.
 -- mc_disk_removal_heartbeat. KEYS: P. ARGV: options client_id, max_items (1-1024). Hands out up
 --   to max_items of the client's due file removals (P:diskrm:<client>), oldest first; each is
@@ -62,6 +67,7 @@ local RANK_SPAN, RANK_NAMES = Offload.RANK_SPAN, Offload.RANK_NAMES
 local offload_rank, add_task_refs = Offload.offload_rank, Offload.add_task_refs
 local count_dropped, release_offload_task = Offload.count_dropped, Offload.release_offload_task
 local requeue_offload = Offload.requeue_offload
+local settle_offload_evict, offload_evict_requeued = Offload.settle_offload_evict, Offload.offload_evict_requeued
 
 local MAX_TASKS = 1024
 
@@ -142,6 +148,7 @@ local function hand_out(P, client, mount, id, score, now, cfg, room, capacity)
   if not o or o.status ~= 'complete' or being_evicted(P, tenant, o) or o.offload_client
     or #live_disk_replicas(P, okey, o) > 0 then
     redis.call('HINCRBY', P, 'offload_stale', 1)
+    if o and o.offload_evict and not o.offload_client then settle_offload_evict(P, tenant, key, okey, o, now) end
     return nil
   end
   local live = live_replicas(P, okey, o)
@@ -154,18 +161,21 @@ local function hand_out(P, client, mount, id, score, now, cfg, room, capacity)
   end
   if not pick then
     redis.call('HINCRBY', P, 'offload_stale', 1)
+    if o.offload_evict then settle_offload_evict(P, tenant, key, okey, o, now) end
     return nil
   end
   local size = tonumber(o.size)
   if room and size > room then
     if size <= capacity or offload_rank(score) == 0 then return nil, true end
     count_dropped(P, offload_rank(score)) -- it could never fit
+    if o.offload_evict then settle_offload_evict(P, tenant, key, okey, o, now) end
     return nil
   end
   add_task_refs(P, tenant, key, okey, o, 1, now)
   local attempts = redis.call('HINCRBY', okey, 'offload_attempts', 1)
   redis.call('HSET', okey, 'offload_client', client, 'offload_mount', mount, 'offload_score', S(score))
   redis.call('ZADD', P .. K.offload_inflight, S(now + cfg.offload_task_timeout), id)
+  if o.offload_evict then redis.call('ZADD', P .. K.offload_evict, 'XX', S(now + cfg.offload_task_timeout), id) end
   redis.call('HINCRBY', P .. K.disk .. client, 'inflight', 1)
   redis.call('HINCRBY', P .. K.disk .. client, 'inflight_bytes', S(size))
   return { key, tenant, size, RANK_NAMES[offload_rank(score)], pick.seg, pick.off, attempts }
@@ -240,9 +250,11 @@ local function done_one(P, tenant, row, now, client, mount, success, cfg)
       redis.call('HINCRBY', P, 'offload_done', 1)
     end
     Events.emit(P, 'updated', tenant, row.key, okey, o)
+    if o.offload_evict then settle_offload_evict(P, tenant, row.key, okey, o, now) end -- its memory goes
   elseif ours then
     local _, score, attempts = release_offload_task(P, tenant, row.key, okey, o, now)
-    requeue_offload(P, client, obj_id(tenant, row.key), score, attempts, cfg)
+    local what = requeue_offload(P, client, obj_id(tenant, row.key), score, attempts, cfg)
+    offload_evict_requeued(P, tenant, row.key, okey, o, now, what, cfg.offload_task_timeout)
   end
   return E.OK
 end
@@ -273,7 +285,9 @@ local function sweep_offload_tasks(P, args, cfg)
     if o and o.offload_client then
       local client, score, attempts = release_offload_task(P, tenant, key, okey, o, now)
       redis.call('HINCRBY', P, 'offload_redelivered', 1)
-      if requeue_offload(P, client, id, score, attempts, cfg) == 'dropped' then
+      local what = requeue_offload(P, client, id, score, attempts, cfg)
+      offload_evict_requeued(P, tenant, key, okey, o, now, what, cfg.offload_task_timeout)
+      if what == 'dropped' then
         dropped = dropped + 1
       else
         requeued = requeued + 1

@@ -12,6 +12,7 @@
 --     (its put_end is `stored` again).
 --   {'allocate', hard_pin, group, soft_pin_ms, guaranteed_ms}: there is no object now (none
 --     was there, or the old one was deleted here: another size, leased, a dead or disk replica,
+--     queued for offload by eviction,
 --     or a put in progress, which is preempted at once); the caller then runs put_start with
 --     the old object's hard pin and group and what is left of its soft pin and guarantee (ms
 --     from now; '0' and '' when none). The old object's extents stay allocated until its lease ends (readers
@@ -50,9 +51,10 @@ local function pin_fields(o, cfg)
   return { 'soft_pin_action', 'enable', 'soft_pin_ttl', S(n) }
 end
 
--- May the object be rewritten where it is? Same size, no active lease, every replica live, none on disk.
+-- May the object be rewritten where it is? Same size, no active lease, every replica live, none on
+-- disk, not queued for offload by eviction (offload_on_evict: it is replaced instead).
 local function fits_in_place(P, tenant, key, o, size, now)
-  if tonumber(o.size) ~= size or lease_of(P, tenant, key, o) > now then return false end
+  if tonumber(o.size) ~= size or o.offload_evict or lease_of(P, tenant, key, o) > now then return false end
   local list, maybe_disk = replicas_of(P, o)
   if maybe_disk or #list == 0 then return false end
   for i = 1, #list do
