@@ -191,6 +191,23 @@ def test_remove_and_upsert_of_a_waiting_object_clear_its_books(new_master):
     assert fsck(m).ok
 
 
+def test_fsck_repairs_the_index_and_the_counter(new_master):
+    m = evict_master(new_master)
+    keys = fill(m)
+    m.evict_step(0)
+    k = m.transport.keys[0]
+    m.redis.zrem(k.offload_evict, f"default:{keys[0]}")
+    m.redis.zadd(k.offload_evict, {"default:gone": 1})
+    m.redis.hincrby(k.P, "offload_evict_bytes", 5)
+    report = fsck(m)
+    assert sorted(report.kinds()) == ["offload_evict_stale", "offload_evict_unindexed", "shard_offload_evict_bytes"]
+    assert fsck(m, repair=True).unrepaired == []
+    assert fsck(m).ok
+    assert books(m) == (10 * SIZE, 3 * SIZE, sorted(keys[:3]))
+    # the re-indexed wait is due now: the next step ends it
+    assert m.evict_step(0).objects == 1 and not m.exist_key(keys[0])
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_operations_keep_the_books(new_master, shards, seed):
     """Random puts, reads, eviction steps, hand-outs, successes, failures, timeouts, removals:

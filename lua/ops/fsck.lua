@@ -53,12 +53,13 @@ local function compare_and_add(todo)
 end
 
 -- mc_fsck_counters. KEYS: P. ARGV: (field, expected, delta) triples, field one of used_bytes,
---   capacity_bytes, objects, guaranteed_bytes. Compare-and-add: for each triple, when the field's current value
+--   capacity_bytes, objects, guaranteed_bytes, offload_evict_bytes. Compare-and-add: for each triple, when the field's current value
 --   (missing = 0) equals `expected` (the value fsck read), HINCRBY field delta; otherwise leave
 --   it (a write landed since fsck read it: rerun fsck). All arguments are validated first, and a
 --   delta that would make a counter negative is refused (INVALID_PARAMS, nothing written).
 -- Reply: per triple {applied (1|0), value after the call}.
-local SHARD_COUNTERS = { used_bytes = true, capacity_bytes = true, objects = true, guaranteed_bytes = true }
+local SHARD_COUNTERS = { used_bytes = true, capacity_bytes = true, objects = true, guaranteed_bytes = true,
+  offload_evict_bytes = true }
 
 local function fsck_counters(P, args)
   if #args == 0 or #args % 3 ~= 0 or #args > 48 then
@@ -235,16 +236,24 @@ end
 
 -- Re-derive one object's own index entries: P:processing (member iff not complete, score =
 -- put_started), its guarantee's entries (P:guaranteed and its prefix set, iff it has
--- guaranteed_until; a stale entry is dropped by the sweep or expire_guaranteed) and its object unit (placed by place_object when ungrouped; never present when
+-- guaranteed_until; a stale entry is dropped by the sweep or expire_guaranteed), its
+-- P:offload_evict entry (iff it has offload_evict; a missing one is added due now, so the next
+-- mc_evict ends the wait) and its object unit (placed by place_object when ungrouped; never present when
 -- grouped: members are placed through their group, see mc_fsck_group). A missing object leaves
--- neither. Returns 1 if the object exists, else 0.
+-- none. Returns 1 if the object exists, else 0.
 local function fsck_place_object(P, tenant, key, now)
   local id, unit, okey = obj_id(tenant, key), object_unit(tenant, key), obj_key(P, tenant, key)
   local o = load_object(okey)
   if not o then
     redis.call('ZREM', P .. K.processing, id)
+    redis.call('ZREM', P .. K.offload_evict, id)
     unplace(P, unit)
     return 0
+  end
+  if o.offload_evict then
+    redis.call('ZADD', P .. K.offload_evict, 'NX', S(now), id)
+  else
+    redis.call('ZREM', P .. K.offload_evict, id)
   end
   if o.status == 'complete' then
     redis.call('ZREM', P .. K.processing, id)

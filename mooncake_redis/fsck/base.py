@@ -176,6 +176,8 @@ class _Pass:
     guarantee_prefix: dict = field(default_factory=lambda: defaultdict(set))  # (tenant, prefix) -> {key}
     offload_tasks: set = field(default_factory=set)  # tenant:key of objects with an offload task in flight
     disk_bytes: dict = field(default_factory=lambda: defaultdict(int))  # client -> sizes of its live disk replicas
+    offload_evict: set = field(default_factory=set)  # tenant:key of objects eviction queued for offload
+    offload_evict_bytes: int = 0                     # their sizes
     indexed: dict = field(default_factory=lambda: defaultdict(dict))  # (tenant, group) -> {key: node} (ugroup)
     replications: dict = field(default_factory=dict)  # tenant:key -> hash of objects with a replication in flight
 

@@ -1,6 +1,7 @@
-"""The shard's counters (hash P): used_bytes, capacity_bytes, objects and guaranteed_bytes
-against what the pass recomputed (the segments' used bytes and sizes, the object hashes read,
-the live replicas of guaranteed objects). Read at the end of the pass, with its fingerprint;
+"""The shard's counters (hash P): used_bytes, capacity_bytes, objects, guaranteed_bytes and
+offload_evict_bytes against what the pass recomputed (the segments' used bytes and sizes, the
+object hashes read, the live replicas of guaranteed objects, the sizes of the objects eviction
+queued for offload). Read at the end of the pass, with its fingerprint;
 repaired by compare-and-add (mc_fsck_counters), refused when a counter moved meanwhile. A
 counter stored malformed (not an integer: mooncake_redis.figures) is set to the recomputed value
 instead (mc_fsck_figures, compare-and-set on the malformed value). Every other field of P is a
@@ -14,7 +15,7 @@ from typing import Any
 from ..figures import parse
 from .base import ERROR, WARNING, Action, Checker, Finding, Kind, SetFigures, _d, _malformed, _Pass
 
-FIELDS = ("used_bytes", "capacity_bytes", "objects", "guaranteed_bytes")
+FIELDS = ("used_bytes", "capacity_bytes", "objects", "guaranteed_bytes", "offload_evict_bytes")
 BY_SEGMENTS = ("used_bytes", "capacity_bytes", "guaranteed_bytes")  # recomputed from the segments
 
 
@@ -37,6 +38,8 @@ KINDS: dict[str, Kind] = {
     "shard_objects": Kind(ERROR, True, "P.objects differs from the number of object hashes"),
     "shard_guaranteed_bytes": Kind(ERROR, True, "P.guaranteed_bytes differs from the live replicas of guaranteed "
                                                 "objects"),
+    "shard_offload_evict_bytes": Kind(ERROR, True, "P.offload_evict_bytes differs from the sizes of the objects "
+                                                   "eviction queued for offload (offload_evict)"),
     "bad_figure": Kind(ERROR, False, "a field of P that is not an integer (an offload counter, a sequence, a clock): "
                                      "the functions that count with it fail; nothing derives it, set it by hand"),
     "bad_worker_figure": Kind(WARNING, False, "a figure of the workers' P:metrics that is not an integer: a worker's "
@@ -58,7 +61,8 @@ class ShardCounters(Checker):
         """fp holds the counters as read at the end of the pass."""
         guaranteed_total = sum(v for (seg, _), v in ps.guaranteed.items() if seg == b"")
         drift = []  # (field, value read or None when malformed, raw, recomputed)
-        for raw, fname, want in zip(fp, FIELDS, (ps.used_total, ps.cap_total, ps.objects, guaranteed_total)):
+        recomputed = (ps.used_total, ps.cap_total, ps.objects, guaranteed_total, ps.offload_evict_bytes)
+        for raw, fname, want in zip(fp, FIELDS, recomputed):
             have = parse(raw)
             if have != want:
                 drift.append((fname, have, raw, want))

@@ -9,7 +9,13 @@ one moment. It also sums each client's live disk replicas, which disk_used_findi
 with P:disk:<client>.used_bytes as an aggregate (the shard's fingerprint covers the disks'
 mounts and used_bytes, so a pass that saw them move is retried). Repairs: mc_fsck_offload_task
 (index an unindexed task with deadline now, so the next sweep ends it and releases its
-reference), mc_fsck_offload_inflight (compare-and-set) and mc_fsck_disk_used (compare-and-add)."""
+reference), mc_fsck_offload_inflight (compare-and-set) and mc_fsck_disk_used (compare-and-add).
+
+Offload on evict: the objects eviction queued for offload (field offload_evict) against their
+index P:offload_evict, re-read in one MULTI with the index (the objects the pass saw marked and
+every indexed one); a marked object without an entry, or an entry without a marked object, is
+re-placed (mc_fsck_place re-derives the entry: a missing one is due now, so the next mc_evict
+ends that wait). The bytes they hold (P.offload_evict_bytes) are a shard counter (counters.py)."""
 from __future__ import annotations
 
 import re
@@ -19,6 +25,7 @@ from typing import Any
 
 from ..figures import parse
 from .base import ERROR, WARNING, Action, Checker, Finding, Kind, ObjectRead, SetFigures, _malformed, _Pass
+from .objects import Place
 
 SNAPSHOT_OBJECTS = 4096  # objects re-read per MULTI (larger sets: several, each exact for its objects)
 
@@ -76,6 +83,10 @@ KINDS: dict[str, Kind] = {
     "offload_queue_over_share": Kind(ERROR, False, "a client's offload queue, overflow (its entries never handed "
                                  "out) or removal queue holds more than the shard's share"),
     "disk_used_bytes": Kind(ERROR, True, "a client's P:disk:<client>.used_bytes differs from its live disk replicas"),
+    "offload_evict_unindexed": Kind(ERROR, True, "an object eviction queued for offload (offload_evict) has no "
+                                    "P:offload_evict entry: its wait would never end"),
+    "offload_evict_stale": Kind(ERROR, True, "a P:offload_evict entry whose object is gone or not queued by "
+                                "eviction"),
     "disk_removal_malformed": Kind(WARNING, False, "a P:diskrm:<client> entry that is not '<tenant> <#key> <key> "
                                "<location>' (the next mc_disk_removal_heartbeat drops it)"),
 }
@@ -211,10 +222,35 @@ def offload_findings(audit: Any, shard: int, seen_in_flight: set[bytes]) -> list
 
 
 
+def offload_evict_findings(audit: Any, shard: int, seen: set[bytes]) -> list[Finding]:
+    """Each object eviction queued for offload against P:offload_evict, in one MULTI."""
+    k = audit.keys(shard)
+    index = audit.r.zrange(k.offload_evict, 0, -1)
+    ids = sorted(set(index) | seen)[:SNAPSHOT_OBJECTS]
+    if not ids:
+        return []
+    pipe = audit.t.pipeline(shard)
+    pipe.zrange(k.offload_evict, 0, -1)
+    for oid in ids:
+        tenant, _, key = oid.partition(b":")
+        pipe.hget(k.object(tenant, key), "offload_evict")
+    res = pipe.execute()
+    indexed, out = set(res[0]), []
+    for oid, mark in zip(ids, res[1:]):
+        tenant, _, key = oid.partition(b":")
+        if mark is not None and oid not in indexed:
+            out.append(audit.finding("offload_evict_unindexed", shard, oid.decode(errors="replace"), "an entry",
+                                     "no entry", Place(shard, tenant, key)))
+        elif mark is None and oid in indexed:
+            out.append(audit.finding("offload_evict_stale", shard, oid.decode(errors="replace"), "no entry",
+                                     "an entry", Place(shard, tenant, key)))
+    return out
+
+
 class Offload(Checker):
     name = "offload"
     kinds = KINDS
-    actions = (OffloadTask, OffloadInflight, DiskUsed, SetFigures)
+    actions = (OffloadTask, OffloadInflight, DiskUsed, SetFigures, Place)
 
     def fingerprint(self, audit: Any, k: Any) -> tuple:
         return disk_fingerprint(audit, k)
@@ -222,9 +258,12 @@ class Offload(Checker):
     def see_object(self, audit: Any, ps: _Pass, obj: ObjectRead) -> None:
         if not isinstance(obj.h, Exception) and b"offload_client" in obj.h:
             ps.offload_tasks.add(obj.tenant + b":" + obj.key)
+        if not isinstance(obj.h, Exception) and b"offload_evict" in obj.h:
+            ps.offload_evict.add(obj.tenant + b":" + obj.key)
+            ps.offload_evict_bytes += parse(obj.h.get(b"size")) or 0
 
     def settle(self, audit: Any, ps: _Pass, fp: tuple) -> None:
         ps.aggregate += disk_used_findings(audit, ps.shard, fp, ps.disk_bytes)
 
     def shard(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
-        return offload_findings(audit, shard, ps.offload_tasks)
+        return offload_findings(audit, shard, ps.offload_tasks) + offload_evict_findings(audit, shard, ps.offload_evict)
