@@ -28,8 +28,9 @@ LIBRARY_NAME = "mooncake"
 # The library's protocol: its FCALL interface (functions, arguments, replies). Raise it with any
 # change a process of the previous build cannot use. A process never replaces a library of a
 # newer protocol (a rolling upgrade must not downgrade it); protocol 1 replied to mc_version
-# with the bare version, later ones with {version, protocol}.
-LIBRARY_PROTOCOL = 2
+# with the bare version, later ones with {version, protocol}; protocol 3 added `revoked` to
+# mc_discard_puts' reply and `queued` to mc_evict's.
+LIBRARY_PROTOCOL = 3
 # The store's layout (keys and fields), written as `schema_version` into every shard's config
 # hash by Master.connect; a package refuses a store of a newer schema. Stores written before the
 # field existed have schema 1.

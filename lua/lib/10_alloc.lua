@@ -165,8 +165,11 @@ end
 
 -- Extents of preempted puts stay allocated until their release deadline (the old writer may
 -- still be writing into them). P:held: member "<mount> <offset> <size> <segment>", score = due ms.
+-- A held extent's member of P:held: "<mount id> <offset> <size> <segment>".
+local function held_member(mount, off, size, seg) return mount .. ' ' .. S(off) .. ' ' .. S(size) .. ' ' .. seg end
+
 local function hold_extent(P, seg, mount, off, size, due)
-  redis.call('ZADD', P .. K.held, due, mount .. ' ' .. S(off) .. ' ' .. S(size) .. ' ' .. seg)
+  redis.call('ZADD', P .. K.held, due, held_member(mount, off, size, seg))
 end
 
 -- Until when the extents of an abandoned put by `writer` (started at `started`) stay held: the
@@ -194,4 +197,5 @@ return {
   free_extent = free_extent, drop_segment = drop_segment, mount_of = mount_of, slice_size = slice_size,
   host_key = host_key, MAX_HOST_SEGMENTS = MAX_HOST_SEGMENTS,
   hold_extent = hold_extent, hold_until = hold_until, release_held = release_held,
+  held_member = held_member, draining = draining,
 }

@@ -18,6 +18,7 @@
 local K, E, S = Base.K, Base.E, Base.S
 local alloc_extent, free_extent, hold_extent, mount_of = Alloc.alloc_extent, Alloc.free_extent, Alloc.hold_extent,
   Alloc.mount_of
+local draining = Alloc.draining
 local obj_key, obj_id, load_object = Object.obj_key, Object.obj_id, Object.load_object
 local decode_reps, write_reps, live_replicas = Object.decode_reps, Object.write_reps, Object.live_replicas
 local guarantee_room, count_guaranteed = Guarantee.guarantee_room, Guarantee.count_guaranteed
@@ -27,7 +28,7 @@ local add_task_refs = Offload.add_task_refs
 local REPL_FIELDS = { 'repl_kind', 'repl_client', 'repl_source', 'repl_until', 'repl_reps' }
 local MAX_TARGETS = 64
 
-local function held_member(r, size) return r.mount .. ' ' .. S(r.off) .. ' ' .. S(size) .. ' ' .. r.seg end
+local function held_member(r, size) return Alloc.held_member(r.mount, r.off, size, r.seg) end
 
 -- The replication in flight on `o`, or nil.
 local function replication_of(o)
@@ -80,7 +81,7 @@ local function start(P, tenant, key, kind, client, source, targets, now, cfg)
   if repl then return E.OBJECT_HAS_REPLICATION_TASK end
   for _, seg in ipairs(targets) do
     if not mount_of(P, seg) then return E.SEGMENT_NOT_FOUND end
-    if redis.call('HGET', P .. K.segment .. seg, 'draining_until') then return E.UNAVAILABLE_IN_CURRENT_STATUS end
+    if draining(P, seg) then return E.UNAVAILABLE_IN_CURRENT_STATUS end
   end
   local have, src = {}, nil
   for _, r in ipairs(live_replicas(P, okey, o)) do

@@ -32,7 +32,7 @@ local K, E, fail, S, now_ms = Base.K, Base.E, Base.fail, Base.S, Base.now_ms
 local valid_name, parse_call, register = Base.valid_name, Base.parse_call, Base.register
 local object_call, per_row, obj_key, load_object = Object.object_call, Object.per_row, Object.obj_key,
   Object.load_object
-local live_replicas, mount_of = Object.live_replicas, Alloc.mount_of
+local live_replicas, mount_of, draining = Object.live_replicas, Alloc.mount_of, Alloc.draining
 local being_evicted = Units.being_evicted
 
 local TASK_PENDING_TIMEOUT, TASK_PROCESSING_TIMEOUT = 300000, 300000 -- ms, Mooncake's defaults
@@ -115,7 +115,7 @@ local function create_one(P, tenant, key, o, opts, targets, now)
   if opts.type == 'move' and targets[1] == opts.source then return { E.INVALID_PARAMS } end
   for _, seg in ipairs(targets) do
     if not mount_of(P, seg) then return { E.INVALID_PARAMS } end
-    if redis.call('HGET', P .. K.segment .. seg, 'draining_until') then return { E.UNAVAILABLE_IN_CURRENT_STATUS } end
+    if draining(P, seg) then return { E.UNAVAILABLE_IN_CURRENT_STATUS } end
   end
   local source, client = task_source(P, tenant, key, o, opts.type, opts.source)
   if not source then return { client } end
