@@ -51,6 +51,11 @@ def basic(store: MooncakeDistributedStore) -> None:
     got = store.get_batch(keys[:50])
     emit("get_batch 50 equal", all(g == k.encode() * 4 for g, k in zip(got, keys)))
     emit("put again (exists)", store.put("one-byte", b"y"))
+    from mooncake.store import ReplicateConfig
+    same_node = ReplicateConfig()
+    same_node.prefer_alloc_in_same_node = True  # the 0.3.13.post1 client refuses it itself (-600) in this setup
+    emit("put prefer_alloc_in_same_node", store.put("same-node", b"z" * 64, same_node))
+    emit("is_exist same-node", store.is_exist("same-node"))
     emit("remove leased", store.remove("one-byte"))
     emit("remove forced", store.remove("one-byte", True))
     emit("remove missing", store.remove("missing", True))
