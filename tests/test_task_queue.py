@@ -7,7 +7,7 @@ import pytest
 from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
 from mooncake_redis.fsck import fsck
 
-from helpers import WATERMARKS
+from helpers import WATERMARKS, shard_keys
 
 MASTER_CONFIG = WATERMARKS
 KIB = 1024
@@ -117,3 +117,26 @@ def test_a_task_never_fetched_fails_at_the_pending_timeout(new_master):
     m.advance_clock(TIMEOUT)
     assert m.fetch_tasks("owner-a") == []
     assert (m.query_task(task_id).status, m.query_task(task_id).message) == ("failed", "pending timeout")
+
+
+
+def test_fsck_checks_the_task_records_against_their_indexes_and_the_pending_count(new_master):
+    """fsck finds a pending count that drifted (and repairs it), a task its indexes lost, and a
+    queue member with no task behind it."""
+    m = setup(new_master)
+    for k in ("k1", "k2", "k3"):
+        put(m, k)
+    ids = [m.create_copy_task(k, ["seg-b"]) for k in ("k1", "k2", "k3")]
+    [first, *_] = m.fetch_tasks("owner-a", 1)
+    run(m, "owner-a", first)
+    assert fsck(m).ok  # one finished, the others pending, each in its indexes
+    task = next(i for i in ids if m.query_task(i).status == "pending")
+    shard = int(task[-4:], 16)  # a task id's last 4 hex digits name its shard
+    keys, r = shard_keys(m, shard), m.transport.node(shard)
+    r.hincrby(keys.P, "tasks_pending", 2)
+    assert [f.kind for f in fsck(m).findings] == ["shard_tasks_pending"]
+    assert fsck(m, repair=True).repaired and fsck(m).ok
+    r.zrem(keys.task_queue("owner-a"), task)  # never handed out now
+    r.zadd(keys.task_queue("owner-a"), {"no-such-task": 1})
+    kinds = sorted(f.kind for f in fsck(m).findings)
+    assert kinds == ["task_queue_stale", "task_unindexed"], kinds

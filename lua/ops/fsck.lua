@@ -53,13 +53,13 @@ local function compare_and_add(todo)
 end
 
 -- mc_fsck_counters. KEYS: P. ARGV: (field, expected, delta) triples, field one of used_bytes,
---   capacity_bytes, objects, guaranteed_bytes, offload_evict_bytes. Compare-and-add: for each triple, when the field's current value
+--   capacity_bytes, objects, guaranteed_bytes, offload_evict_bytes, tasks_pending. Compare-and-add: for each triple, when the field's current value
 --   (missing = 0) equals `expected` (the value fsck read), HINCRBY field delta; otherwise leave
 --   it (a write landed since fsck read it: rerun fsck). All arguments are validated first, and a
 --   delta that would make a counter negative is refused (INVALID_PARAMS, nothing written).
 -- Reply: per triple {applied (1|0), value after the call}.
 local SHARD_COUNTERS = { used_bytes = true, capacity_bytes = true, objects = true, guaranteed_bytes = true,
-  offload_evict_bytes = true }
+  offload_evict_bytes = true, tasks_pending = true }
 
 local function fsck_counters(P, args)
   if #args == 0 or #args % 3 ~= 0 or #args > 48 then

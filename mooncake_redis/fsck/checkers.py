@@ -18,6 +18,7 @@ from .radix import Radix
 from .replication import Replications
 from .retention import Retention
 from .segments import Segments
+from .tasks import Tasks
 
 CHECKERS: tuple[Checker, ...] = (
     Objects(),        # object hashes, their index entries and placement (drives the object pass)
@@ -32,6 +33,7 @@ CHECKERS: tuple[Checker, ...] = (
     Radix(),          # the radix index
     Offload(),        # the SSD offload tier
     Replications(),   # replica copies and moves in flight
+    Tasks(),          # Mooncake's task queue: task records, their indexes, P.tasks_pending
     Gateway(),        # the Mooncake wire gateway's segment records (shard 0)
 )
 
