@@ -149,6 +149,36 @@ def test_pipelined_requests_are_answered_in_request_order(served):
         master.unmount_segment("pipe/seg0", client_id="pipe-client")
 
 
+def test_a_defect_in_a_handler_is_answered_and_the_connection_serves_on(served, monkeypatch):
+    """A handler that fails when called, one whose steps fail, and one whose value cannot be
+    encoded: each request gets an answer, and the requests after it on the connection too."""
+    _, gateway = served
+
+    def fails_when_called(key, tenant):
+        raise TypeError("a defect")
+
+    def steps_fail(key, tenant):
+        raise RuntimeError("a defect")
+        yield
+
+    def unencodable(key, tenant):
+        return "not a GetReplicaListResponse"
+        yield
+    c = Conn(gateway.rpc_address)
+    for name, handler, errc in (("ExistKey", fails_when_called, frames.ERRC_RPC_THROW_EXCEPTION),
+                                ("ExistKey", steps_fail, 0),
+                                ("GetReplicaList", unencodable, frames.ERRC_RPC_THROW_EXCEPTION)):
+        monkeypatch.setattr(gateway.handlers, name, handler, raising=False)
+        c.send(name, b"k", b"default")
+        c.send("ServiceReady")
+        err, _, body = c.reply()
+        assert err == errc
+        if errc == 0:  # the steps' failure is Mooncake's INTERNAL_ERROR
+            assert decode(schema.RPCS[name].response, body)[0] == Err(schema.ErrorCode.INTERNAL_ERROR)
+        err, _, body = c.reply()
+        assert err == 0 and decode(schema.RPCS["ServiceReady"].response, body)[0] == schema.SERVICE_VERSION.encode()
+
+
 def test_a_frame_that_arrives_byte_by_byte_is_served(served):
     _, gateway = served
     c = Conn(gateway.rpc_address)

@@ -113,7 +113,11 @@ class RpcConnection(asyncio.Protocol):
             del buf[:offset]
 
     def _request(self, seq: int, function_id: int, body: bytes) -> None:
-        reply = self.dispatch(seq, function_id, body)
+        try:
+            reply = self.dispatch(seq, function_id, body)
+        except Exception:  # a defect of the gateway: answer it and keep the connection serving
+            log.exception("request %d (function 0x%08x) failed", seq, function_id)
+            reply = frames.error_frame(seq, frames.ERRC_RPC_THROW_EXCEPTION, "internal error")
         pending = self.pending
         if isinstance(reply, bytes):
             if not pending:

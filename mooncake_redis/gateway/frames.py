@@ -109,4 +109,4 @@ def parse_error_body(err_code: int, body: bytes) -> tuple[int, str]:
 __all__ = ["REQ_HEADER", "RSP_HEADER", "MAGIC", "MAX_BODY", "FrameError", "Request",
            "parse_request_header", "request_frame", "response_frame", "error_frame",
            "parse_response_header", "parse_error_body",
-           "ERRC_INVALID_RPC_ARGUMENTS", "ERRC_FUNCTION_NOT_REGISTERED"]
+           "ERRC_INVALID_RPC_ARGUMENTS", "ERRC_FUNCTION_NOT_REGISTERED", "ERRC_RPC_THROW_EXCEPTION"]

@@ -200,6 +200,17 @@ class Gateway:
         return self._frame(rpc, seq, args, literal, value, started)
 
     def _frame(self, rpc: schema.Rpc, seq: int, args: tuple, literal: bool, value: Any, started: float) -> bytes:
+        """The reply frame; a value that cannot be encoded (a defect) answers coro_rpc's
+        rpc_throw_exception instead, so the replies after it on the connection are not held up."""
+        try:
+            return self._encode_reply(rpc, seq, args, literal, value, started)
+        except Exception:
+            log.exception("RPC %s: the reply could not be encoded", rpc.name)
+            self.metrics.error(rpc.name, "unencodable_reply")
+            return frames.error_frame(seq, frames.ERRC_RPC_THROW_EXCEPTION, f"{rpc.name}: internal error")
+
+    def _encode_reply(self, rpc: schema.Rpc, seq: int, args: tuple, literal: bool, value: Any,
+                      started: float) -> bytes:
         t = rpc.response
         if isinstance(value, Err) and t.kind == "vector" and t.parts[0].kind == "expected":
             # a batch refused as a whole: each key gets the error
