@@ -95,7 +95,7 @@ def _protected(m, k) -> bool:
         return False
 
 
-@settings(max_examples=examples(15), deadline=None, database=None,
+@settings(max_examples=examples(10), deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 # a move under pressure, evicted around, ended after an upsert was refused
 @example(ops=[("put", 0, 5 * KIB, 0, False), ("put", 1, 5 * KIB, 0, False), ("move", 0, 1),
