@@ -13,23 +13,12 @@ Per shard:
 Members of P:tasks_due and P:tasks_done without a record are no finding: the sweep drops them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from .base import ERROR, Action, Checker, Finding, Kind, _d, _Pass
+from .base import ERROR, Checker, Finding, Kind, _d, _Pass
+from .counters import Counters
 
 INDEXES_OF = {b"pending": ("queue", "due"), b"processing": ("due",), b"success": ("done",), b"failed": ("done",)}
-
-
-@dataclass(frozen=True)
-class FixPending(Action):
-    expected: int  # the counter fsck read
-    delta: int
-    order = 1
-
-    def apply(self, audit: Any) -> tuple[bool, str]:
-        applied, _ = audit.fcall("mc_fsck_counters", self.shard, "tasks_pending", self.expected, self.delta)[0]
-        return bool(applied), "" if applied else "not repaired: P.tasks_pending changed since fsck read it; rerun fsck"
 
 
 KINDS: dict[str, Kind] = {
@@ -74,14 +63,14 @@ def task_findings(audit: Any, shard: int) -> list[Finding]:
     pending = sum(1 for status, _ in records.values() if status == b"pending")
     if pending != counted:
         out.append(audit.finding("shard_tasks_pending", shard, "P.tasks_pending", pending, counted,
-                                 FixPending(shard, counted, pending - counted)))
+                                 Counters(shard, (("tasks_pending", counted, pending - counted),))))
     return out
 
 
 class Tasks(Checker):
     name = "tasks"
     kinds = KINDS
-    actions = (FixPending,)
+    actions = (Counters,)
 
     def shard(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
         return task_findings(audit, shard)
