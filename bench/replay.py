@@ -365,7 +365,8 @@ class StoreReplay:
             # group being evicted reads as absent until its put finishes its eviction)
             dropped = [self._forget(keys[j]) for j in missing if keys[j] in self.stored]
             for indexes, rconfig in policy.put_batches(m, req, missing, now):
-                self._put(m, [keys[j] for j in indexes], [req.blocks[j] for j in indexes], rconfig)
+                self._put(m, [keys[j] for j in indexes], [req.blocks[j] for j in indexes], rconfig,
+                          policy.parents(req, indexes))
             if worker is not None:
                 st.worker_evicted += worker.run_once().evicted_objects
             usage = m.usage()
@@ -376,9 +377,9 @@ class StoreReplay:
         u = m.usage()
         st.objects_left, st.used_ratio = u.objects, u.used_bytes / max(u.capacity_bytes, 1)
 
-    def _put(self, m: Master, keys: list[bytes], blocks: list[int], config) -> None:
+    def _put(self, m: Master, keys: list[bytes], blocks: list[int], config, parents=None) -> None:
         st = self.stats
-        started = m.batch_put_start(CLIENT, keys, [self.block_bytes] * len(keys), config, TENANT)
+        started = m.batch_put_start(CLIENT, keys, [self.block_bytes] * len(keys), config, TENANT, parents)
         ok = []
         for key, block, got in zip(keys, blocks, started):
             if isinstance(got, ErrorCode):

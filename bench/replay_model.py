@@ -171,9 +171,9 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
                 block_tokens: int = BLOCK_TOKENS, shards: int = 1, worker: bool = True,
                 chains: Chains | None = None, config: MasterConfig | None = None) -> Stats:
     """The model's figures for the replay under `radix`: as model_lru, with leaf-first candidates
-    (RadixShardModel), each block written as its own put (put_start + put_end: a block written is
-    a candidate when the next block of the request is put, unless that block names it as its
-    parent: a put links its node before evict-on-put makes room), and a block's parent the block
+    (RadixShardModel), a request's missing blocks written in one batch, each naming its own parent
+    (batch_put_start's `parents`: every block is in progress, no candidate, until the batch's
+    put_end; a put links its node before evict-on-put makes room), and a block's parent the block
     before it in the request (the first registration stays). One shard only: with several, the
     parent's shard learns of an evicted child through the outbox, which this model does not
     follow."""
@@ -188,6 +188,8 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
     st = Stats()
     stored: set[int] = set()
 
+    writing: list[int] = []  # the request's blocks put_started, in progress (no candidates) until the batch ends
+
     def drop(victim: int, evicted: list[int]) -> None:
         stored.discard(victim)
         evicted.append(victim)
@@ -199,7 +201,7 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
                     del kids[p]
                     if p in m.score:
                         m.set_score(p, m.score[p])
-                    elif p not in stored:
+                    elif p not in stored and p not in writing:
                         parent_of.pop(p, None)  # an empty shell goes too (its own parent keeps a phantom count)
 
     for req in requests:
@@ -210,6 +212,7 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
                 m.lease(b, now)
         st.record(req, leading_run(found), block_tokens)
         evicted: list[int] = []
+        writing.clear()
         for j, (b, hit) in enumerate(zip(req.blocks, found)):
             if hit:
                 continue
@@ -218,7 +221,7 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
                 parent_of[b] = p
                 if p is not None:
                     kids[p] = kids.get(p, 0) + 1
-            if len(m.score) >= m.slots:
+            if len(m.score) + len(writing) >= m.slots:
                 victim = m.pop_candidate(now) if config.evict_on_put else None
                 if victim is None:
                     st.refuse(ErrorCode.NO_AVAILABLE_HANDLE)
@@ -229,6 +232,8 @@ def model_radix(requests: list[Request], capacity_blocks: int, block_bytes: int 
                         drop(b, evicted_none)
                     continue
                 drop(victim, evicted)
+            writing.append(b)
+        for b in writing:  # the batch's put_ends: its blocks become candidates together
             m.set_score(b, now)
             stored.add(b)
             st.written += 1

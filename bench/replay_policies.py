@@ -50,6 +50,10 @@ class Policy:
         """The missing blocks to write (indexes into req.blocks), as batches of one config each."""
         return [(missing, None)] if missing else []
 
+    def parents(self, req: Request, indexes: list[int]) -> list[str | None] | None:
+        """Each written block's own parent hash (batch_put_start's `parents`), or None for none."""
+        return None
+
 
 
 class Lru(Policy):
@@ -226,6 +230,13 @@ class Combined(Policy):
             batches.setdefault(tuple(sorted(settings[j].items())), []).append(j)
         return [(idx, ReplicateConfig(**dict(fields)) if fields else None) for fields, idx in batches.items()]
 
+    def parents(self, req: Request, indexes: list[int]) -> list[str | None] | None:
+        for p in self.parts:
+            own = p.parents(req, indexes)
+            if own is not None:
+                return own
+        return None
+
     def figures(self) -> dict[str, Any]:
         return {k: v for p in self.parts for k, v in p.figures().items()}
 
@@ -243,7 +254,7 @@ def _set_fields(config: ReplicateConfig | None) -> dict[str, Any]:
 class Radix(Policy):
     """The radix index (MasterConfig.enable_radix_tree): a block's key is its 64-hex prefix hash
     + "_0", and each write names the block before it in the request as its parent
-    (ReplicateConfig(parent_block_hash=...)), so the store evicts leaves first and never a block
+    (batch_put_start's `parents`: a request's blocks in one batch), so the store evicts leaves first and never a block
     another stored block extends. Its reference is the ideal radix cache."""
 
     name = "radix"
@@ -259,10 +270,9 @@ class Radix(Policy):
     def key(self, block: int) -> bytes:
         return self.prefix_hash(block).encode() + b"_0"
 
-    def put_batches(self, m: Master, req: Request, missing: list[int], now: int) -> list[PutBatch]:
-        # one batch per block: each has its own parent
-        return [([j], ReplicateConfig(parent_block_hash=self.prefix_hash(req.blocks[j - 1]) if j else None))
-                for j in missing]
+    def parents(self, req: Request, indexes: list[int]) -> list[str | None] | None:
+        # one batch for the request: each block names its own parent (the first has none)
+        return [self.prefix_hash(req.blocks[j - 1]) if j else None for j in indexes]
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Lru, Guaranteed, Retained, Radix)}

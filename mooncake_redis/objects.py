@@ -38,7 +38,9 @@ READ_HEADS = 1024  # read heads remembered (per function and tenant) before the 
 
 class ObjectsApi(ApiBase):
     # ---- puts ------------------------------------------------------------------------
-    def _put_head(self, client_id: str, tenant_id: str, config: ReplicateConfig | None) -> list[Any]:
+    def _put_head(self, client_id: str, tenant_id: str, config: ReplicateConfig | None,
+                  parents: bool = False) -> list[Any]:
+        """The head of a put's call; `parents`: its rows carry parents of their own."""
         _check_name(client_id, "client_id")
         _check_tenant(tenant_id)
         c = config or ReplicateConfig()
@@ -63,7 +65,8 @@ class ObjectsApi(ApiBase):
             raise MasterError(ErrorCode.INVALID_PARAMS, "prefer_same_host needs the writer's host")
         fields = wire.KEY_SIZE_PREFIX if guarantee else wire.KEY_SIZE
         if self._radix_put(c):
-            fields = (*fields, "node") + (("parent", "parent_shard") if c.parent_block_hash is not None else ())
+            named = parents or c.parent_block_hash is not None
+            fields = (*fields, "node") + (("parent", "parent_shard") if named else ())
         return wire.head(fields, client_id=client_id,
                          tenant=tenant_id, replica_num=c.replica_num, soft_pin_action=action.value,
                          soft_pin_ttl_ms=ttl, hard_pin=int(hard_pin), group=group, preferred=prefs,
@@ -75,19 +78,40 @@ class ObjectsApi(ApiBase):
         is its unit, and it is an indexed member of its group.)"""
         return self.config.enable_radix_tree
 
-    def _put_rows(self, keys: list[bytes], sizes: Sequence[int], c: ReplicateConfig, guaranteed: bool) -> list[tuple]:
+    def _put_rows(self, keys: list[bytes], sizes: Sequence[int], c: ReplicateConfig, guaranteed: bool,
+                  parents: Sequence[bytes | None] | None = None) -> list[tuple]:
         """Each key's row: key, size [, prefix hash (guaranteed puts)] [, radix node [, parent,
-        parent's shard]] (the fields of _put_head)."""
+        parent's shard]] (the fields of _put_head). `parents`: each key's own parent (None: a
+        root), else the config's for all."""
         rows = [(k, s, prefix_of(k, self.key_pattern)) if guaranteed else (k, s) for k, s in zip(keys, sizes)]
         if not self._radix_put(c):
             return rows
-        if c.parent_block_hash is None:
-            return [(*row, self.radix_prefix(k)) for row, k in zip(rows, keys)]
-        parent = _as_key(c.parent_block_hash)
-        if not 1 <= len(parent) <= 256:
-            raise MasterError(ErrorCode.INVALID_PARAMS, "parent_block_hash must be 1-256 bytes")
-        pshard = self.node_shard(parent)
-        return [(*row, self.radix_prefix(k), parent, pshard) for row, k in zip(rows, keys)]
+        if parents is None:
+            if c.parent_block_hash is None:
+                return [(*row, self.radix_prefix(k)) for row, k in zip(rows, keys)]
+            parents = [_as_key(c.parent_block_hash)] * len(keys)
+        shards: dict[bytes, int] = {}
+        for parent in parents:
+            if parent is not None and parent not in shards:
+                shards[parent] = self.node_shard(parent)
+        return [(*row, self.radix_prefix(k), b"", b"") if p is None else (*row, self.radix_prefix(k), p, shards[p])
+                for row, k, p in zip(rows, keys, parents)]
+
+    @staticmethod
+    def _check_parents(parents: Sequence[Any] | None, n: int,
+                       config: ReplicateConfig | None) -> list[bytes | None] | None:
+        """batch_put_start's per-key parents, checked: one per key, each None or 1-256 bytes,
+        and not beside the config's parent_block_hash."""
+        if parents is None:
+            return None
+        if config is not None and config.parent_block_hash is not None:
+            raise MasterError(ErrorCode.INVALID_PARAMS, "give parents or config.parent_block_hash, not both")
+        if isinstance(parents, (str, bytes)) or len(parents) != n:
+            raise MasterError(ErrorCode.INVALID_PARAMS, "parents must be a list of one parent hash (or None) per key")
+        out = [None if p is None else _as_key(p) for p in parents]
+        if any(p is not None and not 1 <= len(p) <= 256 for p in out):
+            raise MasterError(ErrorCode.INVALID_PARAMS, "a parent hash must be 1-256 bytes")
+        return out
 
     def _guarantee_ttl(self, ttl: int) -> int:
         return _check_int(ttl, "guaranteed_ttl_ms", 0, self.config.max_guaranteed_ttl)
@@ -118,14 +142,24 @@ class ObjectsApi(ApiBase):
         return result
 
     def batch_put_start(self, client_id: str, keys: Sequence[Any], sizes: Sequence[int],
-                        config: ReplicateConfig | None = None, tenant_id: str = "default") -> list[Result]:
-        return self.drive(self.batch_put_start_steps(client_id, keys, sizes, config, tenant_id))
+                        config: ReplicateConfig | None = None, tenant_id: str = "default",
+                        parents: Sequence[Any] | None = None) -> list[Result]:
+        """Start the puts of `keys`; with the radix index on, `parents` gives each key's own
+        parent hash (None: a root node), e.g. a chain of pages in one call, in place of
+        config.parent_block_hash for all."""
+        return self.drive(self.batch_put_start_steps(client_id, keys, sizes, config, tenant_id, parents))
 
     def batch_put_start_steps(self, client_id: str, keys: Sequence[Any], sizes: Sequence[int],
-                              config: ReplicateConfig | None = None, tenant_id: str = "default") -> Steps[list[Result]]:
+                              config: ReplicateConfig | None = None, tenant_id: str = "default",
+                              parents: Sequence[Any] | None = None) -> Steps[list[Result]]:
         if len(keys) != len(sizes):
             raise MasterError(ErrorCode.INVALID_PARAMS, "keys and sizes differ in length")
-        head = self._put_head(client_id, tenant_id, config)
+        c = config or ReplicateConfig()
+        own = self._check_parents(parents, len(keys), config)
+        linked = self._radix_put(c) and (own is not None or c.parent_block_hash is not None)
+        if linked and own is None:
+            self._check_parents([c.parent_block_hash], 1, None)
+        head = self._put_head(client_id, tenant_id, config, parents=own is not None)
         bkeys = _as_keys(keys)
         out: list[Result] = [None] * len(bkeys)
         todo = []
@@ -137,13 +171,14 @@ class ObjectsApi(ApiBase):
             else:
                 todo.append(i)
         guaranteed = config is not None and config.guaranteed_ttl_ms > 0  # rows carry the prefix hash
-        rows = self._put_rows([bkeys[i] for i in todo], [sizes[i] for i in todo], config or ReplicateConfig(),
-                              guaranteed)
+        rows = self._put_rows([bkeys[i] for i in todo], [sizes[i] for i in todo], c,
+                              guaranteed, None if own is None else [own[i] for i in todo])
         replies = yield from self.transport.batch_steps("mc_put_start", head, rows, [bkeys[i] for i in todo])
-        if rows and config is not None and self._radix_put(config) and config.parent_block_hash is not None:
-            pshard = rows[0][-1]  # links to a parent on another shard: deliver them now
-            shards = {self.transport.shard_of(bkeys[i]) for i in todo} - {pshard}
-            yield Blocking(lambda: self.drain_radix_outbox(shards))
+        if rows and linked:  # links to a parent on another shard: deliver them now
+            shards = {self.transport.shard_of(bkeys[i]) for i, row in zip(todo, rows)
+                      if row[-1] != b"" and self.transport.shard_of(bkeys[i]) != row[-1]}
+            if shards:
+                yield Blocking(lambda: self.drain_radix_outbox(shards))
         for i, reply in zip(todo, replies):
             code = _code(reply)
             out[i] = code if code is not None else [

@@ -1,0 +1,107 @@
+"""batch_put_start with a parent per key (`parents`): a chain of pages written in one call
+registers each node under its own parent, across shards too, and evicts leaves first."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import WRITER, mount, raises_code
+from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
+from mooncake_redis.fsck import fsck
+from test_radix import SMALL, H, alive, radix
+
+
+@pytest.fixture
+def rm(new_master):
+    return radix(new_master, eviction_high_watermark_ratio=0.000001, eviction_ratio=0.000001)
+
+
+def chain(n: int, stem: str = "c") -> list[str]:
+    return [H(f"{stem}{i}") for i in range(n)]
+
+
+def put_chain(m, hashes: list[str], first_parent: str | None = None) -> list[str]:
+    keys = [f"{h}_0" for h in hashes]
+    parents = [first_parent, *hashes[:-1]]
+    started = m.batch_put_start(WRITER, keys, [SMALL] * len(keys), parents=parents)
+    assert all(isinstance(r, list) for r in started), started
+    assert m.batch_put_end(WRITER, keys) == [ErrorCode.OK] * len(keys)
+    return keys
+
+
+def test_a_chain_in_one_batch_links_each_node_to_its_own_parent(rm):
+    m = rm
+    hs = chain(12)  # on 4 shards the links cross shards
+    keys = put_chain(m, hs)
+    for i, h in enumerate(hs):
+        info = m.describe_radix_node(h)
+        assert info.parent == (hs[i - 1].encode() if i else None)
+        assert info.children == ([hs[i + 1].encode()] if i + 1 < len(hs) else [])
+        assert info.keys == [keys[i].encode()] and not info.link_pending
+    assert len(m.get_subtree_keys(hs[0], 20)) == len(hs)
+    assert fsck(m).ok
+
+
+def test_a_batched_chain_evicts_leaf_first(rm):
+    m = rm
+    hs = chain(6)
+    keys = put_chain(m, hs)
+    m.advance_clock(20_000)
+    gone = []
+    for _ in range(3 * len(hs)):
+        for shard in range(m.shards):
+            m.evict_step(shard)
+        m.drain_radix_outbox()
+        now_gone = [k for k in keys if not alive(m, k)]
+        # a node goes only after every node below it: what is gone is always a tail of the chain
+        assert now_gone == keys[len(keys) - len(now_gone):]
+        gone = now_gone
+    assert gone == keys and fsck(m).ok
+
+
+def test_roots_and_children_mix_in_one_batch(rm):
+    m = rm
+    a, b, c = H("a"), H("b"), H("c")
+    keys = [f"{a}_0", f"{b}_0", f"{c}_0"]
+    assert all(isinstance(r, list) for r in m.batch_put_start(WRITER, keys, [SMALL] * 3, parents=[None, a, None]))
+    assert m.describe_radix_node(b).parent == a.encode()
+    assert m.describe_radix_node(a).parent is None and m.describe_radix_node(c).parent is None
+
+
+def test_a_key_whose_node_has_another_parent_is_refused_alone(rm):
+    m = rm
+    a, b, c = H("a"), H("b"), H("c")
+    put_chain(m, [a, b])
+    keys = [f"{b}_1", f"{c}_0"]
+    got = m.batch_put_start(WRITER, keys, [SMALL] * 2, parents=[H("z"), b])
+    assert got[0] == ErrorCode.INVALID_PARAMS and isinstance(got[1], list)
+    assert m.describe_radix_node(b).parent == a.encode()
+    assert not m.exist_key(f"{b}_1")
+
+
+@pytest.mark.parametrize("parents, why", [
+    ([H("a")], "per key"),
+    ("ab", "per key"),
+    ([None, "x" * 257], "1-256 bytes"),
+    ([None, ""], "1-256 bytes"),
+])
+def test_bad_parents_are_refused_before_anything_is_written(rm, parents, why):
+    m = rm
+    used = m.usage().used_bytes
+    with pytest.raises(MasterError) as info:
+        m.batch_put_start(WRITER, [f"{H('k0')}_0", f"{H('k1')}_0"], [SMALL] * 2, parents=parents)
+    assert info.value.code == ErrorCode.INVALID_PARAMS and why in str(info.value)
+    assert m.usage().used_bytes == used
+
+
+def test_parents_beside_the_configs_parent_are_refused(rm):
+    with raises_code(ErrorCode.INVALID_PARAMS):
+        rm.batch_put_start(WRITER, [f"{H('k')}_0"], [SMALL], ReplicateConfig(parent_block_hash=H("p")),
+                           parents=[H("q")])
+
+
+def test_with_the_index_off_parents_are_ignored(new_master):
+    m = new_master()
+    mount(m, "seg", 64 * 1024)
+    keys = [f"{H('a')}_0", f"{H('b')}_0"]
+    assert all(isinstance(r, list) for r in m.batch_put_start(WRITER, keys, [SMALL] * 2, parents=[None, H("a")]))
+    assert sum(s.nodes for s in m.radix_stats()) == 0
