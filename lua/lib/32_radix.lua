@@ -138,12 +138,22 @@ local function radix_check(P, tenant, h, ph, pshard, shards)
 end
 
 -- Register node h (created as needed) under parent ph; run radix_check first.
+-- (One HMGET and at most one HSET of the node's record: this runs for every key a put indexes.)
 local function radix_register(P, tenant, h, ph, pshard, now)
-  radix_touch(P, tenant, h, now)
-  if ph and not redis.call('HGET', rnode_key(P, tenant, h), 'parent') then
-    redis.call('HSET', rnode_key(P, tenant, h), 'parent', ph, 'parent_shard', S(pshard))
-    radix_link(P, tenant, h, ph, pshard, now)
+  local nkey = rnode_key(P, tenant, h)
+  local rec = redis.call('HMGET', nkey, 'created', 'parent')
+  local link = ph and not rec[2]
+  if not rec[1] then
+    redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. h)
+    if link then
+      redis.call('HSET', nkey, 'created', S(now), 'parent', ph, 'parent_shard', S(pshard))
+    else
+      redis.call('HSET', nkey, 'created', S(now))
+    end
+  elseif link then
+    redis.call('HSET', nkey, 'parent', ph, 'parent_shard', S(pshard))
   end
+  if link then radix_link(P, tenant, h, ph, pshard, now) end
 end
 
 -- The parent and shard of a row's optional fields parent / parent_shard ('' = none).
