@@ -305,6 +305,14 @@ def corrupt_group_unit(m):
     return {"unit_missing", "stray_unit"}
 
 
+def corrupt_unit_memo(m):
+    p = keys_of(m, "g1")
+    if m.redis.zscore(p.tier_ordinary, "g:default:g1") is None:  # another corruption took it
+        m.redis.zadd(p.tier_ordinary, {"g:default:g1": m.now_ms()})
+    m.redis.hset(p.group("default", "g1"), "at", "")  # the memo says no index holds an entry
+    return {"unit_memo"}
+
+
 def corrupt_free_extent(m):
     p = shard_keys(m, 0)
     member = m.redis.zrange(p.free("seg-a")[0], 0, 0)[0]
@@ -350,6 +358,7 @@ def corrupt_dead_object(m):
 CORRUPTIONS = [corrupt_used_bytes, corrupt_capacity_and_objects, corrupt_tier_entry, corrupt_bogus_units,
                corrupt_tier_score, corrupt_read_mark, corrupt_tier_placement, corrupt_deadline, corrupt_processing, corrupt_segment_used,
                corrupt_segment_index, corrupt_group_member, corrupt_group_record, corrupt_group_soft_pin, corrupt_group_unit,
+               corrupt_unit_memo,
                corrupt_free_extent, corrupt_free_lists, corrupt_free_over_allocated]
 
 
@@ -360,6 +369,22 @@ def test_corruption_found_and_repaired(store, corrupt):
     report = repair_and_recheck(store, expect)
     for f in report.findings:
         assert f.kind in KINDS and f.subject and str(f)
+
+
+def test_a_record_without_a_memo_is_placed_through_every_index(store):
+    """A group record written before the memo existed (no `at`) means any index: fsck finds
+    nothing to say, and the next placement reaches an entry in any index and writes the memo."""
+    p = keys_of(store, "g1")
+    gkey = p.group("default", "g1")
+    store.redis.hdel(gkey, "at")
+    assert_clean(store)
+    store.redis.zadd(p.tier_soft, {"g:default:g1": store.now_ms()})  # an entry the rule does not name
+    cfg = ReplicateConfig(group_id="g1", soft_pin_action=SoftPinAction.PRESERVE)
+    store.put_start("client-1", "{g1}late", 1024, cfg)  # a new member: the group is placed
+    store.put_end("client-1", "{g1}late")
+    assert store.redis.zscore(p.tier_soft, "g:default:g1") is None
+    assert store.redis.hget(gkey, "at") is not None
+    assert_clean(store)
 
 
 def test_dead_object_is_swept(store):

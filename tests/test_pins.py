@@ -152,7 +152,7 @@ def test_objects_with_the_zero_pin_fields_of_older_stores_behave_the_same(m):
         assert info.fields["soft_pin_until"] == "0"  # put_end leaves the old field as it was
         assert m.exist_key(k)
         unit = f"o:default:{k}"
-        why, expected, actual, _, _, mark = m.redis.execute_command("FCALL_RO", "mc_unit_state", 1, keys_of(m, k).P,
+        why, expected, actual, _, _, mark, _ = m.redis.execute_command("FCALL_RO", "mc_unit_state", 1, keys_of(m, k).P,
                                                                     unit)
         assert mark == 0  # hard_pin 0 and soft_pin_until 0 need no read mark
         assert why == b"" and expected == actual and list(expected[::2]) == [b":evict:ordinary"], (k, expected)

@@ -10,7 +10,7 @@ PIN = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=60_0
 
 
 def state(m, key_or_unit: str, shard: int = 0):
-    why, expected, actual, deadlines, _, _ = m.redis.execute_command("FCALL_RO", "mc_unit_state", 1,
+    why, expected, actual, deadlines, *_ = m.redis.execute_command("FCALL_RO", "mc_unit_state", 1,
                                                                shard_keys(m, shard).P, key_or_unit)
     pairs = lambda flat: {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}  # noqa: E731
     return why.decode(), pairs(expected), pairs(actual), [d.decode() for d in deadlines]

@@ -152,6 +152,45 @@ local function unplace(P, unit)
   for _, index in ipairs(INDEXES) do redis.call('ZREM', P .. index, unit) end
 end
 
+-- A composite unit's record remembers which indexes its unit has entries in, in the field
+-- MEMO_FIELD (`at`): their positions in INDEXES as digits ('13'; '' none; absent, as in a record
+-- written before the field existed: any). A placement then writes those indexes and the rule's,
+-- not all six. Every writer of a composite unit's entries keeps the memo a superset of them
+-- (apply_composite, unplace_composite); the eviction re-check and fsck place with no memo (every
+-- index), so an entry the memo missed costs a pop, never a wrong eviction or a stuck candidate.
+local MEMO_FIELD = 'at'
+local function in_memo(at, i) return at == nil or string.find(at, tostring(i), 1, true) ~= nil end
+
+-- Remove a composite unit's entries from the indexes its memo `at` lists (nil: all); the caller
+-- drops the record or its memo.
+local function unplace_composite(P, unit, at)
+  for i = 1, #INDEXES do
+    if in_memo(at, i) then redis.call('ZREM', P .. INDEXES[i], unit) end
+  end
+end
+
+-- Write a composite unit's entries as the rule says and keep its memo (record `gkey`, memo as
+-- read `at`, nil: any index). A memo that would say nothing more than its absence is not written,
+-- so a placement never creates a record.
+local function apply_composite(P, gkey, unit, entries, now, at)
+  local code = ''
+  for i = 1, #INDEXES do
+    local index = INDEXES[i]
+    local score = entries[index]
+    if score ~= nil then
+      code = code .. i
+      if score == false then
+        redis.call('ZADD', P .. index, 'NX', S(now), unit)
+      else
+        redis.call('ZADD', P .. index, S(score), unit)
+      end
+    elseif in_memo(at, i) then
+      redis.call('ZREM', P .. index, unit)
+    end
+  end
+  if code ~= (at or '') then redis.call('HSET', gkey, MEMO_FIELD, code) end
+end
+
 -- `o`, when given, narrows the indexes to those the object can be in (object_indexes).
 local function unplace_object(P, unit, o)
   for _, index in ipairs(o and object_indexes(o) or OBJECT_INDEXES) do redis.call('ZREM', P .. index, unit) end
@@ -193,10 +232,10 @@ end
 
 local function group_facts(P, tenant, group)
   local g = redis.call('HMGET', grp_key(P, tenant, group), 'members', 'processing', 'hard_pinned',
-    'lease_until', 'task_refs', 'draining', 'retained_until', 'grouped')
+    'lease_until', 'task_refs', 'draining', 'retained_until', 'grouped', MEMO_FIELD)
   local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
-    draining = g[6] == '1', retained_until = tonumber(g[7]) or 0 }
+    draining = g[6] == '1', retained_until = tonumber(g[7]) or 0, at = g[9] or nil } -- at: the memo
   local h = radix_hash(group)
   if h then -- a node with a live child stays; a retained key's group ranks its node as retained
     f.children = redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
@@ -273,9 +312,12 @@ local function place_object(P, tenant, key, o, now, out_of_tiers)
   return why -- '' when the unit sits in a tier
 end
 
-local function place_group(P, tenant, group, now)
-  local _, entries = unit_rule(group_facts(P, tenant, group), now)
-  apply_rule(P, group_unit(tenant, group), entries, now)
+-- `thorough`: ignore the memo (every index), for repairs and the eviction re-check.
+local function place_group(P, tenant, group, now, thorough)
+  local f = group_facts(P, tenant, group)
+  local _, entries = unit_rule(f, now)
+  apply_composite(P, grp_key(P, tenant, group), group_unit(tenant, group), entries, now,
+    (not thorough) and f.at or nil)
 end
 
 -- Re-place the nodes of a group's indexed keys (its retention changed).
@@ -293,8 +335,9 @@ end
 -- What a unit's index entries should be at `now`, read from its records: why it is protected
 -- ('' if it is not, 'missing' for no such unit, 'grouped' for the object unit of a group member,
 -- whose group is the unit), { [index] = score }, and whether a guarantee of the unit ran out but
--- the sweep has not ended it yet (its entries then lag behind the rule until the sweep runs).
--- The audit asks this; nothing re-derives it.
+-- the sweep has not ended it yet (its entries then lag behind the rule until the sweep runs),
+-- and a composite unit's memo (MEMO_FIELD, nil when absent). The audit asks this; nothing
+-- re-derives it.
 local function unit_state(P, unit, now)
   local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.*)$')
   local f
@@ -312,12 +355,15 @@ local function unit_state(P, unit, now)
     return 'missing', {}
   end
   local why, entries = unit_rule(f, now)
-  return why, entries, f.guarantee > 0 and f.guarantee <= now
+  return why, entries, f.guarantee > 0 and f.guarantee <= now, f.at
 end
 
 -- Re-derive one unit's index entries from its records.
 local function replace_unit(P, unit, now)
-  local kind, tenant, key = string.match(unit, '^(o):([^:]+):(.*)$')
+  local kind, tenant, key = string.match(unit, '^([ogr]):([^:]+):(.*)$')
+  if kind and kind ~= 'o' and valid_tenant(tenant) then -- a composite unit: through its memo
+    return place_group(P, tenant, kind == 'r' and RADIX_MARK .. key or key, now)
+  end
   if kind and valid_tenant(tenant) then -- an object: its tier's lease into its hash first
     local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
@@ -460,7 +506,9 @@ end
 local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now)
   if redis.call('SADD', grp_members_key(P, tenant, group), key) == 0 then return end
   local gkey = grp_key(P, tenant, group)
-  redis.call('HINCRBY', gkey, 'members', 1)
+  if redis.call('HINCRBY', gkey, 'members', 1) == 1 then -- a group without members has no entries
+    redis.call('HSET', gkey, MEMO_FIELD, '')
+  end
   redis.call('HINCRBY', gkey, 'processing', 1)
   if hard_pin == '1' then redis.call('HINCRBY', gkey, 'hard_pinned', 1) end
   if guaranteed_until then
@@ -490,11 +538,12 @@ end
 local function retire_group(P, tenant, group, now)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
-  unplace(P, unit)
+  unplace_composite(P, unit, redis.call('HGET', gkey, MEMO_FIELD) or nil)
   redis.call('DEL', grp_members_key(P, tenant, group))
   for _, kind in ipairs(AGG_KINDS) do redis.call('DEL', agg_key(P, kind, unit)) end
   if string.sub(unit, 1, 2) == 'r:' then redis.call('DEL', agg_key(P, 'groups', unit)) end
-  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining')
+  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
+    MEMO_FIELD)
   local h = radix_hash(group)
   if h then Radix.node_retired(P, tenant, h, now or now_ms(P)) end
 end
@@ -619,6 +668,7 @@ return {
   DEADLINES = DEADLINES, DEADLINE_KINDS = DEADLINE_KINDS, INDEXES = INDEXES,
   object_unit = object_unit, object_unit_prefix = object_unit_prefix, node_unit_prefix = node_unit_prefix, group_unit = group_unit, agg_key = agg_key,
   ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
+  MEMO_FIELD = MEMO_FIELD, in_memo = in_memo, unplace_composite = unplace_composite, apply_composite = apply_composite,
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,

@@ -25,7 +25,7 @@
 
 local K, E, S, int_arg, valid_name = Base.K, Base.E, Base.S, Base.int_arg, Base.valid_name
 local RADIX_MARK = Object.RADIX_MARK
-local unplace, place_group = Units.unplace, Units.place_group
+local unplace_composite, place_group, MEMO_FIELD = Units.unplace_composite, Units.place_group, Units.MEMO_FIELD
 
 local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
 
@@ -101,19 +101,21 @@ end
 -- otherwise its unit is placed as the rule says.
 radix_settle = function(P, tenant, h, now, depth, retired)
   local nkey = rnode_key(P, tenant, h)
-  local rec = redis.call('HMGET', nkey, 'members', 'draining', 'parent', 'parent_shard', 'link_pending', 'created')
+  local rec = redis.call('HMGET', nkey, 'members', 'draining', 'parent', 'parent_shard', 'link_pending', 'created',
+    MEMO_FIELD)
   local kids = redis.call('ZCARD', rkids_key(P, tenant, h))
   if not rec[6] and not rec[1] then -- no such node
     redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
     return
   end
   if (tonumber(rec[1]) or 0) > 0 or rec[2] == '1' or kids > 0 then
-    place_group(P, tenant, radix_group(h), now)
+    -- (just retired, it stays for its children: no keys, so no entries, as retire_group left it)
+    if not retired then place_group(P, tenant, radix_group(h), now) end
     return
   end
   redis.call('DEL', nkey)
   redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
-  if not retired then unplace(P, radix_unit(tenant, h)) end -- retire_group has just done it
+  if not retired then unplace_composite(P, radix_unit(tenant, h), rec[7] or nil) end -- retire_group did it
   if rec[3] then
     local pshard = tonumber(rec[4]) or shard_index(P)
     if rec[5] then -- its link never reached the parent: take it back

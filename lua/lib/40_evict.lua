@@ -12,7 +12,7 @@ local DRAINING, TIERS, TIER_LEVEL = Units.DRAINING, Units.TIERS, Units.TIER_LEVE
 local TIER_ALLOW, object_unit, group_unit = Units.TIER_ALLOW, Units.object_unit, Units.group_unit
 local unplace, unplace_object, unit_rule = Units.unplace, Units.unplace_object, Units.unit_rule
 local object_facts, group_facts = Units.object_facts, Units.group_facts
-local apply_rule, place_group = Units.apply_rule, Units.place_group
+local apply_rule, apply_composite, place_group = Units.apply_rule, Units.apply_composite, Units.place_group
 local retire_group, drop_object, keep_lease = Units.retire_group, Units.drop_object, Units.keep_lease
 local leave_indexed = Units.leave_indexed
 
@@ -98,13 +98,14 @@ local function evict_group(P, tenant, group, now, budget, cfg)
   local f = group_facts(P, tenant, group)
   if not f.draining then
     local why, entries = unit_rule(f, now)
+    -- (both placements ignore the memo: the candidate may be an entry it does not list)
     if not still_evictable(why, entries, f.lease_until, now, cfg) then
-      apply_rule(P, unit, entries, now)
+      apply_composite(P, gkey, unit, entries, now, nil)
       return 0, 0, 1
     end
     if redis.call('SCARD', mkey) > budget then -- evicted over several calls: mark it meanwhile
       redis.call('HSET', gkey, 'draining', '1')
-      apply_rule(P, unit, { [DRAINING] = false }, now)
+      apply_composite(P, gkey, unit, { [DRAINING] = false }, now, nil)
     end
   end
   local objects, bytes = 0, 0

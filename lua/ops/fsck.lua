@@ -299,7 +299,7 @@ local function fsck_unit(P, args)
   local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.+)$')
   if kind and valid_tenant(tenant) then
     local now = now_ms(P)
-    if kind == 'o' then fsck_place_object(P, tenant, name, now) else place_group(P, tenant, name, now) end
+    if kind == 'o' then fsck_place_object(P, tenant, name, now) else place_group(P, tenant, name, now, true) end
     return kind
   end
   unplace(P, unit)
@@ -356,12 +356,13 @@ local function fsck_group(P, args)
     end
   end
   if members == 0 then
+    unplace(P, group_unit(tenant, group)) -- every index, whatever the memo says
     retire_group(P, tenant, group, now_ms(P))
     return { 0, 0, 0 }
   end
   redis.call('HSET', gkey, 'members', S(members), 'processing', S(processing), 'hard_pinned', S(hard), 'task_refs', S(refs))
   redis.call('HDEL', gkey, 'soft_pin_until') -- written by older versions; the members' zset replaces it
-  place_group(P, tenant, group, now_ms(P))
+  place_group(P, tenant, group, now_ms(P), true) -- every index: the memo is rewritten
   return { members, processing, hard }
 end
 

@@ -4,7 +4,7 @@ local E, fail, S, now_ms, register = Base.E, Base.fail, Base.S, Base.now_ms, Bas
 local obj_key, object_call, load_object = Object.obj_key, Object.object_call, Object.load_object
 local replicas_of, lease_of, needs_read_mark = Object.replicas_of, Units.lease_of, Object.needs_read_mark
 local DEADLINES, DEADLINE_KINDS, INDEXES = Units.DEADLINES, Units.DEADLINE_KINDS, Units.INDEXES
-local unit_state = Units.unit_state
+local unit_state, in_memo = Units.unit_state, Units.in_memo
 local retention_state = Retention.retention_state
 
 -- describe. KEYS: P. ARGV: options tenant, key (required).
@@ -32,15 +32,16 @@ end
 -- "guaranteed", "no_members"), "draining", "grouped" (an object whose group is the unit) or "missing"; an
 -- index is a key suffix (":evict:soft"); an expected score "" means any; sweep_due is 1 while a
 -- guarantee of the unit ran out and the sweep has not ended it (its entries lag until then),
--- then mark_missing: 1 for an object that needs the read mark and lacks it (20_object.lua).
+-- then mark_missing: 1 for an object that needs the read mark and lacks it (20_object.lua), then
+-- memo_missed: 1 for a composite unit with an entry in an index its memo (`at`) does not list.
 -- fsck compares the two.
 local function unit_state_reply(P, args)
   local unit = args[1]
   if type(unit) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected unit') end
   local now = now_ms(P)
-  local why, entries, sweep_due = unit_state(P, unit, now)
-  local expected, actual, deadlines = {}, {}, {}
-  for _, index in ipairs(INDEXES) do
+  local why, entries, sweep_due, memo = unit_state(P, unit, now)
+  local expected, actual, deadlines, memo_missed = {}, {}, {}, 0
+  for i, index in ipairs(INDEXES) do
     local score = entries[index]
     if score ~= nil then
       expected[#expected + 1] = index
@@ -50,6 +51,7 @@ local function unit_state_reply(P, args)
     if have then
       actual[#actual + 1] = index
       actual[#actual + 1] = have
+      if not in_memo(memo, i) then memo_missed = 1 end
     end
   end
   for _, kind in ipairs(DEADLINE_KINDS) do deadlines[#deadlines + 1] = DEADLINES[kind] end
@@ -57,7 +59,7 @@ local function unit_state_reply(P, args)
   local tenant, key = string.match(unit, '^o:([^:]+):(.*)$')
   local o = tenant and load_object(obj_key(P, tenant, key))
   local mark_missing = o and not o.special and needs_read_mark(o) and 1 or 0
-  return { why, expected, actual, deadlines, sweep_due and 1 or 0, mark_missing }
+  return { why, expected, actual, deadlines, sweep_due and 1 or 0, mark_missing, memo_missed }
 end
 
 -- now. KEYS: P. Reply: the store clock in ms.

@@ -52,6 +52,7 @@ KINDS: dict[str, Kind] = {
                                         "complete members'"),
     "group_guarantee": Kind(ERROR, True, "the group's member guarantees (P:agg:guarantee:<unit>) differ from its "
                                          "members'"),
+    "unit_memo": Kind(ERROR, True, "a composite unit has an index entry its record's memo (at) does not list"),
 }
 
 
@@ -157,6 +158,9 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
     if guarantees != {k: int(v) for k, v in g_agg} and g.get(b"draining") != b"1":
         out.append(audit.finding("group_guarantee", shard, f"group {subject}", f"{len(guarantees)} member guarantees",
                                 f"{len(g_agg)} entries" if len(g_agg) != len(guarantees) else "other values", action))
+    if not isinstance(st, Exception) and len(st) > 6 and st[6] == 1:  # the functions say so (mc_unit_state)
+        out.append(audit.finding("unit_memo", shard, f"group {subject}", "entries within the memo",
+                                 "an entry outside it", action))
     return out + compare_unit(audit, shard, unit, st, due, now, action)
 
 def group_keys(audit: Any, shard: int) -> set[tuple[bytes, bytes]]:
