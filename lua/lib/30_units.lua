@@ -191,6 +191,16 @@ local function apply_composite(P, gkey, unit, entries, now, at)
   if code ~= (at or '') then redis.call('HSET', gkey, MEMO_FIELD, code) end
 end
 
+-- A composite unit the rule protects now (a member in progress; a radix node with a child)
+-- has no entries unless it is draining: its entries go by its memo `at` (as read; nil: every
+-- index), its facts unread.
+local function place_protected(P, gkey, unit, at, draining, now)
+  if draining then return apply_composite(P, gkey, unit, { [DRAINING] = false }, now, at) end
+  if at == '' then return end
+  unplace_composite(P, unit, at)
+  redis.call('HSET', gkey, MEMO_FIELD, '')
+end
+
 -- `o`, when given, narrows the indexes to those the object can be in (object_indexes).
 local function unplace_object(P, unit, o)
   for _, index in ipairs(o and object_indexes(o) or OBJECT_INDEXES) do redis.call('ZREM', P .. index, unit) end
@@ -230,15 +240,20 @@ local function object_facts(o)
     disk_only = disk_only, has_disk = has_disk, offload_pending = o.offload_evict ~= nil }
 end
 
-local function group_facts(P, tenant, group)
-  local g = redis.call('HMGET', grp_key(P, tenant, group), 'members', 'processing', 'hard_pinned',
-    'lease_until', 'task_refs', 'draining', 'retained_until', 'grouped', MEMO_FIELD)
+-- The fields of a composite unit's record its facts are made of (a caller may read more after
+-- them and hand the values to group_facts).
+local GROUP_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
+  'retained_until', 'grouped', MEMO_FIELD }
+
+-- `g`, `children`: the record's GROUP_FIELDS and a radix node's child count as just read (nil: read them).
+local function group_facts(P, tenant, group, g, children)
+  g = g or redis.call('HMGET', grp_key(P, tenant, group), unpack(GROUP_FIELDS))
   local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
     draining = g[6] == '1', retained_until = tonumber(g[7]) or 0, at = g[9] or nil } -- at: the memo
   local h = radix_hash(group)
   if h then -- a node with a live child stays; a retained key's group ranks its node as retained
-    f.children = redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
+    f.children = children or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
     f.retained_until = g[8] and node_retention(P, tenant, h) or 0 -- (never grouped: no groups to read)
   end
   for _, kind in ipairs(AGG_KINDS) do
@@ -312,9 +327,10 @@ local function place_object(P, tenant, key, o, now, out_of_tiers)
   return why -- '' when the unit sits in a tier
 end
 
--- `thorough`: ignore the memo (every index), for repairs and the eviction re-check.
-local function place_group(P, tenant, group, now, thorough)
-  local f = group_facts(P, tenant, group)
+-- `thorough`: ignore the memo (every index), for repairs and the eviction re-check; `g`,
+-- `children` as for group_facts.
+local function place_group(P, tenant, group, now, thorough, g, children)
+  local f = group_facts(P, tenant, group, g, children)
   local _, entries = unit_rule(f, now)
   apply_composite(P, grp_key(P, tenant, group), group_unit(tenant, group), entries, now,
     (not thorough) and f.at or nil)
@@ -505,31 +521,44 @@ end
 
 local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now)
   if redis.call('SADD', grp_members_key(P, tenant, group), key) == 0 then return end
-  local gkey = grp_key(P, tenant, group)
-  if redis.call('HINCRBY', gkey, 'members', 1) == 1 then -- a group without members has no entries
-    redis.call('HSET', gkey, MEMO_FIELD, '')
+  local gkey, unit = grp_key(P, tenant, group), group_unit(tenant, group)
+  if guaranteed_until then redis.call('ZADD', agg_key(P, 'guarantee', unit), S(guaranteed_until), key) end
+  -- the new member is in progress: the rule protects the group. The first member finds no
+  -- counters (retire_group dropped them) and no entries; a group being drained stays draining.
+  if redis.call('HINCRBY', gkey, 'members', 1) == 1 then
+    if hard_pin == '1' then
+      redis.call('HSET', gkey, 'processing', '1', 'hard_pinned', '1', MEMO_FIELD, '')
+    else
+      redis.call('HSET', gkey, 'processing', '1', MEMO_FIELD, '')
+    end
+    return
   end
   redis.call('HINCRBY', gkey, 'processing', 1)
   if hard_pin == '1' then redis.call('HINCRBY', gkey, 'hard_pinned', 1) end
-  if guaranteed_until then
-    redis.call('ZADD', agg_key(P, 'guarantee', group_unit(tenant, group)), S(guaranteed_until), key)
-  end
-  place_group(P, tenant, group, now)
+  local g = redis.call('HMGET', gkey, 'draining', MEMO_FIELD)
+  place_protected(P, gkey, unit, g[2] or nil, g[1] == '1', now)
 end
 
 -- A member's put ended: it counts as complete, its soft pin extends the group's, and, as for an
 -- object at put_end, the group's lease becomes max(lease, now) (so an unread group ranks by
 -- its last completion, like an object).
 local function group_member_completed(P, tenant, key, group, soft_pin_until, now)
-  local gkey = grp_key(P, tenant, group)
-  redis.call('HINCRBY', gkey, 'processing', -1)
-  if (tonumber(soft_pin_until) or 0) > 0 then
-    redis.call('ZADD', agg_key(P, 'soft_pin', group_unit(tenant, group)), soft_pin_until, key)
+  local gkey, unit = grp_key(P, tenant, group), group_unit(tenant, group)
+  local processing = redis.call('HINCRBY', gkey, 'processing', -1)
+  if (tonumber(soft_pin_until) or 0) > 0 then redis.call('ZADD', agg_key(P, 'soft_pin', unit), soft_pin_until, key) end
+  if processing > 0 then -- another member is in progress: the rule protects the group still
+    if now > (tonumber(redis.call('HGET', gkey, 'lease_until')) or 0) then
+      redis.call('HSET', gkey, 'lease_until', S(now))
+    end
+    return
   end
-  if now > (tonumber(redis.call('HGET', gkey, 'lease_until')) or 0) then
+  local f = group_facts(P, tenant, group)
+  if now > f.lease_until then
     redis.call('HSET', gkey, 'lease_until', S(now))
+    f.lease_until = now
   end
-  place_group(P, tenant, group, now)
+  local _, entries = unit_rule(f, now)
+  apply_composite(P, gkey, unit, entries, now, f.at)
 end
 
 -- The last member is gone: drop the group's unit and counters (a group record that carries
@@ -539,9 +568,10 @@ local function retire_group(P, tenant, group, now)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
   unplace_composite(P, unit, redis.call('HGET', gkey, MEMO_FIELD) or nil)
-  redis.call('DEL', grp_members_key(P, tenant, group))
-  for _, kind in ipairs(AGG_KINDS) do redis.call('DEL', agg_key(P, kind, unit)) end
-  if string.sub(unit, 1, 2) == 'r:' then redis.call('DEL', agg_key(P, 'groups', unit)) end
+  local gone = { grp_members_key(P, tenant, group) }
+  for _, kind in ipairs(AGG_KINDS) do gone[#gone + 1] = agg_key(P, kind, unit) end
+  if string.sub(unit, 1, 2) == 'r:' then gone[#gone + 1] = agg_key(P, 'groups', unit) end
+  redis.call('DEL', unpack(gone))
   redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
     MEMO_FIELD)
   local h = radix_hash(group)
@@ -553,16 +583,15 @@ local function leave_group(P, tenant, key, o, now)
   if o.ugroup and o.node then leave_indexed(P, tenant, key, o.ugroup, o.node) end
   if redis.call('SREM', grp_members_key(P, tenant, group), key) == 0 then return end
   local gkey = grp_key(P, tenant, group)
+  if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then -- the counters and aggregates go with it
+    return retire_group(P, tenant, group, now)
+  end
   if o.status ~= 'complete' then redis.call('HINCRBY', gkey, 'processing', -1) end
   if o.hard_pin == '1' then redis.call('HINCRBY', gkey, 'hard_pinned', -1) end
   local refs = tonumber(o.task_refs) or 0
   if refs > 0 then redis.call('HINCRBY', gkey, 'task_refs', S(0 - refs)) end
   for _, kind in ipairs(AGG_KINDS) do redis.call('ZREM', agg_key(P, kind, group_unit(tenant, group)), key) end
-  if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then
-    retire_group(P, tenant, group, now)
-  else
-    place_group(P, tenant, group, now)
-  end
+  place_group(P, tenant, group, now)
 end
 
 -- An object eviction queued for offload (offload_evict) ends: it leaves P:offload_evict and its
@@ -669,6 +698,7 @@ return {
   object_unit = object_unit, object_unit_prefix = object_unit_prefix, node_unit_prefix = node_unit_prefix, group_unit = group_unit, agg_key = agg_key,
   ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
   MEMO_FIELD = MEMO_FIELD, in_memo = in_memo, unplace_composite = unplace_composite, apply_composite = apply_composite,
+  place_protected = place_protected, GROUP_FIELDS = GROUP_FIELDS,
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,

@@ -26,6 +26,7 @@
 local K, E, S, int_arg, valid_name = Base.K, Base.E, Base.S, Base.int_arg, Base.valid_name
 local RADIX_MARK = Object.RADIX_MARK
 local unplace_composite, place_group, MEMO_FIELD = Units.unplace_composite, Units.place_group, Units.MEMO_FIELD
+local place_protected, GROUP_FIELDS = Units.place_protected, Units.GROUP_FIELDS
 
 local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
 
@@ -49,26 +50,29 @@ local function parse_outbox_entry(e)
   return op, tonumber(seq), tonumber(pshard), tenant, string.sub(rest, 1, plen), string.sub(rest, plen + 1)
 end
 
--- Make sure node h exists; true when it was created now.
-local function radix_touch(P, tenant, h, now)
-  local nkey = rnode_key(P, tenant, h)
-  if redis.call('HGET', nkey, 'created') then return false end
-  redis.call('HSET', nkey, 'created', S(now))
-  redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. h)
-  return true
-end
-
 local radix_settle -- (defined below; radix_apply and it call each other)
 
--- The parent's half of a link or unlink, on the parent's shard.
+-- The parent's half of a link or unlink, on the parent's shard. An unlink with no seq is the
+-- child's own shard's, in the call that drops the child: whatever link the parent holds goes.
 local function radix_apply(P, op, seq, tenant, ph, h, now, depth)
   local kids = rkids_key(P, tenant, ph)
+  if not seq then
+    if redis.call('ZREM', kids, h) == 1 then radix_settle(P, tenant, ph, now, depth) end
+    return
+  end
   local cur = tonumber(redis.call('ZSCORE', kids, h))
   if op == 'link' then
     if cur and cur >= seq then return end
-    radix_touch(P, tenant, ph, now) -- a parent not known yet starts as a shell
+    local nkey = rnode_key(P, tenant, ph)
+    local rec = redis.call('HMGET', nkey, 'created', 'draining', MEMO_FIELD)
+    if not rec[1] then -- a parent not known yet starts as a shell (no entries)
+      redis.call('HSET', nkey, 'created', S(now), MEMO_FIELD, '')
+      redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. ph)
+      rec[3] = ''
+    end
     redis.call('ZADD', kids, S(seq), h)
-    if not cur then place_group(P, tenant, radix_group(ph), now) end -- no longer a candidate
+    -- with a child the parent is no candidate: its entries go
+    if not cur then place_protected(P, nkey, radix_unit(tenant, ph), rec[3] or nil, rec[2] == '1', now) end
   elseif cur and cur <= seq then
     redis.call('ZREM', kids, h)
     radix_settle(P, tenant, ph, now, depth)
@@ -76,11 +80,12 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth)
 end
 
 -- Tell the parent (here or on its shard) that child h is gone.
+-- (An unlink applied at once needs no seq: no later step about the child can be pending.)
 local function radix_unlink_up(P, tenant, h, ph, pshard, now, depth)
-  local seq = radix_seq(P)
   if pshard == shard_index(P) and depth < MAX_CASCADE then
-    radix_apply(P, 'unlink', seq, tenant, ph, h, now, depth + 1)
+    radix_apply(P, 'unlink', nil, tenant, ph, h, now, depth + 1)
   else
+    local seq = radix_seq(P)
     redis.call('ZADD', P .. K.radix_outbox, S(now), outbox_entry('unlink', seq, pshard, tenant, ph, h))
   end
 end
@@ -99,58 +104,66 @@ end
 
 -- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
 -- otherwise its unit is placed as the rule says.
+-- A node's record as radix_settle reads it: its unit's fields (GROUP_FIELDS: members 1,
+-- draining 6, the memo N), then its own.
+local N = #GROUP_FIELDS
+local NODE_FIELDS = {}
+for i = 1, N do NODE_FIELDS[i] = GROUP_FIELDS[i] end
+NODE_FIELDS[N + 1], NODE_FIELDS[N + 2], NODE_FIELDS[N + 3], NODE_FIELDS[N + 4] =
+  'parent', 'parent_shard', 'link_pending', 'created' 
+
 radix_settle = function(P, tenant, h, now, depth, retired)
   local nkey = rnode_key(P, tenant, h)
-  local rec = redis.call('HMGET', nkey, 'members', 'draining', 'parent', 'parent_shard', 'link_pending', 'created',
-    MEMO_FIELD)
+  local rec = redis.call('HMGET', nkey, unpack(NODE_FIELDS))
+  local node = { rec[N + 1], rec[N + 2], rec[N + 3], rec[N + 4] } -- parent, parent_shard, link_pending, created
   local kids = redis.call('ZCARD', rkids_key(P, tenant, h))
-  if not rec[6] and not rec[1] then -- no such node
+  if not node[4] and not rec[1] then -- no such node
     redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
     return
   end
-  if (tonumber(rec[1]) or 0) > 0 or rec[2] == '1' or kids > 0 then
+  if (tonumber(rec[1]) or 0) > 0 or rec[6] == '1' or kids > 0 then
     -- (just retired, it stays for its children: no keys, so no entries, as retire_group left it)
-    if not retired then place_group(P, tenant, radix_group(h), now) end
+    if not retired then place_group(P, tenant, radix_group(h), now, false, rec, kids) end
     return
   end
   redis.call('DEL', nkey)
   redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
-  if not retired then unplace_composite(P, radix_unit(tenant, h), rec[7] or nil) end -- retire_group did it
-  if rec[3] then
-    local pshard = tonumber(rec[4]) or shard_index(P)
-    if rec[5] then -- its link never reached the parent: take it back
-      redis.call('ZREM', P .. K.radix_outbox, outbox_entry('link', tonumber(rec[5]), pshard, tenant, rec[3], h))
+  if not retired then unplace_composite(P, radix_unit(tenant, h), rec[N] or nil) end -- retire_group did it
+  if node[1] then
+    local pshard = tonumber(node[2]) or shard_index(P)
+    if node[3] then -- its link never reached the parent: take it back
+      redis.call('ZREM', P .. K.radix_outbox, outbox_entry('link', tonumber(node[3]), pshard, tenant, node[1], h))
     end
-    radix_unlink_up(P, tenant, h, rec[3], pshard, now, depth or 0)
+    radix_unlink_up(P, tenant, h, node[1], pshard, now, depth or 0)
   end
 end
 -- Node h's keys are gone (retire_group, lua/lib/30_units.lua): settle it, its unit already dropped.
 local function node_retired(P, tenant, h, now) radix_settle(P, tenant, h, now, 0, true) end
 
 -- Checks for registering key(s) under node h with parent ph (nil: none) before anything is
--- written: an error code, or nil when fine.
+-- written: an error code, or nil and the node's record as read ({created, parent, draining}),
+-- which radix_register takes while nothing else has written the node.
 local function radix_check(P, tenant, h, ph, pshard, shards)
   if not valid_name(h, 256) then return E.INVALID_PARAMS end
-  if ph then
-    if not valid_name(ph, 256) or ph == h or not pshard or pshard >= shards then return E.INVALID_PARAMS end
-    local cur = redis.call('HGET', rnode_key(P, tenant, h), 'parent')
-    if cur and cur ~= ph then return E.INVALID_PARAMS end -- a chained hash has one parent
-  end
-  return nil
+  if ph and (not valid_name(ph, 256) or ph == h or not pshard or pshard >= shards) then return E.INVALID_PARAMS end
+  local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'created', 'parent', 'draining')
+  if ph and rec[2] and rec[2] ~= ph then return E.INVALID_PARAMS end -- a chained hash has one parent
+  return nil, rec
 end
 
--- Register node h (created as needed) under parent ph; run radix_check first.
+-- Register node h (created as needed) under parent ph; run radix_check first (`rec`: its
+-- record as read, if still current; nil: read it again).
 -- (One HMGET and at most one HSET of the node's record: this runs for every key a put indexes.)
-local function radix_register(P, tenant, h, ph, pshard, now)
+local function radix_register(P, tenant, h, ph, pshard, now, rec)
   local nkey = rnode_key(P, tenant, h)
-  local rec = redis.call('HMGET', nkey, 'created', 'parent')
+  rec = rec or redis.call('HMGET', nkey, 'created', 'parent')
   local link = ph and not rec[2]
-  if not rec[1] then
+  if not rec[1] then -- a new node: no keys yet, so no entries (its memo says so)
     redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. h)
     if link then
-      redis.call('HSET', nkey, 'created', S(now), 'parent', ph, 'parent_shard', S(pshard))
+      redis.call('HSET', nkey, 'created', S(now), 'parent', ph, 'parent_shard', S(pshard), MEMO_FIELD, '')
     else
-      redis.call('HSET', nkey, 'created', S(now))
+      redis.call('HSET', nkey, 'created', S(now), MEMO_FIELD, '')
     end
   elseif link then
     redis.call('HSET', nkey, 'parent', ph, 'parent_shard', S(pshard))

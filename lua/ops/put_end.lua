@@ -62,7 +62,8 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   else
     in_tier = place_object(P, tenant, key, o, now, true) == '' -- its put was in progress: in no tier before
   end
-  if not in_tier then redis.call('HSET', okey, 'lease_until', o.lease_until) end
+  -- (a member's lease is its group's, which is now at least as late)
+  if not in_tier and not o.group then redis.call('HSET', okey, 'lease_until', o.lease_until) end
   if cfg.offload_on_put == 1 then enqueue_offload(P, tenant, key, o, now, cfg) end
   Events.emit(P, 'stored', tenant, key, okey, o)
   return E.OK

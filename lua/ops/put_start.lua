@@ -201,19 +201,20 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   -- the radix index: a key with a prefix hash registers under its node, its unit; a grouped
   -- one is also a member of its group (join_indexed, 30_units.lua)
   local node = a.radix and row.node ~= '' and row.node or nil
-  local parent, pshard
+  local parent, pshard, nrec
   if node then
     parent, pshard = radix_parent_of(row)
-    local code = radix_check(P, a.tenant, node, parent, pshard, cfg.shards)
+    local code
+    code, nrec = radix_check(P, a.tenant, node, parent, pshard, cfg.shards)
     if code then return code end
     if a.group and not indexed_room(P, a.tenant, a.group, node) then return E.INVALID_PARAMS end
-    if group_draining(P, a.tenant, radix_group(node)) then return E.NO_AVAILABLE_HANDLE end
+    if nrec[3] == '1' then return E.NO_AVAILABLE_HANDLE end -- the node is being evicted
   end
   local okey = obj_key(P, a.tenant, key)
   local old = load_object(okey)
   if old and being_evicted(P, a.tenant, old) then
     delete_object(P, a.tenant, key, okey, old, nil, now) -- it was being evicted: finish it now
-    old = nil
+    old, nrec = nil, nil -- (its node may have changed)
   end
   if old then
     local started = tonumber(old.put_started) or 0
@@ -224,6 +225,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     end
     -- an abandoned put: preempt it, keeping its space until the release timeout
     delete_object(P, a.tenant, key, okey, old, hold_until(P, old.writer, started, cfg.put_start_release_timeout), now)
+    nrec = nil -- (its node may have changed)
   end
   -- every replica asked for counts against the limit, checked before evict-on-put may evict
   -- anything for this key (fewer replicas allocated then hold fewer bytes than were allowed)
@@ -231,7 +233,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   if guaranteed == 'refused' then return E.GUARANTEED_CAPACITY_EXCEEDED end
   -- the node is linked to its parent before evict-on-put runs, so that the parent (on this
   -- shard) is no longer a candidate for the room this key needs; a refused key takes it back
-  if node then radix_register(P, a.tenant, node, parent, pshard, now) end
+  if node then radix_register(P, a.tenant, node, parent, pshard, now, nrec) end
   local got, fits = allocate_evicting(P, size, a, now, cfg, by_free)
   if #got == 0 then
     if fits then redis.call('HSET', P, 'put_failed', S(now)) end -- tells the eviction workers to start

@@ -30,9 +30,9 @@ register('mc_radix_register', { 'enable_radix_tree' }, function(P, args, cfg)
   if not call then return err end
   return per_row(P, args, call, function(_, tenant, row, now)
     local ph, pshard = radix_parent_of(row)
-    local code = radix_check(P, tenant, row.node, ph, pshard, cfg.shards)
+    local code, rec = radix_check(P, tenant, row.node, ph, pshard, cfg.shards)
     if code then return code end
-    radix_register(P, tenant, row.node, ph, pshard, now)
+    radix_register(P, tenant, row.node, ph, pshard, now, rec)
     return E.OK
   end)
 end)

@@ -1,0 +1,95 @@
+"""The write path's figures beside `bench instructions`: server instructions per call of
+put_start, put_end and remove with the radix index off or on.
+
+A private valkey-server under callgrind (bench/instructions.py's CallgrindValkey), one segment
+on one shard, objects of 64 KiB with one replica. Per round, n keys are put (put_start, then
+put_end) and removed (last put first), one call per key; with the index each key is
+`<hash64>_0` of its own node, a chain of 8 pages (each page's parent is the page before it, the
+first a root), so a put registers its node under its parent. A warm-up round runs untimed; the
+figure is the instructions per call of the timed round, minus an empty window's, and the
+redis.calls made.
+
+    python -m mooncake_redis.bench.writes [--n 400] [--radix]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+from typing import Callable
+
+import redis
+
+from mooncake_redis import Master, MasterConfig, ReplicateConfig
+
+from . import instructions as bi
+
+CHAIN = 8
+
+
+def _pages(tag: str, n: int, radix: bool) -> list[tuple[str, ReplicateConfig | None]]:
+    """n keys and the config each is put with (its parent's hash with the index on)."""
+    if not radix:
+        return [(f"{tag}-{i:06d}", None) for i in range(n)]
+    out: list[tuple[str, ReplicateConfig | None]] = []
+    for i in range(n):
+        h = f"{tag}{i:0{64 - len(tag)}x}"
+        parent = None if i % CHAIN == 0 else out[-1][0][:-2]
+        out.append((h + "_0", ReplicateConfig(parent_block_hash=parent) if parent else None))
+    return out
+
+
+def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] = print) -> dict[str, dict]:
+    """Instructions per call and redis.calls of put_start, put_end and remove."""
+    valgrind, control = bi.find_valgrind()
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-bench-writes-"))
+        server = bi.CallgrindValkey(tmp, valgrind, control)
+        stack.callback(server.stop)
+        server.start()
+        r = redis.Redis.from_url(server.url)
+        stack.callback(r.close)
+        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix))
+        stack.callback(m.close)
+        m.mount_segment(bi.SEGMENT, bi.SEGMENT_SIZE, bi.CLIENT)
+        r.function_load(bi.LIBRARY, replace=True)  # mcb_gc, which every window calls
+        server.calibrate(r)
+
+        def steps(pages: list[tuple[str, ReplicateConfig | None]]) -> dict[str, Callable[[], None]]:
+            # (a refused call raises MasterError: the figure is never of failed calls)
+            def put_starts() -> None:
+                for k, c in pages:
+                    m.put_start(bi.CLIENT, k, bi.OBJECT_SIZE, c)
+
+            def put_ends() -> None:
+                for k, _ in pages:
+                    m.put_end(bi.CLIENT, k)
+
+            def removes() -> None:
+                for k, _ in reversed(pages):
+                    m.remove(k)
+            return {"put_start": put_starts, "put_end": put_ends, "remove": removes}
+
+        for run in steps(_pages("a", max(CHAIN, bi.WARMUP), radix)).values():
+            run()
+        out(f"writes, radix index {'on' if radix else 'off'}: n={n} keys"
+            f"{f' in chains of {CHAIN}' if radix else ''} (instructions per call)")
+        got: dict[str, dict] = {}
+        for name, run in steps(_pages("b", n, radix)).items():
+            w = server.window(r, run)
+            got[name] = {"instructions": w.instructions / n, "redis_calls": sum(w.commands.values()) / n,
+                         "commands": {c: v / n for c, v in sorted(w.commands.items())}}
+            out(f"  {name:<12}{w.instructions / n:>12,.0f}   redis.calls {got[name]['redis_calls']:.2f}")
+        return got
+
+
+def _cli() -> None:
+    p = argparse.ArgumentParser(prog="python -m mooncake_redis.bench.writes", description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=400, help="keys per figure (default 400)")
+    p.add_argument("--radix", action="store_true", help="the radix index on")
+    a = p.parse_args()
+    instructions(a.n, a.radix)
+
+
+if __name__ == "__main__":
+    _cli()

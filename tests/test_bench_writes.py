@@ -1,0 +1,30 @@
+"""bench/writes.py: the write-path figures (instructions of put_start, put_end and remove with the
+radix index off and on, under callgrind, skipped without valgrind). No figure is asserted beyond
+relations that must hold."""
+from __future__ import annotations
+
+import pytest
+from test_bench_instructions import _valgrind_usable
+
+from mooncake_redis.bench import instructions as bench_instructions
+from mooncake_redis.bench import writes
+
+WRITES = ["put_start", "put_end", "remove"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _valgrind_usable(), reason=f"valgrind is not installed: {bench_instructions.INSTALL}")
+@pytest.mark.parametrize("radix", [False, True])
+def test_writes_count_every_call_and_a_chained_put_registers_its_node(radix):
+    lines: list[str] = []
+    got = writes.instructions(n=16, radix=radix, out=lines.append)
+    assert list(got) == WRITES and f"radix index {'on' if radix else 'off'}" in lines[0]
+    for name, fig in got.items():
+        assert fig["instructions"] > 0 and fig["redis_calls"] > 0, name
+        assert any(line.split()[0] == name for line in lines[1:]), name
+    # with the index, a put of a page names its node: the node's key set takes it (SADD), and a
+    # remove takes it out again (SREM)
+    commands = got["put_start"]["commands"]
+    assert (commands.get("sadd", 0) > 0) == radix, commands
+    if radix:
+        assert got["remove"]["commands"].get("srem", 0) == 1, got["remove"]["commands"]
