@@ -171,8 +171,9 @@ end
 
 -- Write a composite unit's entries as the rule says and keep its memo (record `gkey`, memo as
 -- read `at`, nil: any index). A memo that would say nothing more than its absence is not written,
--- so a placement never creates a record.
-local function apply_composite(P, gkey, unit, entries, now, at)
+-- so a placement never creates a record. `fields`: more field/value pairs of the record to
+-- write in the same HSET.
+local function apply_composite(P, gkey, unit, entries, now, at, fields)
   local code = ''
   for i = 1, #INDEXES do
     local index = INDEXES[i]
@@ -188,7 +189,11 @@ local function apply_composite(P, gkey, unit, entries, now, at)
       redis.call('ZREM', P .. index, unit)
     end
   end
-  if code ~= (at or '') then redis.call('HSET', gkey, MEMO_FIELD, code) end
+  if code ~= (at or '') then
+    fields = fields or {}
+    fields[#fields + 1], fields[#fields + 2] = MEMO_FIELD, code
+  end
+  if fields then redis.call('HSET', gkey, unpack(fields)) end
 end
 
 -- A composite unit the rule protects now (a member in progress; a radix node with a child)
@@ -245,8 +250,10 @@ end
 local GROUP_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
   'retained_until', 'grouped', MEMO_FIELD }
 
--- `g`, `children`: the record's GROUP_FIELDS and a radix node's child count as just read (nil: read them).
-local function group_facts(P, tenant, group, g, children)
+-- `g`, `children`: the record's GROUP_FIELDS and a radix node's child count as just read (nil:
+-- read them). The members' deadlines (the aggregates) count only for a unit nothing else
+-- protects (unit_rule), so they are read only then, unless `all` (the audit's view).
+local function group_facts(P, tenant, group, g, children, all)
   g = g or redis.call('HMGET', grp_key(P, tenant, group), unpack(GROUP_FIELDS))
   local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
@@ -256,10 +263,16 @@ local function group_facts(P, tenant, group, g, children)
     f.children = children or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
     f.retained_until = g[8] and node_retention(P, tenant, h) or 0 -- (never grouped: no groups to read)
   end
-  for _, kind in ipairs(AGG_KINDS) do
-    local top = redis.call('ZREVRANGE', agg_key(P, kind, group_unit(tenant, group)), 0, 0, 'WITHSCORES')
-    f[kind] = tonumber(top[2]) or 0
+  f.soft_pin, f.guarantee = 0, 0
+  if not all and (f.draining or f.empty or (f.children or 0) > 0 or f.processing > 0 or f.hard_pinned > 0
+    or f.task_refs > 0) then
+    return f
   end
+  local unit = group_unit(tenant, group)
+  local soft_key, guarantee_key = agg_key(P, 'soft_pin', unit), agg_key(P, 'guarantee', unit)
+  if redis.call('EXISTS', soft_key, guarantee_key) == 0 then return f end -- (an empty zset is no key)
+  f.soft_pin = tonumber(redis.call('ZREVRANGE', soft_key, 0, 0, 'WITHSCORES')[2]) or 0
+  f.guarantee = tonumber(redis.call('ZREVRANGE', guarantee_key, 0, 0, 'WITHSCORES')[2]) or 0
   return f
 end
 
@@ -359,7 +372,7 @@ local function unit_state(P, unit, now)
   local f
   if kind == 'r' then kind, name = 'g', RADIX_MARK .. name end -- a radix node: the group machinery's
   if kind == 'g' and valid_tenant(tenant) then
-    f = group_facts(P, tenant, name)
+    f = group_facts(P, tenant, name, nil, nil, true)
     if f.empty and not f.draining and redis.call('EXISTS', grp_key(P, tenant, name)) == 0 then return 'missing', {} end
   elseif kind == 'o' and valid_tenant(tenant) then
     local o = load_object(obj_key(P, tenant, name))
@@ -542,40 +555,43 @@ end
 -- A member's put ended: it counts as complete, its soft pin extends the group's, and, as for an
 -- object at put_end, the group's lease becomes max(lease, now) (so an unread group ranks by
 -- its last completion, like an object).
-local function group_member_completed(P, tenant, key, group, soft_pin_until, now)
+local function group_member_completed(P, tenant, key, group, soft_pin_until, now, g)
   local gkey, unit = grp_key(P, tenant, group), group_unit(tenant, group)
   local processing = redis.call('HINCRBY', gkey, 'processing', -1)
   if (tonumber(soft_pin_until) or 0) > 0 then redis.call('ZADD', agg_key(P, 'soft_pin', unit), soft_pin_until, key) end
   if processing > 0 then -- another member is in progress: the rule protects the group still
-    if now > (tonumber(redis.call('HGET', gkey, 'lease_until')) or 0) then
+    if now > (tonumber(g and g[4] or redis.call('HGET', gkey, 'lease_until')) or 0) then
       redis.call('HSET', gkey, 'lease_until', S(now))
     end
     return
   end
-  local f = group_facts(P, tenant, group)
+  if g then g[2] = processing else g = redis.call('HMGET', gkey, unpack(GROUP_FIELDS)) end -- (g: read before)
+  local f = group_facts(P, tenant, group, g)
+  local fields
   if now > f.lease_until then
-    redis.call('HSET', gkey, 'lease_until', S(now))
-    f.lease_until = now
+    fields, f.lease_until = { 'lease_until', S(now) }, now
   end
   local _, entries = unit_rule(f, now)
-  apply_composite(P, gkey, unit, entries, now, f.at)
+  apply_composite(P, gkey, unit, entries, now, f.at, fields)
 end
 
 -- The last member is gone: drop the group's unit and counters (a group record that carries
 -- more than the counters, e.g. a retention declared ahead of members, stays). A radix node then
 -- goes too unless it has children (Radix.node_retired, lua/lib/32_radix.lua).
+local RETIRED_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining', MEMO_FIELD }
 local function retire_group(P, tenant, group, now)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
-  unplace_composite(P, unit, redis.call('HGET', gkey, MEMO_FIELD) or nil)
-  local gone = { grp_members_key(P, tenant, group) }
+  local gone = { grp_members_key(P, tenant, group) } -- the keys that go with the members
   for _, kind in ipairs(AGG_KINDS) do gone[#gone + 1] = agg_key(P, kind, unit) end
-  if string.sub(unit, 1, 2) == 'r:' then gone[#gone + 1] = agg_key(P, 'groups', unit) end
-  redis.call('DEL', unpack(gone))
-  redis.call('HDEL', gkey, 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
-    MEMO_FIELD)
   local h = radix_hash(group)
-  if h then Radix.node_retired(P, tenant, h, now or now_ms(P)) end
+  if h then
+    gone[#gone + 1] = agg_key(P, 'groups', unit)
+    return Radix.node_retired(P, tenant, h, now or now_ms(P), gone)
+  end
+  unplace_composite(P, unit, redis.call('HGET', gkey, MEMO_FIELD) or nil)
+  redis.call('DEL', unpack(gone))
+  redis.call('HDEL', gkey, unpack(RETIRED_FIELDS))
 end
 
 local function leave_group(P, tenant, key, o, now)
@@ -698,7 +714,7 @@ return {
   object_unit = object_unit, object_unit_prefix = object_unit_prefix, node_unit_prefix = node_unit_prefix, group_unit = group_unit, agg_key = agg_key,
   ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
   MEMO_FIELD = MEMO_FIELD, in_memo = in_memo, unplace_composite = unplace_composite, apply_composite = apply_composite,
-  place_protected = place_protected, GROUP_FIELDS = GROUP_FIELDS,
+  place_protected = place_protected, GROUP_FIELDS = GROUP_FIELDS, RETIRED_FIELDS = RETIRED_FIELDS,
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,

@@ -102,43 +102,60 @@ local function radix_link(P, tenant, h, ph, pshard, now)
   end
 end
 
--- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
--- otherwise its unit is placed as the rule says.
+-- Node h is gone (its record deleted, its unit unplaced): it leaves the shard's node list, and
+-- its parent forgets it (`parent`, `pshard`, `link_pending` as its record held them).
+local function node_dropped(P, tenant, h, parent, pshard, link_pending, now, depth)
+  redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
+  if not parent then return end
+  pshard = tonumber(pshard) or shard_index(P)
+  if link_pending then -- its link never reached the parent: take it back
+    redis.call('ZREM', P .. K.radix_outbox, outbox_entry('link', tonumber(link_pending), pshard, tenant, parent, h))
+  end
+  radix_unlink_up(P, tenant, h, parent, pshard, now, depth)
+end
+
 -- A node's record as radix_settle reads it: its unit's fields (GROUP_FIELDS: members 1,
 -- draining 6, the memo N), then its own.
 local N = #GROUP_FIELDS
 local NODE_FIELDS = {}
 for i = 1, N do NODE_FIELDS[i] = GROUP_FIELDS[i] end
 NODE_FIELDS[N + 1], NODE_FIELDS[N + 2], NODE_FIELDS[N + 3], NODE_FIELDS[N + 4] =
-  'parent', 'parent_shard', 'link_pending', 'created' 
+  'parent', 'parent_shard', 'link_pending', 'created'
 
-radix_settle = function(P, tenant, h, now, depth, retired)
+-- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
+-- otherwise its unit is placed as the rule says.
+radix_settle = function(P, tenant, h, now, depth)
   local nkey = rnode_key(P, tenant, h)
   local rec = redis.call('HMGET', nkey, unpack(NODE_FIELDS))
-  local node = { rec[N + 1], rec[N + 2], rec[N + 3], rec[N + 4] } -- parent, parent_shard, link_pending, created
   local kids = redis.call('ZCARD', rkids_key(P, tenant, h))
-  if not node[4] and not rec[1] then -- no such node
+  if not rec[N + 4] and not rec[1] then -- no such node
     redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
     return
   end
   if (tonumber(rec[1]) or 0) > 0 or rec[6] == '1' or kids > 0 then
-    -- (just retired, it stays for its children: no keys, so no entries, as retire_group left it)
-    if not retired then place_group(P, tenant, radix_group(h), now, false, rec, kids) end
-    return
+    return place_group(P, tenant, radix_group(h), now, false, rec, kids)
   end
   redis.call('DEL', nkey)
-  redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
-  if not retired then unplace_composite(P, radix_unit(tenant, h), rec[N] or nil) end -- retire_group did it
-  if node[1] then
-    local pshard = tonumber(node[2]) or shard_index(P)
-    if node[3] then -- its link never reached the parent: take it back
-      redis.call('ZREM', P .. K.radix_outbox, outbox_entry('link', tonumber(node[3]), pshard, tenant, node[1], h))
-    end
-    radix_unlink_up(P, tenant, h, node[1], pshard, now, depth or 0)
-  end
+  unplace_composite(P, radix_unit(tenant, h), rec[N] or nil)
+  node_dropped(P, tenant, h, rec[N + 1], rec[N + 2], rec[N + 3], now, depth or 0)
 end
--- Node h's keys are gone (retire_group, lua/lib/30_units.lua): settle it, its unit already dropped.
-local function node_retired(P, tenant, h, now) radix_settle(P, tenant, h, now, 0, true) end
+
+-- Node h's keys are gone (retire_group, lua/lib/30_units.lua, with `gone`: the keys that go
+-- with them): its unit is unplaced; it stays, without its unit's counters, while it has
+-- children, else it goes.
+local function node_retired(P, tenant, h, now, gone)
+  local nkey = rnode_key(P, tenant, h)
+  local rec = redis.call('HMGET', nkey, MEMO_FIELD, 'parent', 'parent_shard', 'link_pending')
+  unplace_composite(P, radix_unit(tenant, h), rec[1] or nil)
+  if redis.call('ZCARD', rkids_key(P, tenant, h)) > 0 then
+    redis.call('DEL', unpack(gone))
+    redis.call('HDEL', nkey, unpack(Units.RETIRED_FIELDS))
+    return
+  end
+  gone[#gone + 1] = nkey
+  redis.call('DEL', unpack(gone))
+  node_dropped(P, tenant, h, rec[2], rec[3], rec[4], now, 0)
+end
 
 -- Checks for registering key(s) under node h with parent ph (nil: none) before anything is
 -- written: an error code, or nil and the node's record as read ({created, parent, draining}),

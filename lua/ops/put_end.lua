@@ -13,6 +13,12 @@ local per_row, keys_spec, load_object = Object.per_row, Object.keys_spec, Object
 local ever_soft_pinned, place_object = Units.ever_soft_pinned, Units.place_object
 local group_member_completed, delete_object = Units.group_member_completed, Units.delete_object
 local enqueue_offload = Offload.enqueue_offload
+local GROUP_FIELDS = Units.GROUP_FIELDS
+
+-- A radix key's node record as put_end reads it: its unit's fields, then link_pending.
+local NODE_END_FIELDS = {}
+for i = 1, #GROUP_FIELDS do NODE_END_FIELDS[i] = GROUP_FIELDS[i] end
+NODE_END_FIELDS[#GROUP_FIELDS + 1] = 'link_pending'
 
 local function check_writer(o, client)
   if not o then return E.OBJECT_NOT_FOUND end
@@ -37,9 +43,12 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   local o = load_object(okey)
   local code = check_writer(o, client)
   if code ~= E.OK or o.status == 'complete' then return code end -- a retried put_end is OK
-  -- a radix child completes only after its parent on another shard lists it (32_radix.lua)
-  if o.node and redis.call('HGET', P .. K.radix_node .. tenant .. ':' .. o.node, 'link_pending') then
-    return E.RADIX_LINK_PENDING
+  -- a radix child completes only after its parent on another shard lists it (32_radix.lua);
+  -- its node's record, read for that, serves the placement too
+  local g
+  if o.node then
+    g = redis.call('HMGET', P .. K.radix_node .. tenant .. ':' .. o.node, unpack(NODE_END_FIELDS))
+    if g[#NODE_END_FIELDS] then return E.RADIX_LINK_PENDING end
   end
   -- the lease becomes max(lease, now); it goes into the hash unless the unit lands in a tier,
   -- whose score then holds it (the lease lives where the rule needs it: 30_units.lua)
@@ -58,7 +67,7 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
   local in_tier = false
   if o.group then
-    group_member_completed(P, tenant, key, o.group, o.soft_pin_until, now)
+    group_member_completed(P, tenant, key, o.group, o.soft_pin_until, now, g)
   else
     in_tier = place_object(P, tenant, key, o, now, true) == '' -- its put was in progress: in no tier before
   end
