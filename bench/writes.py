@@ -1,13 +1,15 @@
 """The write path's figures beside `bench instructions`: server instructions per call of
-put_start, put_end and remove with the radix index off or on.
+put_start, put_end and remove, and per unit evicted, with the radix index off or on.
 
 A private valkey-server under callgrind (bench/instructions.py's CallgrindValkey), one segment
-on one shard, objects of 64 KiB with one replica. Per round, n keys are put (put_start, then
-put_end) and removed (last put first), one call per key; with the index each key is
-`<hash64>_0` of its own node, a chain of 8 pages (each page's parent is the page before it, the
-first a root), so a put registers its node under its parent. A warm-up round runs untimed; the
-figure is the instructions per call of the timed round, minus an empty window's, and the
-redis.calls made.
+of n objects on one shard, objects of 64 KiB with one replica, the high watermark at 50% and
+the target at 25%. Per round, n keys are put (put_start, then put_end) and removed (last put
+first), one call per key; with the index each key is `<hash64>_0` of its own node, a chain of 8
+pages (each page's parent is the page before it, the first a root), so a put registers its node
+under its parent. Then n keys are put again, filling the segment, and eviction steps
+(mc_evict, 64 units a step) take the store to its target: with the index, each chain from its
+leaf up. A warm-up round runs untimed; a figure is the instructions per call (per unit evicted)
+of the timed round, minus an empty window's, and the redis.calls made.
 
     python -m mooncake_redis.bench.writes [--n 400] [--radix]
 """
@@ -40,7 +42,7 @@ def _pages(tag: str, n: int, radix: bool) -> list[tuple[str, ReplicateConfig | N
 
 
 def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] = print) -> dict[str, dict]:
-    """Instructions per call and redis.calls of put_start, put_end and remove."""
+    """Instructions per call and redis.calls of put_start, put_end and remove, and per unit evicted."""
     valgrind, control = bi.find_valgrind()
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-bench-writes-"))
@@ -49,9 +51,10 @@ def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] =
         server.start()
         r = redis.Redis.from_url(server.url)
         stack.callback(r.close)
-        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix))
+        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix,
+                                                    eviction_high_watermark_ratio=0.5, eviction_ratio=0.25))
         stack.callback(m.close)
-        m.mount_segment(bi.SEGMENT, bi.SEGMENT_SIZE, bi.CLIENT)
+        m.mount_segment(bi.SEGMENT, max(n, CHAIN) * bi.OBJECT_SIZE, bi.CLIENT)
         r.function_load(bi.LIBRARY, replace=True)  # mcb_gc, which every window calls
         server.calibrate(r)
 
@@ -75,11 +78,27 @@ def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] =
         out(f"writes, radix index {'on' if radix else 'off'}: n={n} keys"
             f"{f' in chains of {CHAIN}' if radix else ''} (instructions per call)")
         got: dict[str, dict] = {}
+
+        def figure(name: str, w: bi.Window, units: int) -> None:
+            got[name] = {"instructions": w.instructions / units, "redis_calls": sum(w.commands.values()) / units,
+                         "commands": {c: v / units for c, v in sorted(w.commands.items())}}
+            out(f"  {name:<12}{w.instructions / units:>12,.0f}   redis.calls {got[name]['redis_calls']:.2f}")
+
         for name, run in steps(_pages("b", n, radix)).items():
-            w = server.window(r, run)
-            got[name] = {"instructions": w.instructions / n, "redis_calls": sum(w.commands.values()) / n,
-                         "commands": {c: v / n for c, v in sorted(w.commands.items())}}
-            out(f"  {name:<12}{w.instructions / n:>12,.0f}   redis.calls {got[name]['redis_calls']:.2f}")
+            figure(name, server.window(r, run), n)
+        fill = steps(_pages("c", n, radix))
+        fill["put_start"]()
+        fill["put_end"]()
+        evicted = [0]
+
+        def evict() -> None:
+            while (step := m.evict_step(0, 64)).state == "more":
+                evicted[0] += step.units
+            evicted[0] += step.units
+        w = server.window(r, evict)
+        if evicted[0] == 0:
+            raise RuntimeError("eviction freed nothing")
+        figure("evict", w, evicted[0])
         return got
 
 

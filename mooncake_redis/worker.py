@@ -29,7 +29,9 @@ space that eviction would otherwise have to find):
      offload_on_evict, queues objects without a disk copy for offload) until the shard's state
      is no longer "more".
   6. radix (only with enable_radix_tree): deliver the shard's radix outbox (unlinks eviction
-     wrote make parents on other shards candidates), then one bounded reconciliation call.
+     wrote make parents on other shards candidates), then one bounded reconciliation call of
+     a walk over the shard's nodes (a walk starts at most every RADIX_WALK_EVERY_MS of store
+     time after the last one ended).
 Then it publishes metrics to the plain hash `<P>:metrics` (not master state): at once after a
 pass that did work, else every METRICS_EVERY_MS of store time (the counts of the passes in
 between included). A new loop is one more `Step` in `STEPS`.
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 1024  # the functions' own cap on items per call
 METRICS_EVERY_MS = 5_000  # store time between two publications of an idle worker's pass metrics
+RADIX_WALK_EVERY_MS = 60_000  # store time from the end of a radix reconciliation walk to the next
 
 
 @dataclass
@@ -207,15 +210,22 @@ def evict(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
 def radix(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
     """The radix index (only when enable_radix_tree): deliver the shard's outbox (unlinks that
     eviction just wrote make their parents candidates), then one bounded reconciliation call
-    (empty nodes past the grace period, phantom children), resuming where the last pass stopped."""
+    (empty nodes past the grace period, phantom children), resuming where the last pass stopped.
+    A walk over the shard's nodes starts at most every radix_walk_every_ms of store time after
+    the last one ended: it is a repair, and a walk on every pass would cost each pass about
+    three calls a node it looks at."""
     master = worker.master
     if not master.config.enable_radix_tree or worker.stopping():
         return
     done.radix_outbox_applied += master.drain_radix_outbox([shard.index])
-    worker.renew(shard.index)
     cursor = worker.radix_cursors.get(shard.index, 0)
+    if cursor == 0 and shard.now_ms < worker.radix_next_walk_ms.get(shard.index, 0):
+        return
+    worker.renew(shard.index)
     cursor, dropped, phantoms = master.reconcile_radix(shard.index, worker.radix_grace_ms, cursor)
     worker.radix_cursors[shard.index] = cursor
+    if cursor == 0:  # the walk is done
+        worker.radix_next_walk_ms[shard.index] = shard.now_ms + worker.radix_walk_every_ms
     done.radix_nodes_dropped += dropped
     done.radix_phantoms_removed += phantoms
 def redeliver_offload(worker: "Worker", shard: ClaimedShard, done: WorkerPass) -> None:
@@ -306,6 +316,8 @@ class Worker:
         self.pass_seconds_total = 0.0
         self.radix_cursors: dict[int, int] = {}  # shard -> where the radix reconciliation walk resumes
         self.radix_grace_ms = RADIX_GRACE_MS
+        self.radix_walk_every_ms = RADIX_WALK_EVERY_MS
+        self.radix_next_walk_ms: dict[int, int] = {}  # shard -> store time its next walk may start
         self._unpublished: dict[int, _Unpublished] = {}  # shard -> passes not yet in its <P>:metrics
         self._published_at: dict[int, int] = {}  # shard -> store time of the last pass published
 

@@ -1,5 +1,5 @@
-"""bench/writes.py: the write-path figures (instructions of put_start, put_end and remove with the
-radix index off and on, under callgrind, skipped without valgrind). No figure is asserted beyond
+"""bench/writes.py: the write-path figures (instructions of put_start, put_end and remove, and per
+unit evicted, with the radix index off and on, under callgrind, skipped without valgrind). No figure is asserted beyond
 relations that must hold."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from test_bench_instructions import _valgrind_usable
 from mooncake_redis.bench import instructions as bench_instructions
 from mooncake_redis.bench import writes
 
-WRITES = ["put_start", "put_end", "remove"]
+WRITES = ["put_start", "put_end", "remove", "evict"]
 
 
 @pytest.mark.slow
@@ -28,3 +28,6 @@ def test_writes_count_every_call_and_a_chained_put_registers_its_node(radix):
     assert (commands.get("sadd", 0) > 0) == radix, commands
     if radix:
         assert got["remove"]["commands"].get("srem", 0) == 1, got["remove"]["commands"]
+    # eviction takes whole units: an object's hash each (HGETALL), a node's key set with it
+    assert got["evict"]["commands"].get("hgetall", 0) >= 1, got["evict"]["commands"]
+    assert (got["evict"]["commands"].get("srandmember", 0) > 0) == radix, got["evict"]["commands"]

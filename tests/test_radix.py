@@ -394,6 +394,23 @@ def test_the_worker_drains_and_reconciles(cross):
     assert all(s.nodes == 0 and s.outbox == 0 for s in m.radix_stats())
 
 
+def test_the_workers_reconciliation_walk_starts_once_a_minute_after_the_last(rm):
+    from mooncake_redis.worker import RADIX_WALK_EVERY_MS, Worker
+    m = rm
+    w = Worker(m)
+    w.radix_grace_ms = 0
+    w.run_once()  # a walk over every shard (each has fewer nodes than a call looks at) ends
+    m.register_radix_node(H("lonely"))
+    shard = m.node_shard(H("lonely").encode())
+    assert w.run_once().radix_nodes_dropped == 0  # the next walk waits
+    m.advance_clock(RADIX_WALK_EVERY_MS - 1)
+    assert w.run_once().radix_nodes_dropped == 0
+    assert m.radix_stats()[shard].nodes == 1
+    m.advance_clock(1)
+    assert w.run_once().radix_nodes_dropped == 1
+    assert all(s.nodes == 0 for s in m.radix_stats())
+
+
 def test_a_child_put_while_its_parent_is_being_evicted_finds_it_gone(rm):
     """A node with more keys than a step's budget is evicted over several steps; from the first
     one its keys are gone for readers, so a child put meanwhile (on the parent's shard, or on

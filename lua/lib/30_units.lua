@@ -245,21 +245,30 @@ local function object_facts(o)
     disk_only = disk_only, has_disk = has_disk, offload_pending = o.offload_evict ~= nil }
 end
 
--- The fields of a composite unit's record its facts are made of (a caller may read more after
--- them and hand the values to group_facts).
+-- The fields of a composite unit's record its facts are made of; a radix node's record is read
+-- with its own after them (NODE_FIELDS: parent, parent_shard, link_pending, created at
+-- GROUP_N + 1 to + 4), so that one read serves its placement and its settling.
 local GROUP_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
   'retained_until', 'grouped', MEMO_FIELD }
+local GROUP_N = #GROUP_FIELDS
+local NODE_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
+  'retained_until', 'grouped', MEMO_FIELD, 'parent', 'parent_shard', 'link_pending', 'created' }
 
--- `g`, `children`: the record's GROUP_FIELDS and a radix node's child count as just read (nil:
--- read them). The members' deadlines (the aggregates) count only for a unit nothing else
--- protects (unit_rule), so they are read only then, unless `all` (the audit's view).
+-- `g`, `children`: the record's GROUP_FIELDS (a radix node's NODE_FIELDS) and a node's child
+-- count as just read (nil: read them). The members' deadlines (the aggregates) count only for
+-- a unit nothing else protects (unit_rule), so they are read only then, unless `all` (the
+-- audit's view). A node's facts carry its own fields too (f.node: read with them).
 local function group_facts(P, tenant, group, g, children, all)
-  g = g or redis.call('HMGET', grp_key(P, tenant, group), unpack(GROUP_FIELDS))
+  local h = radix_hash(group)
+  g = g or redis.call('HMGET', grp_key(P, tenant, group), unpack(h and NODE_FIELDS or GROUP_FIELDS))
   local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
     hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
     draining = g[6] == '1', retained_until = tonumber(g[7]) or 0, at = g[9] or nil } -- at: the memo
-  local h = radix_hash(group)
   if h then -- a node with a live child stays; a retained key's group ranks its node as retained
+    if #g >= GROUP_N + 4 then
+      f.node, f.parent, f.parent_shard, f.link_pending = true, g[GROUP_N + 1] or nil, g[GROUP_N + 2] or nil,
+        g[GROUP_N + 3] or nil
+    end
     f.children = children or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
     f.retained_until = g[8] and node_retention(P, tenant, h) or 0 -- (never grouped: no groups to read)
   end
@@ -565,7 +574,7 @@ local function group_member_completed(P, tenant, key, group, soft_pin_until, now
     end
     return
   end
-  if g then g[2] = processing else g = redis.call('HMGET', gkey, unpack(GROUP_FIELDS)) end -- (g: read before)
+  if g then g[2] = processing else g = redis.call('HMGET', gkey, unpack(radix_hash(group) and NODE_FIELDS or GROUP_FIELDS)) end -- (g: read before)
   local f = group_facts(P, tenant, group, g)
   local fields
   if now > f.lease_until then
@@ -579,7 +588,8 @@ end
 -- more than the counters, e.g. a retention declared ahead of members, stays). A radix node then
 -- goes too unless it has children (Radix.node_retired, lua/lib/32_radix.lua).
 local RETIRED_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining', MEMO_FIELD }
-local function retire_group(P, tenant, group, now)
+-- `f`: the group's facts, if read in this call and still current (a radix node's then spare a read).
+local function retire_group(P, tenant, group, now, f)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
   local gone = { grp_members_key(P, tenant, group) } -- the keys that go with the members
@@ -587,7 +597,7 @@ local function retire_group(P, tenant, group, now)
   local h = radix_hash(group)
   if h then
     gone[#gone + 1] = agg_key(P, 'groups', unit)
-    return Radix.node_retired(P, tenant, h, now or now_ms(P), gone)
+    return Radix.node_retired(P, tenant, h, now or now_ms(P), gone, f)
   end
   unplace_composite(P, unit, redis.call('HGET', gkey, MEMO_FIELD) or nil)
   redis.call('DEL', unpack(gone))
@@ -714,7 +724,8 @@ return {
   object_unit = object_unit, object_unit_prefix = object_unit_prefix, node_unit_prefix = node_unit_prefix, group_unit = group_unit, agg_key = agg_key,
   ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
   MEMO_FIELD = MEMO_FIELD, in_memo = in_memo, unplace_composite = unplace_composite, apply_composite = apply_composite,
-  place_protected = place_protected, GROUP_FIELDS = GROUP_FIELDS, RETIRED_FIELDS = RETIRED_FIELDS,
+  place_protected = place_protected, GROUP_FIELDS = GROUP_FIELDS, GROUP_N = GROUP_N, NODE_FIELDS = NODE_FIELDS,
+  RETIRED_FIELDS = RETIRED_FIELDS,
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,
   place_unit_of = place_unit_of, unit_state = unit_state, group_draining = group_draining,

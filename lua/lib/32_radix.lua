@@ -26,7 +26,7 @@
 local K, E, S, int_arg, valid_name = Base.K, Base.E, Base.S, Base.int_arg, Base.valid_name
 local RADIX_MARK = Object.RADIX_MARK
 local unplace_composite, place_group, MEMO_FIELD = Units.unplace_composite, Units.place_group, Units.MEMO_FIELD
-local place_protected, GROUP_FIELDS = Units.place_protected, Units.GROUP_FIELDS
+local place_protected, GROUP_N, NODE_FIELDS = Units.place_protected, Units.GROUP_N, Units.NODE_FIELDS
 
 local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
 
@@ -114,13 +114,9 @@ local function node_dropped(P, tenant, h, parent, pshard, link_pending, now, dep
   radix_unlink_up(P, tenant, h, parent, pshard, now, depth)
 end
 
--- A node's record as radix_settle reads it: its unit's fields (GROUP_FIELDS: members 1,
+-- A node's record as radix_settle reads it (NODE_FIELDS): its unit's fields (members 1,
 -- draining 6, the memo N), then its own.
-local N = #GROUP_FIELDS
-local NODE_FIELDS = {}
-for i = 1, N do NODE_FIELDS[i] = GROUP_FIELDS[i] end
-NODE_FIELDS[N + 1], NODE_FIELDS[N + 2], NODE_FIELDS[N + 3], NODE_FIELDS[N + 4] =
-  'parent', 'parent_shard', 'link_pending', 'created'
+local N = GROUP_N
 
 -- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
 -- otherwise its unit is placed as the rule says.
@@ -143,18 +139,22 @@ end
 -- Node h's keys are gone (retire_group, lua/lib/30_units.lua, with `gone`: the keys that go
 -- with them): its unit is unplaced; it stays, without its unit's counters, while it has
 -- children, else it goes.
-local function node_retired(P, tenant, h, now, gone)
+local function node_retired(P, tenant, h, now, gone, f)
   local nkey = rnode_key(P, tenant, h)
-  local rec = redis.call('HMGET', nkey, MEMO_FIELD, 'parent', 'parent_shard', 'link_pending')
-  unplace_composite(P, radix_unit(tenant, h), rec[1] or nil)
-  if redis.call('ZCARD', rkids_key(P, tenant, h)) > 0 then
+  if not (f and f.node) then -- (facts read with the node's fields, in this call, serve as they are)
+    local rec = redis.call('HMGET', nkey, MEMO_FIELD, 'parent', 'parent_shard', 'link_pending')
+    f = { at = rec[1] or nil, parent = rec[2] or nil, parent_shard = rec[3] or nil, link_pending = rec[4] or nil,
+      children = redis.call('ZCARD', rkids_key(P, tenant, h)) }
+  end
+  unplace_composite(P, radix_unit(tenant, h), f.at)
+  if f.children > 0 then
     redis.call('DEL', unpack(gone))
     redis.call('HDEL', nkey, unpack(Units.RETIRED_FIELDS))
     return
   end
   gone[#gone + 1] = nkey
   redis.call('DEL', unpack(gone))
-  node_dropped(P, tenant, h, rec[2], rec[3], rec[4], now, 0)
+  node_dropped(P, tenant, h, f.parent, f.parent_shard, f.link_pending, now, 0)
 end
 
 -- Checks for registering key(s) under node h with parent ph (nil: none) before anything is

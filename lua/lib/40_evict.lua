@@ -91,8 +91,10 @@ end
 
 -- Evict a group: decide (re-checking the rule), mark it draining when it has more members than
 -- the budget (a group dropped within one call needs no mark), then drop up to `budget` members a
--- call; the group retires with its last member.
--- Returns objects and bytes freed and the budget spent (at least 1).
+-- call; the group retires with its last member. One SRANDMEMBER of budget + 1 members tells
+-- both whether the group outlasts this call and which members go.
+-- Returns objects and bytes freed, the budget spent (at least 1), nil (nothing queued for
+-- offload) and whether the group is left draining.
 local function evict_group(P, tenant, group, now, budget, cfg)
   local unit, gkey, mkey = group_unit(tenant, group), grp_key(P, tenant, group), grp_members_key(P, tenant, group)
   local f = group_facts(P, tenant, group)
@@ -103,13 +105,17 @@ local function evict_group(P, tenant, group, now, budget, cfg)
       apply_composite(P, gkey, unit, entries, now, nil)
       return 0, 0, 1
     end
-    if redis.call('SCARD', mkey) > budget then -- evicted over several calls: mark it meanwhile
+  end
+  local keys = redis.call('SRANDMEMBER', mkey, budget + 1)
+  local last = #keys <= budget -- every member goes in this call
+  if not last then
+    keys[#keys] = nil
+    if not f.draining then -- evicted over several calls: mark it meanwhile
       redis.call('HSET', gkey, 'draining', '1')
       apply_composite(P, gkey, unit, { [DRAINING] = false }, now, nil)
     end
   end
   local objects, bytes = 0, 0
-  local keys = redis.call('SRANDMEMBER', mkey, budget)
   for _, key in ipairs(keys) do
     local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
@@ -122,19 +128,19 @@ local function evict_group(P, tenant, group, now, budget, cfg)
       bytes = bytes + drop_object(P, tenant, key, okey, o, nil, 'evicted')
       objects = objects + 1
     end
-    redis.call('SREM', mkey, key)
+    if not last then redis.call('SREM', mkey, key) end -- (the last call's retire_group drops the set)
   end
-  if redis.call('SCARD', mkey) == 0 then
-    retire_group(P, tenant, group, now)
-  elseif #keys > 0 then
+  if last then
+    retire_group(P, tenant, group, now, f)
+  else
     redis.call('HINCRBY', gkey, 'members', S(0 - #keys))
   end
-  return objects, bytes, math.max(#keys, 1)
+  return objects, bytes, math.max(#keys, 1), nil, not last
 end
 
 -- Evict one unit if it is still evictable, spending at most `budget` (members of a group);
--- returns objects and bytes freed, the budget spent, and the bytes queued for offload instead
--- (an object: see evict_object).
+-- returns objects and bytes freed, the budget spent, the bytes queued for offload instead
+-- (an object: see evict_object), and whether a group is left draining.
 local function evict_unit(P, unit, now, budget, cfg)
   local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.*)$')
   if kind == 'o' then

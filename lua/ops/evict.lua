@@ -42,8 +42,8 @@ local function evict(P, args, cfg)
       state = at_target and 'target' or 'blocked'
       break
     end
-    draining = draining or string.byte(unit, 1) ~= 111 -- a group ('g:', 'r:', not 'o:') may start to drain
-    local n, b, spent, q = evict_unit(P, unit, now, budget, cfg)
+    local n, b, spent, q, drains = evict_unit(P, unit, now, budget, cfg)
+    draining = draining or drains -- a group left half evicted goes first from now on
     budget = budget - spent
     if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
     if q then queued, waiting = queued + 1, waiting + q end
