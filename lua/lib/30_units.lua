@@ -541,18 +541,17 @@ local function flush_rescore(P, rescore)
   end
 end
 
-local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now)
+-- `fresh`: the group's record was created empty in this call (a new radix node's).
+local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now, fresh)
   if redis.call('SADD', grp_members_key(P, tenant, group), key) == 0 then return end
   local gkey, unit = grp_key(P, tenant, group), group_unit(tenant, group)
   if guaranteed_until then redis.call('ZADD', agg_key(P, 'guarantee', unit), S(guaranteed_until), key) end
   -- the new member is in progress: the rule protects the group. The first member finds no
   -- counters (retire_group dropped them) and no entries; a group being drained stays draining.
-  if redis.call('HINCRBY', gkey, 'members', 1) == 1 then
-    if hard_pin == '1' then
-      redis.call('HSET', gkey, 'processing', '1', 'hard_pinned', '1', MEMO_FIELD, '')
-    else
-      redis.call('HSET', gkey, 'processing', '1', MEMO_FIELD, '')
-    end
+  if fresh or redis.call('HINCRBY', gkey, 'members', 1) == 1 then
+    local first = { 'members', '1', 'processing', '1', MEMO_FIELD, '' }
+    if hard_pin == '1' then first[#first + 1], first[#first + 2] = 'hard_pinned', '1' end
+    redis.call('HSET', gkey, unpack(first))
     return
   end
   redis.call('HINCRBY', gkey, 'processing', 1)

@@ -53,16 +53,20 @@ end
 local radix_settle -- (defined below; radix_apply and it call each other)
 
 -- The parent's half of a link or unlink, on the parent's shard. An unlink with no seq is the
--- child's own shard's, in the call that drops the child: whatever link the parent holds goes.
+-- child's own shard's, in the call that drops the child: whatever link the parent holds goes;
+-- a link at depth -1 is made at once by the child's shard.
 local function radix_apply(P, op, seq, tenant, ph, h, now, depth)
   local kids = rkids_key(P, tenant, ph)
   if not seq then
     if redis.call('ZREM', kids, h) == 1 then radix_settle(P, tenant, ph, now, depth) end
     return
   end
-  local cur = tonumber(redis.call('ZSCORE', kids, h))
+  -- (a link made at once carries the newest seq of the child's shard, so no later step about
+  -- the child can be listed: it needs no look first)
+  local cur = not (op == 'link' and depth < 0) and tonumber(redis.call('ZSCORE', kids, h))
   if op == 'link' then
     if cur and cur >= seq then return end
+    if redis.call('ZADD', kids, S(seq), h) == 0 then return end -- (it was listed: only its seq moved)
     local nkey = rnode_key(P, tenant, ph)
     local rec = redis.call('HMGET', nkey, 'created', 'draining', MEMO_FIELD)
     if not rec[1] then -- a parent not known yet starts as a shell (no entries)
@@ -70,9 +74,8 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth)
       redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. ph)
       rec[3] = ''
     end
-    redis.call('ZADD', kids, S(seq), h)
     -- with a child the parent is no candidate: its entries go
-    if not cur then place_protected(P, nkey, radix_unit(tenant, ph), rec[3] or nil, rec[2] == '1', now) end
+    place_protected(P, nkey, radix_unit(tenant, ph), rec[3] or nil, rec[2] == '1', now)
   elseif cur and cur <= seq then
     redis.call('ZREM', kids, h)
     radix_settle(P, tenant, ph, now, depth)
@@ -95,7 +98,7 @@ end
 local function radix_link(P, tenant, h, ph, pshard, now)
   local seq = radix_seq(P)
   if pshard == shard_index(P) then
-    radix_apply(P, 'link', seq, tenant, ph, h, now, 0)
+    radix_apply(P, 'link', seq, tenant, ph, h, now, -1) -- (depth -1: made at once)
   else
     redis.call('ZADD', P .. K.radix_outbox, S(now), outbox_entry('link', seq, pshard, tenant, ph, h))
     redis.call('HSET', rnode_key(P, tenant, h), 'link_pending', S(seq))
@@ -169,7 +172,7 @@ local function radix_check(P, tenant, h, ph, pshard, shards)
 end
 
 -- Register node h (created as needed) under parent ph; run radix_check first (`rec`: its
--- record as read, if still current; nil: read it again).
+-- record as read, if still current; nil: read it again). True when it created the node.
 -- (One HMGET and at most one HSET of the node's record: this runs for every key a put indexes.)
 local function radix_register(P, tenant, h, ph, pshard, now, rec)
   local nkey = rnode_key(P, tenant, h)
@@ -186,6 +189,7 @@ local function radix_register(P, tenant, h, ph, pshard, now, rec)
     redis.call('HSET', nkey, 'parent', ph, 'parent_shard', S(pshard))
   end
   if link then radix_link(P, tenant, h, ph, pshard, now) end
+  return not rec[1]
 end
 
 -- The parent and shard of a row's optional fields parent / parent_shard ('' = none).

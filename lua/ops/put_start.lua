@@ -233,7 +233,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   if guaranteed == 'refused' then return E.GUARANTEED_CAPACITY_EXCEEDED end
   -- the node is linked to its parent before evict-on-put runs, so that the parent (on this
   -- shard) is no longer a candidate for the room this key needs; a refused key takes it back
-  if node then radix_register(P, a.tenant, node, parent, pshard, now, nrec) end
+  local fresh = node and radix_register(P, a.tenant, node, parent, pshard, now, nrec) -- a new node
   local got, fits = allocate_evicting(P, size, a, now, cfg, by_free)
   if #got == 0 then
     if fits then redis.call('HSET', P, 'put_failed', S(now)) end -- tells the eviction workers to start
@@ -267,7 +267,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   elseif a.group then
     join_group(P, a.tenant, key, a.group, a.hard_pin, guaranteed_until, now)
   end
-  if node then join_group(P, a.tenant, key, radix_group(node), a.hard_pin, guaranteed_until, now) end
+  if node then join_group(P, a.tenant, key, radix_group(node), a.hard_pin, guaranteed_until, now, fresh) end
   return reply
 end
 
