@@ -491,6 +491,20 @@ local function plain_lease_now(P, unit, until_ms, slack, now)
   return until_ms
 end
 
+-- The tiers a composite unit's memo `at` lists (none for '': a protected unit sits in no tier).
+local MEMO_TIERS = {} -- memo -> its tiers, filled as memos are met (at most 2^#INDEXES)
+local function memo_tiers(at)
+  local t = MEMO_TIERS[at]
+  if not t then
+    t = {}
+    for i = 1, #INDEXES do
+      if TIER_LEVEL[INDEXES[i]] and in_memo(at, i) then t[#t + 1] = INDEXES[i] end
+    end
+    MEMO_TIERS[at] = t
+  end
+  return t
+end
+
 -- A read's lease of a group (its record `gkey`, its unit, its lease `cur`): see extend_lease.
 -- A group's lease lives in its record, which every re-check reads (eviction, placement), so a
 -- tier score is only its rank: `tiers` may leave out tiers the group is not expected in (a
@@ -508,7 +522,9 @@ end
 -- radix node that ever had a grouped key (`grouped`) takes its retention from its keys' groups
 -- (node_retention), not from its record: any tier.
 local RETAINED_TIERS, UNRETAINED_TIERS = { TIER_RETAINED, TIER_SOFT_RETAINED }, { TIER_ORDINARY, TIER_SOFT }
-local function group_tiers(retained_until, now, grouped)
+-- `at`: the unit's memo as read (nil: none), which names the tiers its entry can be in.
+local function group_tiers(retained_until, now, grouped, at)
+  if at then return memo_tiers(at) end
   if grouped then return TIERS end
   return (tonumber(retained_until) or 0) > now and RETAINED_TIERS or UNRETAINED_TIERS
 end

@@ -26,6 +26,7 @@ local NO_DISKS = {} -- read only
 local plain_lease, plain_lease_now = Units.plain_lease, Units.plain_lease_now
 local object_unit_prefix = Units.object_unit_prefix
 local lease_group, group_unit, group_tiers = Units.lease_group, Units.group_unit, Units.group_tiers
+local MEMO_FIELD = Units.MEMO_FIELD
 local grp_key, obj_prefix, node_prefix = Object.grp_key, Object.obj_prefix, Object.node_prefix
 local node_unit_prefix = Units.node_unit_prefix
 local mount_of, mount_table = Alloc.mount_of, Base.mount_table
@@ -134,7 +135,7 @@ local function plain_read(call, key, kind)
   end
   if not status then return E.OBJECT_NOT_FOUND end
   if not reps or special then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
-  local gkey, unit, group_lease, retained_until, grouped
+  local gkey, unit, group_lease, retained_until, grouped, memo
   if group then -- a group member (or a radix node's key, below): the group is the unit
     gkey, unit = grp_key(R_P, R_tenant, group), group_unit(R_tenant, group)
   elseif node then -- grp_key and group_unit of RADIX_MARK .. node
@@ -142,9 +143,9 @@ local function plain_read(call, key, kind)
   end
   if gkey then
     if not R_rescore then R_rescore = {} end
-    local g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until', 'grouped')
+    local g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until', 'grouped', MEMO_FIELD)
     if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
-    group_lease, retained_until, grouped = tonumber_(g[2]) or 0, g[3], g[4]
+    group_lease, retained_until, grouped, memo = tonumber_(g[2]) or 0, g[3], g[4], g[5] or nil
   end
   if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   local r, off
@@ -159,7 +160,7 @@ local function plain_read(call, key, kind)
   local now, cfg, until_ms = read_now(), R_cfg, nil
   if gkey then
     until_ms = lease_group(gkey, unit, group_lease,
-      now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, R_rescore, group_tiers(retained_until, now, grouped))
+      now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, R_rescore, group_tiers(retained_until, now, grouped, memo))
   else
     if R_single then -- a call of one key: its re-score goes at once
       until_ms = plain_lease_now(R_P, R_unit .. key, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, now)
