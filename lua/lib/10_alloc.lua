@@ -5,6 +5,8 @@
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
 -- and a segment mounted with a host is a member of P:hsegs:<host> while it is mounted.
 
+local tonumber_, match_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, match_ = tonumber, string.match end)
 local K, S, HEAD_CACHE_MAX = Base.K, Base.S, Base.HEAD_CACHE_MAX
 local mount_table, new_mount_epoch = Base.mount_table, Base.new_mount_epoch
 
@@ -57,7 +59,7 @@ local function slice_size(P, seg)
     local n = known.size[seg]
     if n then return n end
   end
-  local n = tonumber(redis.call('HGET', P .. K.segment .. seg, 'size')) or 0
+  local n = tonumber_(redis.call('HGET', P .. K.segment .. seg, 'size')) or 0
   if known then known.size[seg], known.n = n, known.n + 1 end
   return n
 end
@@ -74,7 +76,7 @@ local function alloc_extent(P, seg, size)
   local by_off, by_size = free_keys(P, seg)
   local hit = redis.call('ZRANGEBYSCORE', by_size, size, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #hit == 0 then return nil end
-  local off, len = tonumber(hit[1]), tonumber(hit[2])
+  local off, len = tonumber_(hit[1]), tonumber_(hit[2])
   redis.call('ZREM', by_off, hit[1])
   redis.call('ZREM', by_size, hit[1])
   if len > size then add_free(by_off, by_size, off + size, len - size) end
@@ -90,24 +92,24 @@ local function free_extent(P, seg, off, size)
   local by_off, by_size = free_keys(P, seg)
   local stop = off + size
   local prev = redis.call('ZREVRANGEBYSCORE', by_off, '(' .. S(off), '-inf', 'LIMIT', 0, 1)[1]
-  local plen = prev and tonumber(redis.call('ZSCORE', by_size, prev))
-  if plen and tonumber(prev) + plen > off then return false end
+  local plen = prev and tonumber_(redis.call('ZSCORE', by_size, prev))
+  if plen and tonumber_(prev) + plen > off then return false end
   -- the first free extent starting in [off, stop]: inside the extent is a double free, at stop
   -- it is the next neighbour (a member is its offset, as is its score)
   local nxt = redis.call('ZRANGEBYSCORE', by_off, S(off), S(stop), 'LIMIT', 0, 1)[1]
-  if nxt and (tonumber(nxt) or -1) < stop then return false end -- (a member not a number: drift, refuse)
-  local nlen = nxt and tonumber(redis.call('ZSCORE', by_size, nxt))
+  if nxt and (tonumber_(nxt) or -1) < stop then return false end -- (a member not a number: drift, refuse)
+  local nlen = nxt and tonumber_(redis.call('ZSCORE', by_size, nxt))
   account(P, seg, 0 - size)
   if nlen then
     stop = stop + nlen
     redis.call('ZREM', by_off, nxt)
     redis.call('ZREM', by_size, nxt)
   end
-  if plen and tonumber(prev) + plen == off then
+  if plen and tonumber_(prev) + plen == off then
     -- merged into the free extent before it, which keeps its offset (its member and by_off
     -- score): only its length grows. Frees in address order (LRU eviction of a fill) mostly
     -- end here, with one write instead of four.
-    redis.call('ZADD', by_size, stop - tonumber(prev), prev)
+    redis.call('ZADD', by_size, stop - tonumber_(prev), prev)
   else
     add_free(by_off, by_size, off, stop - off)
   end
@@ -118,8 +120,8 @@ end
 -- the shard's and the tenants' counts. `fields` is the segment hash as a flat HGETALL.
 local function forget_segment_guarantees(P, fields)
   for i = 1, #fields, 2 do
-    local tenant = string.match(fields[i], '^g:(.*)$')
-    local bytes = tonumber(fields[i + 1]) or 0
+    local tenant = match_(fields[i], '^g:(.*)$')
+    local bytes = tonumber_(fields[i + 1]) or 0
     if tenant and bytes ~= 0 then
       redis.call('HINCRBY', P, 'guaranteed_bytes', S(0 - bytes))
       redis.call('HINCRBY', P .. K.guaranteed_tenants, tenant, S(0 - bytes))
@@ -137,8 +139,8 @@ local function drop_segment(P, name)
   if not cur[1] then return false end
   if cur[3] then redis.call('SREM', host_key(P, cur[3]), name) end
   forget_segment_guarantees(P, redis.call('HGETALL', skey))
-  redis.call('HINCRBY', P, 'capacity_bytes', S(0 - tonumber(cur[1])))
-  redis.call('HINCRBY', P, 'used_bytes', S(0 - (tonumber(cur[2]) or 0)))
+  redis.call('HINCRBY', P, 'capacity_bytes', S(0 - tonumber_(cur[1])))
+  redis.call('HINCRBY', P, 'used_bytes', S(0 - (tonumber_(cur[2]) or 0)))
   local by_off, by_size = free_keys(P, name)
   redis.call('DEL', skey, by_off, by_size)
   redis.call('ZREM', P .. K.segments, name)
@@ -185,8 +187,8 @@ end
 local function release_held(P, now, limit)
   local due = redis.call('ZRANGEBYSCORE', P .. K.held, '-inf', S(now), 'LIMIT', 0, limit)
   for _, entry in ipairs(due) do
-    local mount, off, size, seg = string.match(entry, '^(%d+) (%d+) (%d+) (.*)$')
-    if mount and mount_of(P, seg) == mount then free_extent(P, seg, tonumber(off), tonumber(size)) end
+    local mount, off, size, seg = match_(entry, '^(%d+) (%d+) (%d+) (.*)$')
+    if mount and mount_of(P, seg) == mount then free_extent(P, seg, tonumber_(off), tonumber_(size)) end
     redis.call('ZREM', P .. K.held, entry)
   end
   return #due

@@ -14,6 +14,8 @@
 -- Groups: P:grp:<tenant>:<group> hash, P:grpm:<tenant>:<group> set of member keys (30_units.lua).
 
 local K, E, fail, S, now_ms, valid_tenant = Base.K, Base.E, Base.fail, Base.S, Base.now_ms, Base.valid_tenant
+local tonumber_, sub_, byte_, match_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, sub_, byte_, match_ = tonumber, string.sub, string.byte, string.match end)
 local parse_call = Base.parse_call
 local mount_of = Alloc.mount_of
 
@@ -35,7 +37,7 @@ local function obj_id(tenant, key) return tenant .. ':' .. key end
 -- ids never start with a NUL byte (put_start and retain_groups refuse them).
 local RADIX_MARK = '\0r:'
 local function radix_hash(group)
-  if string.byte(group, 1) == 0 and string.sub(group, 1, 3) == RADIX_MARK then return string.sub(group, 4) end
+  if byte_(group, 1) == 0 and sub_(group, 1, 3) == RADIX_MARK then return sub_(group, 4) end
   return nil
 end
 local function grp_key(P, tenant, group)
@@ -97,10 +99,10 @@ end
 -- for one that has. Set where those fields are written (put_start, put_end, task references,
 -- offload), never taken back but with the object: a stale mark costs a read the general path.
 local function needs_read_mark(o)
-  if o.guaranteed_until or o.hard_pin == '1' or (tonumber(o.task_refs) or 0) > 0
-    or (tonumber(o.soft_pin_until) or 0) > 0 or o.offload_evict then return true end
+  if o.guaranteed_until or o.hard_pin == '1' or (tonumber_(o.task_refs) or 0) > 0
+    or (tonumber_(o.soft_pin_until) or 0) > 0 or o.offload_evict then return true end
   for field in pairs(o) do
-    if string.sub(field, 1, 5) == 'disk:' then return true end
+    if sub_(field, 1, 5) == 'disk:' then return true end
   end
   return false
 end
@@ -119,11 +121,11 @@ end
 local function decode_reps(reps)
   local list, at, n = {}, 1, #reps
   while at <= n do
-    local off, mount, len, from = string.match(reps, '^(%d+) (%d+) (%d+) ()', at)
+    local off, mount, len, from = match_(reps, '^(%d+) (%d+) (%d+) ()', at)
     if not off then return nil end
-    local upto = from + tonumber(len) - 1
+    local upto = from + tonumber_(len) - 1
     if len == '0' or upto > n then return nil end
-    list[#list + 1] = { seg = string.sub(reps, from, upto), off = tonumber(off), mount = mount }
+    list[#list + 1] = { seg = sub_(reps, from, upto), off = tonumber_(off), mount = mount }
     at = upto + 1
   end
   return list
@@ -134,11 +136,11 @@ end
 local function legacy_reps(flat)
   local list, names = {}, {}
   for i = 1, #flat, 2 do
-    local seg = string.byte(flat[i], 1) == 114 and string.match(flat[i], '^rep:(.*)$')
+    local seg = byte_(flat[i], 1) == 114 and match_(flat[i], '^rep:(.*)$')
     if seg then
-      local off, mount = string.match(flat[i + 1], '^(%d+) (%d+)$')
+      local off, mount = match_(flat[i + 1], '^(%d+) (%d+)$')
       names[#names + 1] = flat[i]
-      if off then list[#list + 1] = { seg = seg, off = tonumber(off), mount = mount } end
+      if off then list[#list + 1] = { seg = seg, off = tonumber_(off), mount = mount } end
     end
   end
   if #names == 0 then return nil end
@@ -193,7 +195,7 @@ local function replicas_of(P, o, mount_cache)
   end
   local maybe_disk = false
   for field in pairs(o) do
-    if not SCALAR_FIELDS[field] and string.byte(field, 1) == 100 then maybe_disk = true; break end
+    if not SCALAR_FIELDS[field] and byte_(field, 1) == 100 then maybe_disk = true; break end
   end
   return list, maybe_disk
 end
@@ -214,9 +216,9 @@ end
 
 -- A grouped object shares the lease of its group.
 local function lease_until(P, tenant, o)
-  local own = tonumber(o.lease_until) or 0
+  local own = tonumber_(o.lease_until) or 0
   if o.group then
-    local g = tonumber(redis.call('HGET', grp_key(P, tenant, o.group), 'lease_until')) or 0
+    local g = tonumber_(redis.call('HGET', grp_key(P, tenant, o.group), 'lease_until')) or 0
     if g > own then return g end
   end
   return own

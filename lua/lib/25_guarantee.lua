@@ -12,6 +12,8 @@
 -- object whose guarantee ran out, the sweep of dead replicas). Until the sweep has processed a
 -- due guarantee, its bytes still count, but it protects nothing (unit_rule compares with now).
 
+local tonumber_, floor_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, floor_ = tonumber, math.floor end)
 local K, S = Base.K, Base.S
 local obj_id = Object.obj_id
 
@@ -27,10 +29,10 @@ end
 -- guaranteed_capacity_ratio of its capacity; a tenant's, guaranteed_tenant_ratio of that.
 local function guarantee_room(P, tenant, bytes, cfg)
   local row = redis.call('HMGET', P, 'capacity_bytes', 'guaranteed_bytes')
-  local limit = math.floor((tonumber(row[1]) or 0) * cfg.guaranteed_capacity_ratio)
-  if (tonumber(row[2]) or 0) + bytes > limit then return false end
-  local mine = tonumber(redis.call('HGET', P .. K.guaranteed_tenants, tenant)) or 0
-  return mine + bytes <= math.floor(limit * cfg.guaranteed_tenant_ratio)
+  local limit = floor_((tonumber_(row[1]) or 0) * cfg.guaranteed_capacity_ratio)
+  if (tonumber_(row[2]) or 0) + bytes > limit then return false end
+  local mine = tonumber_(redis.call('HGET', P .. K.guaranteed_tenants, tenant)) or 0
+  return mine + bytes <= floor_(limit * cfg.guaranteed_tenant_ratio)
 end
 
 -- Count and index the guarantee of an object just written with the field (all replicas live).
@@ -43,7 +45,7 @@ end
 -- Take an object's guarantee off the books and out of its indexes (`replicas`: replicas_of(o));
 -- the caller removes the field or the whole object.
 local function forget_guarantee(P, tenant, key, o, replicas)
-  local size = tonumber(o.size) or 0
+  local size = tonumber_(o.size) or 0
   for _, r in ipairs(replicas) do
     if r.live then count_guaranteed(P, tenant, r.seg, 0 - size) end
   end

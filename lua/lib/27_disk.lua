@@ -22,6 +22,8 @@
 -- collection. Dead replicas (disk unmounted) queue nothing: their files are the client's to
 -- collect. A removal is never handed out while a live disk replica points at its location.
 
+local tonumber_, find_, sub_, byte_, match_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, find_, sub_, byte_, match_ = tonumber, string.find, string.sub, string.byte, string.match end)
 local K, S, now_ms, config_value = Base.K, Base.S, Base.now_ms, Base.config_value
 local shard_share = Base.shard_share
 local free_extent = Alloc.free_extent
@@ -40,9 +42,9 @@ end
 local function disk_replicas_of(P, o, cache)
   local list = {}
   for field, value in pairs(o) do
-    local client = not SCALAR_FIELDS[field] and string.byte(field, 1) == 100 and string.match(field, '^disk:(.*)$') -- 'd': skip the rest cheaply
+    local client = not SCALAR_FIELDS[field] and byte_(field, 1) == 100 and match_(field, '^disk:(.*)$') -- 'd': skip the rest cheaply
     if client then
-      local mount, location = string.match(value, '^(%d+) (.*)$')
+      local mount, location = match_(value, '^(%d+) (.*)$')
       list[#list + 1] = { client = client, mount = mount, location = location,
         live = mount ~= nil and disk_mount(P, client, cache) == mount }
     end
@@ -71,8 +73,8 @@ local function replica_kinds(o)
   local memory, disk = o.reps ~= nil, false
   for field in pairs(o) do
     if not SCALAR_FIELDS[field] then
-      local b = string.byte(field, 1) -- plain find below: no new string
-      if b == 100 and string.find(field, 'disk:', 1, true) == 1 then disk = true end
+      local b = byte_(field, 1) -- plain find below: no new string
+      if b == 100 and find_(field, 'disk:', 1, true) == 1 then disk = true end
     end
   end
   return memory, disk
@@ -92,11 +94,11 @@ end
 
 -- tenant, key, location of a removal entry, or nil when malformed.
 local function parse_removal(entry)
-  local tenant, n, at = string.match(entry, '^([^ ]+) (%d+) ()')
+  local tenant, n, at = match_(entry, '^([^ ]+) (%d+) ()')
   if not tenant or #n > 7 then return nil end
-  local stop = at + tonumber(n)
-  if string.sub(entry, stop, stop) ~= ' ' or stop >= #entry then return nil end
-  return tenant, string.sub(entry, at, stop - 1), string.sub(entry, stop + 1)
+  local stop = at + tonumber_(n)
+  if sub_(entry, stop, stop) ~= ' ' or stop >= #entry then return nil end
+  return tenant, sub_(entry, at, stop - 1), sub_(entry, stop + 1)
 end
 
 -- This shard's share of disk_removal_queue_limit, read when a removal is queued (the paths that
@@ -105,7 +107,7 @@ local function removal_share(P)
   local c = redis.call('HMGET', P .. K.config, 'disk_removal_queue_limit', 'shards')
   local limit = c[1] and config_value('disk_removal_queue_limit', c[1])
   if not limit then return 0 end
-  return shard_share(P, limit, tonumber(c[2]))
+  return shard_share(P, limit, tonumber_(c[2]))
 end
 
 -- Queue the removal of a client's file (its disk is mounted); full: counted as orphaned.
@@ -123,7 +125,7 @@ end
 -- An object's live disk replicas go (the object is deleted): their bytes leave their disks'
 -- used_bytes and their files are queued for removal.
 local function drop_disk_replicas(P, tenant, key, o)
-  local size = tonumber(o.size) or 0
+  local size = tonumber_(o.size) or 0
   for _, r in ipairs(disk_replicas_of(P, o)) do
     if r.live then
       redis.call('HINCRBY', P .. K.disk .. r.client, 'used_bytes', S(-size))
@@ -136,7 +138,7 @@ end
 -- A guarantee whose deadline passed but was not swept yet is taken off the books with them.
 -- Returns the bytes freed.
 local function shed_memory(P, tenant, key, okey, o)
-  local size, bytes = tonumber(o.size) or 0, 0
+  local size, bytes = tonumber_(o.size) or 0, 0
   local replicas = replicas_of(P, o)
   if o.guaranteed_until then
     forget_guarantee(P, tenant, key, o, replicas)
@@ -179,7 +181,7 @@ local function forget_offload_task(P, tenant, key, o)
   if disk_mount(P, o.offload_client) == o.offload_mount then
     local dkey = P .. K.disk .. o.offload_client
     redis.call('HINCRBY', dkey, 'inflight', -1)
-    redis.call('HINCRBY', dkey, 'inflight_bytes', S(-(tonumber(o.size) or 0)))
+    redis.call('HINCRBY', dkey, 'inflight_bytes', S(-(tonumber_(o.size) or 0)))
   end
 end
 

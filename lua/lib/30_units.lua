@@ -30,6 +30,8 @@
 -- member is dropped and the group retires.
 
 local K, S, now_ms, valid_tenant = Base.K, Base.S, Base.now_ms, Base.valid_tenant
+local tonumber_, find_, sub_, match_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, find_, sub_, match_ = tonumber, string.find, string.sub, string.match end)
 local free_extent, hold_extent = Alloc.free_extent, Alloc.hold_extent
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local radix_hash, grp_key = Object.radix_hash, Object.grp_key
@@ -97,7 +99,7 @@ local function node_unit(tenant, h) return 'r:' .. tenant .. ':' .. h end
 local function node_retention(P, tenant, h)
   local best = 0
   for _, g in ipairs(redis.call('ZRANGE', agg_key(P, 'groups', node_unit(tenant, h)), 0, MAX_NODE_GROUPS - 1)) do
-    local r = tonumber(redis.call('HGET', grp_key(P, tenant, g), 'retained_until')) or 0
+    local r = tonumber_(redis.call('HGET', grp_key(P, tenant, g), 'retained_until')) or 0
     if r > best then best = r end
   end
   return best
@@ -113,7 +115,7 @@ end
 local function join_indexed(P, tenant, key, group, h)
   if redis.call('ZADD', agg_key(P, 'indexed', user_unit(tenant, group)), 'NX', 0, key) == 0 then return end
   redis.call('ZINCRBY', agg_key(P, 'nodes', user_unit(tenant, group)), 1, h)
-  if tonumber(redis.call('ZINCRBY', agg_key(P, 'groups', node_unit(tenant, h)), 1, group)) == 1 then
+  if tonumber_(redis.call('ZINCRBY', agg_key(P, 'groups', node_unit(tenant, h)), 1, group)) == 1 then
     redis.call('HSET', P .. K.radix_node .. tenant .. ':' .. h, 'grouped', '1')
   end
 end
@@ -122,8 +124,8 @@ end
 local function leave_indexed(P, tenant, key, group, h)
   if redis.call('ZREM', agg_key(P, 'indexed', user_unit(tenant, group)), key) == 0 then return end
   local nk, gk = agg_key(P, 'nodes', user_unit(tenant, group)), agg_key(P, 'groups', node_unit(tenant, h))
-  if tonumber(redis.call('ZINCRBY', nk, -1, h)) <= 0 then redis.call('ZREM', nk, h) end
-  if tonumber(redis.call('ZINCRBY', gk, -1, group)) <= 0 then redis.call('ZREM', gk, group) end
+  if tonumber_(redis.call('ZINCRBY', nk, -1, h)) <= 0 then redis.call('ZREM', nk, h) end
+  if tonumber_(redis.call('ZINCRBY', gk, -1, group)) <= 0 then redis.call('ZREM', gk, group) end
 end
 
 -- The group's members that are radix-indexed (their nodes are their units).
@@ -138,11 +140,11 @@ end
 -- unplace clears every index, and repairs and eviction clear all three object indexes.
 local OBJECT_INDEXES, UNPINNED_OBJECT_INDEXES = { TIER_ORDINARY, TIER_SOFT, SOFT_DEADLINES }, { TIER_ORDINARY }
 local function indexes_of(unit)
-  return string.sub(unit, 1, 2) == 'o:' and OBJECT_INDEXES or INDEXES
+  return sub_(unit, 1, 2) == 'o:' and OBJECT_INDEXES or INDEXES
 end
 local function ever_soft_pinned(o)
   local v = o.soft_pin_until
-  return v ~= nil and v ~= '0' and (tonumber(v) or 0) > 0 -- '0' (never pinned) is the common case
+  return v ~= nil and v ~= '0' and (tonumber_(v) or 0) > 0 -- '0' (never pinned) is the common case
 end
 local function object_indexes(o)
   return ever_soft_pinned(o) and OBJECT_INDEXES or UNPINNED_OBJECT_INDEXES
@@ -159,7 +161,8 @@ end
 -- (apply_composite, unplace_composite); the eviction re-check and fsck place with no memo (every
 -- index), so an entry the memo missed costs a pop, never a wrong eviction or a stuck candidate.
 local MEMO_FIELD = 'at'
-local function in_memo(at, i) return at == nil or string.find(at, tostring(i), 1, true) ~= nil end
+local DIGITS = { '1', '2', '3', '4', '5', '6', '7', '8', '9' } -- an index's position as a memo writes it
+local function in_memo(at, i) return at == nil or find_(at, DIGITS[i], 1, true) ~= nil end
 
 -- Remove a composite unit's entries from the indexes its memo `at` lists (nil: all); the caller
 -- drops the record or its memo.
@@ -179,7 +182,7 @@ local function apply_composite(P, gkey, unit, entries, now, at, fields)
     local index = INDEXES[i]
     local score = entries[index]
     if score ~= nil then
-      code = code .. i
+      code = code .. DIGITS[i]
       if score == false then
         redis.call('ZADD', P .. index, 'NX', S(now), unit)
       else
@@ -240,8 +243,8 @@ end
 local function object_facts(o)
   local disk_only, has_disk = is_disk_only(o)
   return { processing = o.status ~= 'complete' and 1 or 0, hard_pinned = o.hard_pin == '1' and 1 or 0,
-    task_refs = tonumber(o.task_refs) or 0, lease_until = tonumber(o.lease_until) or 0,
-    soft_pin = tonumber(o.soft_pin_until) or 0, guarantee = tonumber(o.guaranteed_until) or 0,
+    task_refs = tonumber_(o.task_refs) or 0, lease_until = tonumber_(o.lease_until) or 0,
+    soft_pin = tonumber_(o.soft_pin_until) or 0, guarantee = tonumber_(o.guaranteed_until) or 0,
     disk_only = disk_only, has_disk = has_disk, offload_pending = o.offload_evict ~= nil }
 end
 
@@ -261,9 +264,9 @@ local NODE_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'ta
 local function group_facts(P, tenant, group, g, children, all)
   local h = radix_hash(group)
   g = g or redis.call('HMGET', grp_key(P, tenant, group), unpack(h and NODE_FIELDS or GROUP_FIELDS))
-  local f = { empty = (tonumber(g[1]) or 0) <= 0, processing = tonumber(g[2]) or 0,
-    hard_pinned = tonumber(g[3]) or 0, lease_until = tonumber(g[4]) or 0, task_refs = tonumber(g[5]) or 0,
-    draining = g[6] == '1', retained_until = tonumber(g[7]) or 0, at = g[9] or nil } -- at: the memo
+  local f = { empty = (tonumber_(g[1]) or 0) <= 0, processing = tonumber_(g[2]) or 0,
+    hard_pinned = tonumber_(g[3]) or 0, lease_until = tonumber_(g[4]) or 0, task_refs = tonumber_(g[5]) or 0,
+    draining = g[6] == '1', retained_until = tonumber_(g[7]) or 0, at = g[9] or nil } -- at: the memo
   if h then -- a node with a live child stays; a retained key's group ranks its node as retained
     if #g >= GROUP_N + 4 then
       f.node, f.parent, f.parent_shard, f.link_pending = true, g[GROUP_N + 1] or nil, g[GROUP_N + 2] or nil,
@@ -280,8 +283,8 @@ local function group_facts(P, tenant, group, g, children, all)
   local unit = group_unit(tenant, group)
   local soft_key, guarantee_key = agg_key(P, 'soft_pin', unit), agg_key(P, 'guarantee', unit)
   if redis.call('EXISTS', soft_key, guarantee_key) == 0 then return f end -- (an empty zset is no key)
-  f.soft_pin = tonumber(redis.call('ZREVRANGE', soft_key, 0, 0, 'WITHSCORES')[2]) or 0
-  f.guarantee = tonumber(redis.call('ZREVRANGE', guarantee_key, 0, 0, 'WITHSCORES')[2]) or 0
+  f.soft_pin = tonumber_(redis.call('ZREVRANGE', soft_key, 0, 0, 'WITHSCORES')[2]) or 0
+  f.guarantee = tonumber_(redis.call('ZREVRANGE', guarantee_key, 0, 0, 'WITHSCORES')[2]) or 0
   return f
 end
 
@@ -315,10 +318,10 @@ end
 -- placement. So the lease is the larger of the two (the hash's alone for a group member: its
 -- group holds the lease).
 local function object_lease(P, unit, o)
-  local lease = tonumber(o.lease_until) or 0
+  local lease = tonumber_(o.lease_until) or 0
   local tiers = possible_tiers(o)
   for i = 1, #tiers do
-    local s = tonumber(redis.call('ZSCORE', P .. tiers[i], unit))
+    local s = tonumber_(redis.call('ZSCORE', P .. tiers[i], unit))
     if s and s > lease then lease = s end
   end
   return lease
@@ -327,7 +330,7 @@ end
 -- Before a re-placement may take the unit out of its tier: the tier's lease into the hash.
 local function keep_lease(P, unit, okey, o)
   local lease = object_lease(P, unit, o)
-  if lease > (tonumber(o.lease_until) or 0) then
+  if lease > (tonumber_(o.lease_until) or 0) then
     o.lease_until = S(lease)
     redis.call('HSET', okey, 'lease_until', o.lease_until)
   end
@@ -377,7 +380,7 @@ end
 -- and a composite unit's memo (MEMO_FIELD, nil when absent). The audit asks this; nothing
 -- re-derives it.
 local function unit_state(P, unit, now)
-  local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.*)$')
+  local kind, tenant, name = match_(unit, '^([ogr]):([^:]+):(.*)$')
   local f
   if kind == 'r' then kind, name = 'g', RADIX_MARK .. name end -- a radix node: the group machinery's
   if kind == 'g' and valid_tenant(tenant) then
@@ -398,7 +401,7 @@ end
 
 -- Re-derive one unit's index entries from its records.
 local function replace_unit(P, unit, now)
-  local kind, tenant, key = string.match(unit, '^([ogr]):([^:]+):(.*)$')
+  local kind, tenant, key = match_(unit, '^([ogr]):([^:]+):(.*)$')
   if kind and kind ~= 'o' and valid_tenant(tenant) then -- a composite unit: through its memo
     return place_group(P, tenant, kind == 'r' and RADIX_MARK .. key or key, now)
   end
@@ -526,14 +529,14 @@ local RETAINED_TIERS, UNRETAINED_TIERS = { TIER_RETAINED, TIER_SOFT_RETAINED }, 
 local function group_tiers(retained_until, now, grouped, at)
   if at then return memo_tiers(at) end
   if grouped then return TIERS end
-  return (tonumber(retained_until) or 0) > now and RETAINED_TIERS or UNRETAINED_TIERS
+  return (tonumber_(retained_until) or 0) > now and RETAINED_TIERS or UNRETAINED_TIERS
 end
 
 local function extend_lease(P, tenant, key, okey, o, until_ms, slack, rescore, now)
-  local target, unit, cur = okey, object_unit(tenant, key), tonumber(o.lease_until) or 0
+  local target, unit, cur = okey, object_unit(tenant, key), tonumber_(o.lease_until) or 0
   if o.group then
     target, unit = grp_key(P, tenant, o.group), group_unit(tenant, o.group)
-    return lease_group(target, unit, tonumber(redis.call('HGET', target, 'lease_until')) or 0, until_ms, slack,
+    return lease_group(target, unit, tonumber_(redis.call('HGET', target, 'lease_until')) or 0, until_ms, slack,
       rescore)
   end
   if until_ms <= cur then return cur end
@@ -582,9 +585,9 @@ end
 local function group_member_completed(P, tenant, key, group, soft_pin_until, now, g)
   local gkey, unit = grp_key(P, tenant, group), group_unit(tenant, group)
   local processing = redis.call('HINCRBY', gkey, 'processing', -1)
-  if (tonumber(soft_pin_until) or 0) > 0 then redis.call('ZADD', agg_key(P, 'soft_pin', unit), soft_pin_until, key) end
+  if (tonumber_(soft_pin_until) or 0) > 0 then redis.call('ZADD', agg_key(P, 'soft_pin', unit), soft_pin_until, key) end
   if processing > 0 then -- another member is in progress: the rule protects the group still
-    if now > (tonumber(g and g[4] or redis.call('HGET', gkey, 'lease_until')) or 0) then
+    if now > (tonumber_(g and g[4] or redis.call('HGET', gkey, 'lease_until')) or 0) then
       redis.call('HSET', gkey, 'lease_until', S(now))
     end
     return
@@ -629,7 +632,7 @@ local function leave_group(P, tenant, key, o, now)
   end
   if o.status ~= 'complete' then redis.call('HINCRBY', gkey, 'processing', -1) end
   if o.hard_pin == '1' then redis.call('HINCRBY', gkey, 'hard_pinned', -1) end
-  local refs = tonumber(o.task_refs) or 0
+  local refs = tonumber_(o.task_refs) or 0
   if refs > 0 then redis.call('HINCRBY', gkey, 'task_refs', S(0 - refs)) end
   for _, kind in ipairs(AGG_KINDS) do redis.call('ZREM', agg_key(P, kind, group_unit(tenant, group)), key) end
   place_group(P, tenant, group, now)
@@ -639,7 +642,7 @@ end
 -- bytes leave P.offload_evict_bytes (the caller deletes the object, or drops the field).
 local function forget_offload_evict(P, tenant, key, o)
   redis.call('ZREM', P .. K.offload_evict, obj_id(tenant, key))
-  redis.call('HINCRBY', P, 'offload_evict_bytes', S(-(tonumber(o.size) or 0)))
+  redis.call('HINCRBY', P, 'offload_evict_bytes', S(-(tonumber_(o.size) or 0)))
   o.offload_evict = nil
 end
 
@@ -649,7 +652,7 @@ end
 local function drop_object(P, tenant, key, okey, o, hold_until, event)
   Events.emit(P, event or 'removed', tenant, key, okey, o)
   local bytes = 0
-  local size = tonumber(o.size) or 0
+  local size = tonumber_(o.size) or 0
   local replicas, maybe_disk = replicas_of(P, o)
   if o.guaranteed_until then forget_guarantee(P, tenant, key, o, replicas) end
   if o.offload_client then forget_offload_task(P, tenant, key, o) end
@@ -704,10 +707,10 @@ end
 local function sweep_guarantees(P, now, limit)
   local index = P .. K.guaranteed
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', S(now), 'LIMIT', 0, limit)) do
-    local tenant, key = string.match(id, '^([^:]+):(.*)$')
+    local tenant, key = match_(id, '^([^:]+):(.*)$')
     local okey = tenant and obj_key(P, tenant, key)
     local o = okey and load_object(okey)
-    local until_ms = o and tonumber(o.guaranteed_until)
+    local until_ms = o and tonumber_(o.guaranteed_until)
     if not until_ms then
       redis.call('ZREM', index, id)
     elseif until_ms > now then

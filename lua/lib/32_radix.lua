@@ -24,6 +24,8 @@
 -- (put_end: RADIX_LINK_PENDING) while its link is still in the outbox.
 
 local K, E, S, int_arg, valid_name = Base.K, Base.E, Base.S, Base.int_arg, Base.valid_name
+local tonumber_, sub_, match_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, sub_, match_ = tonumber, string.sub, string.match end)
 local RADIX_MARK = Object.RADIX_MARK
 local unplace_composite, place_group, MEMO_FIELD = Units.unplace_composite, Units.place_group, Units.MEMO_FIELD
 local place_protected, GROUP_N, NODE_FIELDS = Units.place_protected, Units.GROUP_N, Units.NODE_FIELDS
@@ -34,7 +36,7 @@ local function rnode_key(P, tenant, h) return P .. K.radix_node .. tenant .. ':'
 local function rkids_key(P, tenant, h) return P .. K.radix_kids .. tenant .. ':' .. h end
 local function radix_group(h) return RADIX_MARK .. h end
 local function radix_unit(tenant, h) return 'r:' .. tenant .. ':' .. h end
-local function shard_index(P) return tonumber(string.match(P, ':(%d+)}$')) end
+local function shard_index(P) return tonumber_(match_(P, ':(%d+)}$')) end
 local function radix_seq(P) return redis.call('HINCRBY', P, 'radix_seq', 1) end
 
 local function outbox_entry(op, seq, pshard, tenant, ph, h)
@@ -43,11 +45,11 @@ end
 
 -- op, seq, parent shard, tenant, parent, child of an outbox entry (nil when malformed).
 local function parse_outbox_entry(e)
-  local op, seq, pshard, tenant, plen, rest = string.match(e, '^(%l+) (%d+) (%d+) ([^ ]+) (%d+) (.*)$')
+  local op, seq, pshard, tenant, plen, rest = match_(e, '^(%l+) (%d+) (%d+) ([^ ]+) (%d+) (.*)$')
   if not op or (op ~= 'link' and op ~= 'unlink') then return nil end
-  plen = tonumber(plen)
+  plen = tonumber_(plen)
   if plen < 1 or #rest <= plen then return nil end
-  return op, tonumber(seq), tonumber(pshard), tenant, string.sub(rest, 1, plen), string.sub(rest, plen + 1)
+  return op, tonumber_(seq), tonumber_(pshard), tenant, sub_(rest, 1, plen), sub_(rest, plen + 1)
 end
 
 local radix_settle -- (defined below; radix_apply and it call each other)
@@ -63,7 +65,7 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth)
   end
   -- (a link made at once carries the newest seq of the child's shard, so no later step about
   -- the child can be listed: it needs no look first)
-  local cur = not (op == 'link' and depth < 0) and tonumber(redis.call('ZSCORE', kids, h))
+  local cur = not (op == 'link' and depth < 0) and tonumber_(redis.call('ZSCORE', kids, h))
   if op == 'link' then
     if cur and cur >= seq then return end
     if redis.call('ZADD', kids, S(seq), h) == 0 then return end -- (it was listed: only its seq moved)
@@ -110,9 +112,9 @@ end
 local function node_dropped(P, tenant, h, parent, pshard, link_pending, now, depth)
   redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
   if not parent then return end
-  pshard = tonumber(pshard) or shard_index(P)
+  pshard = tonumber_(pshard) or shard_index(P)
   if link_pending then -- its link never reached the parent: take it back
-    redis.call('ZREM', P .. K.radix_outbox, outbox_entry('link', tonumber(link_pending), pshard, tenant, parent, h))
+    redis.call('ZREM', P .. K.radix_outbox, outbox_entry('link', tonumber_(link_pending), pshard, tenant, parent, h))
   end
   radix_unlink_up(P, tenant, h, parent, pshard, now, depth)
 end
@@ -131,7 +133,7 @@ radix_settle = function(P, tenant, h, now, depth)
     redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
     return
   end
-  if (tonumber(rec[1]) or 0) > 0 or rec[6] == '1' or kids > 0 then
+  if (tonumber_(rec[1]) or 0) > 0 or rec[6] == '1' or kids > 0 then
     return place_group(P, tenant, radix_group(h), now, false, rec, kids)
   end
   redis.call('DEL', nkey)

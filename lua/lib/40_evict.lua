@@ -4,6 +4,8 @@
 -- offload instead (Offload.queue_on_evict, lua/lib/45_offload.lua) and freed when that ends; a
 -- group (or radix node) is evicted outright, and so is everything a put_start evicts.
 
+local tonumber_, match_, max_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, match_, max_ = tonumber, string.match, math.max end)
 local S = Base.S
 local obj_key, RADIX_MARK, grp_key = Object.obj_key, Object.RADIX_MARK, Object.grp_key
 local grp_members_key, load_object = Object.grp_members_key, Object.load_object
@@ -40,7 +42,7 @@ local function next_candidate(P, now, cfg, no_draining)
     if best and TIER_LEVEL[tier] ~= TIER_LEVEL[best_tier] then break end
     if tier_allowed(tier, cfg) then
       local c = redis.call('ZRANGE', P .. tier, 0, 0, 'WITHSCORES')
-      local score = tonumber(c[2])
+      local score = tonumber_(c[2])
       if c[1] and score <= now and (not best or score < best_score) then
         best, best_score, best_tier = c[1], score, tier
       end
@@ -73,7 +75,7 @@ local function evict_object(P, tenant, key, now, cfg)
   local why, entries = unit_rule(f, now)
   if not still_evictable(why, entries, f.lease_until, now, cfg) then
     keep_lease(P, unit, okey, o)
-    f.lease_until = tonumber(o.lease_until) or 0
+    f.lease_until = tonumber_(o.lease_until) or 0
     _, entries = unit_rule(f, now)
     apply_rule(P, unit, entries, now)
     return 0, 0
@@ -135,14 +137,14 @@ local function evict_group(P, tenant, group, now, budget, cfg)
   else
     redis.call('HINCRBY', gkey, 'members', S(0 - #keys))
   end
-  return objects, bytes, math.max(#keys, 1), nil, not last
+  return objects, bytes, max_(#keys, 1), nil, not last
 end
 
 -- Evict one unit if it is still evictable, spending at most `budget` (members of a group);
 -- returns objects and bytes freed, the budget spent, the bytes queued for offload instead
 -- (an object: see evict_object), and whether a group is left draining.
 local function evict_unit(P, unit, now, budget, cfg)
-  local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.*)$')
+  local kind, tenant, name = match_(unit, '^([ogr]):([^:]+):(.*)$')
   if kind == 'o' then
     local n, b, queued = evict_object(P, tenant, name, now, cfg)
     return n, b, 1, queued

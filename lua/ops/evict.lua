@@ -13,6 +13,8 @@
 --   "idle" (nothing to do), "target" (reached), "more" (call again), "blocked" (no evictable
 --   unit), and queued counts the objects this step queued for offload instead of evicting.
 
+local tonumber_, floor_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, floor_ = tonumber, math.floor end)
 local E, fail, S, int_arg, now_ms = Base.E, Base.fail, Base.S, Base.int_arg, Base.now_ms
 local register, FREES = Base.register, Base.FREES
 local DRAINING, sweep_deadlines = Units.DRAINING, Units.sweep_deadlines
@@ -27,9 +29,9 @@ local function evict(P, args, cfg)
   local objects, bytes = sweep_offload_evict(P, now, max_units, cfg.offload_task_timeout)
   local units = objects
   local row = redis.call('HMGET', P, 'used_bytes', 'capacity_bytes', 'put_failed', 'evicting', 'offload_evict_bytes')
-  local used, cap, put_failed = tonumber(row[1]) or 0, tonumber(row[2]) or 0, row[3]
-  local waiting = tonumber(row[5]) or 0 -- bytes queued for offload by earlier steps: as good as freed
-  local target = math.floor(cap * (cfg.eviction_high_watermark_ratio - cfg.eviction_ratio))
+  local used, cap, put_failed = tonumber_(row[1]) or 0, tonumber_(row[2]) or 0, row[3]
+  local waiting = tonumber_(row[5]) or 0 -- bytes queued for offload by earlier steps: as good as freed
+  local target = floor_(cap * (cfg.eviction_high_watermark_ratio - cfg.eviction_ratio))
   local draining = redis.call('ZCARD', P .. DRAINING) > 0 -- a group's eviction under way goes on
   if used - waiting <= cap * cfg.eviction_high_watermark_ratio and not put_failed and not row[4] and not draining then
     return { 'idle', units, objects, bytes, used, target, 0 }

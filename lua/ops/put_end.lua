@@ -6,6 +6,8 @@
 -- (enqueue_offload, lua/lib/45_offload.lua) with its priority as of that moment. A put_end that
 -- makes an object readable is a KV event `stored` (lua/lib/28_events.lua).
 
+local tonumber_, max_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, max_ = tonumber, math.max end)
 local K, E, fail, S, valid_name = Base.K, Base.E, Base.fail, Base.S, Base.valid_name
 local register, FREES = Base.register, Base.FREES
 local obj_key, obj_id, object_call = Object.obj_key, Object.obj_id, Object.object_call
@@ -29,7 +31,7 @@ end
 -- The soft pin is committed once, when the object first becomes readable.
 local function commit_soft_pin(o, now)
   if o.soft_pin_action == 'enable' then
-    local ttl = tonumber(o.soft_pin_ttl)
+    local ttl = tonumber_(o.soft_pin_ttl)
     return ttl > 0 and S(now + ttl) or '0'
   elseif o.soft_pin_action == 'disable' then
     return '0'
@@ -52,7 +54,7 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   end
   -- the lease becomes max(lease, now); it goes into the hash unless the unit lands in a tier,
   -- whose score then holds it (the lease lives where the rule needs it: 30_units.lua)
-  o.status, o.lease_until = 'complete', S(math.max(tonumber(o.lease_until) or 0, now))
+  o.status, o.lease_until = 'complete', S(max_(tonumber_(o.lease_until) or 0, now))
   o.soft_pin_until = commit_soft_pin(o, now)
   local fields = { 'status', o.status }
   if ever_soft_pinned(o) then -- and the read mark

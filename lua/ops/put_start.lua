@@ -29,6 +29,8 @@
 -- Retry: a put_start of a key whose put is in progress, by the same writer with the same size,
 -- answers the replicas already allocated (so a caller whose first call timed out can retry).
 
+local tonumber_, byte_, max_, min_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, byte_, max_, min_ = tonumber, string.byte, math.max, math.min end)
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, now_ms, valid_tenant = Base.int_arg, Base.now_ms, Base.valid_tenant
 local valid_name, parse_call, row_of = Base.valid_name, Base.parse_call, Base.row_of
@@ -88,7 +90,7 @@ local GUARANTEE_SWEEP = 64 -- due guarantees a guaranteed put_start ends before 
 -- Could `size` fit in some segment slice of this shard if it were empty?
 local function could_fit(P, size, by_free)
   for _, seg in ipairs(by_free) do
-    if (tonumber(redis.call('HGET', P .. K.segment .. seg, 'size')) or 0) >= size then return true end
+    if (tonumber_(redis.call('HGET', P .. K.segment .. seg, 'size')) or 0) >= size then return true end
   end
   return false
 end
@@ -103,7 +105,7 @@ local function pairs_of(reply, into, seen)
   for i = 1, #reply, 2 do
     local seg = reply[i]
     if not seen[seg] then
-      seen[seg] = tonumber(reply[i + 1])
+      seen[seg] = tonumber_(reply[i + 1])
       into[#into + 1] = seg
     end
   end
@@ -120,7 +122,7 @@ local function most_free(P, a, cfg)
   pairs_of(top, list, free_of)
   if strategy == 'free_ratio_first' then
     local ratio = {}
-    for _, seg in ipairs(list) do ratio[seg] = free_of[seg] / math.max(slice_size(P, seg), 1) end
+    for _, seg in ipairs(list) do ratio[seg] = free_of[seg] / max_(slice_size(P, seg), 1) end
     table.sort(list, function(x, y)
       if ratio[x] ~= ratio[y] then return ratio[x] > ratio[y] end
       return x < y
@@ -137,7 +139,7 @@ local function host_segments(P, host)
   local free = redis.call('ZMSCORE', P .. K.segments, unpack(names))
   local out = {}
   for i, seg in ipairs(names) do
-    if free[i] then out[#out + 1] = { seg = seg, free = tonumber(free[i]) } end
+    if free[i] then out[#out + 1] = { seg = seg, free = tonumber_(free[i]) } end
   end
   table.sort(out, function(x, y)
     if x.free ~= y.free then return x.free > y.free end
@@ -157,7 +159,7 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
     sweep_deadlines(P, now, EVICT_PER_KEY)
     a.swept = true
   end
-  local budget = math.min(EVICT_PER_KEY, a.evict_budget)
+  local budget = min_(EVICT_PER_KEY, a.evict_budget)
   while budget > 0 do
     local unit = next_candidate(P, now, cfg)
     if not unit then break end
@@ -217,10 +219,10 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     old, nrec = nil, nil -- (its node may have changed)
   end
   if old then
-    local started = tonumber(old.put_started) or 0
+    local started = tonumber_(old.put_started) or 0
     if old.status == 'complete' then return E.OBJECT_ALREADY_EXISTS end
     if now - started < cfg.put_start_discard_timeout then
-      if old.writer == a.client and tonumber(old.size) == size then return retry_reply(P, old) end
+      if old.writer == a.client and tonumber_(old.size) == size then return retry_reply(P, old) end
       return E.OBJECT_ALREADY_EXISTS
     end
     -- an abandoned put: preempt it, keeping its space until the release timeout
@@ -290,7 +292,7 @@ local function parse_put_args(call, cfg)
   if not a.replica_num then return nil, 'replica_num must be an integer in [1, 64]' end
   if a.hard_pin ~= '0' and a.hard_pin ~= '1' then return nil, 'hard_pin must be 0 or 1' end
   if o.group then
-    if not valid_name(o.group, 256) or string.byte(o.group, 1) == 0 then
+    if not valid_name(o.group, 256) or byte_(o.group, 1) == 0 then
       return nil, 'group_id must be 1-256 bytes, not starting with a NUL byte'
     end
     a.group = o.group

@@ -4,6 +4,8 @@
 -- KEYS: P.  ARGV: options tenant, force (0|1, default 0); fields key.
 -- Reply: one code per key (0 = removed).
 
+local tonumber_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_ = tonumber end)
 local E, fail, register, FREES = Base.E, Base.fail, Base.register, Base.FREES
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
 local keys_spec, load_object, lease_of = Object.keys_spec, Object.load_object, Units.lease_of
@@ -15,7 +17,7 @@ local function remove_one(P, tenant, key, force, now)
   if not o then return E.OBJECT_NOT_FOUND end
   if o.status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   if not force and lease_of(P, tenant, key, o) > now then return E.OBJECT_HAS_LEASE end
-  if not force and (tonumber(o.task_refs) or 0) > 0 then return E.OBJECT_HAS_REPLICATION_TASK end
+  if not force and (tonumber_(o.task_refs) or 0) > 0 then return E.OBJECT_HAS_REPLICATION_TASK end
   delete_object(P, tenant, key, okey, o, nil, now)
   return E.OK
 end
