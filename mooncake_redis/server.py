@@ -82,7 +82,30 @@ def stop_process(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None
         proc.wait()
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local ends of outgoing connections (Linux's default if unknown)."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on, for a server about to start. It is taken below the
+    kernel's ephemeral range where there is room: a port inside it, found free, may be taken
+    at once as the local end of any outgoing connection on the machine, before the server binds
+    it. (A port found free can still be taken by another program choosing the same way.)"""
+    lo, _ = _ephemeral_ports()
+    if lo > 11_024:
+        for _ in range(64):
+            port = secrets.randbelow(lo - 10_024) + 10_024  # [10024, lo)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -120,6 +120,17 @@ def serve_once(tmp: Path, data: Path, *args: str) -> subprocess.CompletedProcess
 
 
 @pytest.mark.slow
+def test_free_ports_lie_below_the_ephemeral_range_and_are_free():
+    """A port found free inside the ephemeral range may become the local end of an outgoing
+    connection before a server binds it; free_port picks below the range."""
+    lo, _ = server_module._ephemeral_ports()
+    for _ in range(20):
+        port = free_port()
+        assert (10_024 <= port < lo) if lo > 11_024 else port > 0
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free: nothing listens on it
+
+
 def test_serve_process(tmp_path):
     data = tmp_path / "data"
     port = free_port()
