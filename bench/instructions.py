@@ -316,7 +316,7 @@ class CallgrindValkey:
     script, the server's directory, callgrind's dumps and valgrind's vgdb pipes all live there."""
 
     def __init__(self, tmp: str, valgrind: str, control: str, aof: bool = False):
-        self.tmp, self.control = tmp, control
+        self.tmp, self.valgrind, self.control = tmp, valgrind, control
         self.out_dir = os.path.join(tmp, "callgrind")
         os.makedirs(self.out_dir)
         self.vgdb_prefix = os.path.join(tmp, "vgdb")
@@ -426,17 +426,26 @@ def main(n: int = 400, out=print, store: int | None = None, aof: bool = False) -
     store = STORE if store is None else store
     if n < 1 or store < 2 * BATCH:
         raise ValueError(f"n must be >= 1 and store >= {2 * BATCH}")
-    valgrind, control = find_valgrind()
     with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-bench-callgrind-"))
-        server = CallgrindValkey(tmp, valgrind, control, aof=aof)
-        stack.callback(server.stop)
-        server.start()
-        r = redis.Redis.from_url(server.url)
-        stack.callback(r.close)
-        master = Master.connect(server.url, MasterConfig(namespace=NAMESPACE, shards=1))
-        stack.callback(master.close)
-        return _run(server, master, r, n, store, valgrind_version(valgrind), aof, out)
+        server, r, master = callgrind_master(stack, MasterConfig(namespace=NAMESPACE, shards=1), "callgrind", aof)
+        return _run(server, master, r, n, store, valgrind_version(server.valgrind), aof, out)
+
+
+def callgrind_master(stack: contextlib.ExitStack, config: MasterConfig, name: str,
+                     aof: bool = False) -> tuple["CallgrindValkey", redis.Redis, Master]:
+    """A private valkey-server under callgrind (in a temporary directory
+    mooncake-bench-<name>-*), a client of it and a Master on it with `config`, all closed by
+    `stack` (this bench, bench/reads.py, bench/writes.py)."""
+    valgrind, control = find_valgrind()
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"mooncake-bench-{name}-"))
+    server = CallgrindValkey(tmp, valgrind, control, aof=aof)
+    stack.callback(server.stop)
+    server.start()
+    r = redis.Redis.from_url(server.url)
+    stack.callback(r.close)
+    master = Master.connect(server.url, config)
+    stack.callback(master.close)
+    return server, r, master
 
 
 def _fmt(x: float | None) -> str:

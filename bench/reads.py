@@ -54,16 +54,9 @@ def _store(m: Master, radix: bool) -> list[str]:
 
 def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] = print) -> dict[str, dict]:
     """Instructions per call (per key for the batches) and redis.calls of the four reads."""
-    valgrind, control = bi.find_valgrind()
     with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-bench-reads-"))
-        server = bi.CallgrindValkey(tmp, valgrind, control)
-        stack.callback(server.stop)
-        server.start()
-        r = redis.Redis.from_url(server.url)
-        stack.callback(r.close)
-        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix))
-        stack.callback(m.close)
+        config = MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix)
+        server, r, m = bi.callgrind_master(stack, config, "reads")
         keys = _store(m, radix)
         r.function_load(bi.LIBRARY, replace=True)  # mcb_gc, which every window calls
         server.calibrate(r)

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import tempfile
 from typing import Callable
 
-import redis
-
-from mooncake_redis import Master, MasterConfig, ReplicateConfig
+from mooncake_redis import MasterConfig, ReplicateConfig
 
 from . import instructions as bi
 
@@ -43,17 +40,10 @@ def _pages(tag: str, n: int, radix: bool) -> list[tuple[str, ReplicateConfig | N
 
 def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] = print) -> dict[str, dict]:
     """Instructions per call and redis.calls of put_start, put_end and remove, and per unit evicted."""
-    valgrind, control = bi.find_valgrind()
     with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-bench-writes-"))
-        server = bi.CallgrindValkey(tmp, valgrind, control)
-        stack.callback(server.stop)
-        server.start()
-        r = redis.Redis.from_url(server.url)
-        stack.callback(r.close)
-        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix,
-                                                    eviction_high_watermark_ratio=0.5, eviction_ratio=0.25))
-        stack.callback(m.close)
+        config = MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix,
+                              eviction_high_watermark_ratio=0.5, eviction_ratio=0.25)
+        server, r, m = bi.callgrind_master(stack, config, "writes")
         m.mount_segment(bi.SEGMENT, max(n, CHAIN) * bi.OBJECT_SIZE, bi.CLIENT)
         r.function_load(bi.LIBRARY, replace=True)  # mcb_gc, which every window calls
         server.calibrate(r)
