@@ -254,8 +254,10 @@ end
 local GROUP_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
   'retained_until', 'grouped', MEMO_FIELD }
 local GROUP_N = #GROUP_FIELDS
-local NODE_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
-  'retained_until', 'grouped', MEMO_FIELD, 'parent', 'parent_shard', 'link_pending', 'created' }
+local NODE_FIELDS = {}
+for i = 1, GROUP_N do NODE_FIELDS[i] = GROUP_FIELDS[i] end
+NODE_FIELDS[GROUP_N + 1], NODE_FIELDS[GROUP_N + 2], NODE_FIELDS[GROUP_N + 3], NODE_FIELDS[GROUP_N + 4] =
+  'parent', 'parent_shard', 'link_pending', 'created'
 
 -- `g`, `children`: the record's GROUP_FIELDS (a radix node's NODE_FIELDS) and a node's child
 -- count as just read (nil: read them). The members' deadlines (the aggregates) count only for
@@ -592,7 +594,7 @@ local function group_member_completed(P, tenant, key, group, soft_pin_until, now
     end
     return
   end
-  if g then g[2] = processing else g = redis.call('HMGET', gkey, unpack(radix_hash(group) and NODE_FIELDS or GROUP_FIELDS)) end -- (g: read before)
+  if g then g[2] = processing end -- (g was read before the decrement; without it, group_facts reads now)
   local f = group_facts(P, tenant, group, g)
   local fields
   if now > f.lease_until then

@@ -29,6 +29,7 @@ Base.on_first_call(function() tonumber_, sub_, match_ = tonumber, string.sub, st
 local RADIX_MARK = Object.RADIX_MARK
 local unplace_composite, place_group, MEMO_FIELD = Units.unplace_composite, Units.place_group, Units.MEMO_FIELD
 local place_protected, GROUP_N, NODE_FIELDS = Units.place_protected, Units.GROUP_N, Units.NODE_FIELDS
+local RETIRED_FIELDS = Units.RETIRED_FIELDS
 
 local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
 
@@ -55,9 +56,9 @@ end
 local radix_settle -- (defined below; radix_apply and it call each other)
 
 -- The parent's half of a link or unlink, on the parent's shard. An unlink with no seq is the
--- child's own shard's, in the call that drops the child: whatever link the parent holds goes;
--- a link at depth -1 is made at once by the child's shard.
-local function radix_apply(P, op, seq, tenant, ph, h, now, depth)
+-- child's own shard's, in the call that drops the child: whatever link the parent holds goes.
+-- `at_once`: a link the child's shard makes in the same call (see below).
+local function radix_apply(P, op, seq, tenant, ph, h, now, depth, at_once)
   local kids = rkids_key(P, tenant, ph)
   if not seq then
     if redis.call('ZREM', kids, h) == 1 then radix_settle(P, tenant, ph, now, depth) end
@@ -65,7 +66,7 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth)
   end
   -- (a link made at once carries the newest seq of the child's shard, so no later step about
   -- the child can be listed: it needs no look first)
-  local cur = not (op == 'link' and depth < 0) and tonumber_(redis.call('ZSCORE', kids, h))
+  local cur = not at_once and tonumber_(redis.call('ZSCORE', kids, h))
   if op == 'link' then
     if cur and cur >= seq then return end
     if redis.call('ZADD', kids, S(seq), h) == 0 then return end -- (it was listed: only its seq moved)
@@ -100,7 +101,7 @@ end
 local function radix_link(P, tenant, h, ph, pshard, now)
   local seq = radix_seq(P)
   if pshard == shard_index(P) then
-    radix_apply(P, 'link', seq, tenant, ph, h, now, -1) -- (depth -1: made at once)
+    radix_apply(P, 'link', seq, tenant, ph, h, now, 0, true)
   else
     redis.call('ZADD', P .. K.radix_outbox, S(now), outbox_entry('link', seq, pshard, tenant, ph, h))
     redis.call('HSET', rnode_key(P, tenant, h), 'link_pending', S(seq))
@@ -154,7 +155,7 @@ local function node_retired(P, tenant, h, now, gone, f)
   unplace_composite(P, radix_unit(tenant, h), f.at)
   if f.children > 0 then
     redis.call('DEL', unpack(gone))
-    redis.call('HDEL', nkey, unpack(Units.RETIRED_FIELDS))
+    redis.call('HDEL', nkey, unpack(RETIRED_FIELDS))
     return
   end
   gone[#gone + 1] = nkey
