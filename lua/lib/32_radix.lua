@@ -164,12 +164,12 @@ local function node_retired(P, tenant, h, now, gone, f)
 end
 
 -- Checks for registering key(s) under node h with parent ph (nil: none) before anything is
--- written: an error code, or nil and the node's record as read ({created, parent, draining}),
--- which radix_register takes while nothing else has written the node.
+-- written: an error code, or nil and the node's record as read ({created, parent, draining,
+-- memo}), which radix_register and radix_hold take while nothing else has written the node.
 local function radix_check(P, tenant, h, ph, pshard, shards)
   if not valid_name(h, 256) then return E.INVALID_PARAMS end
   if ph and (not valid_name(ph, 256) or ph == h or not pshard or pshard >= shards) then return E.INVALID_PARAMS end
-  local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'created', 'parent', 'draining')
+  local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'created', 'parent', 'draining', MEMO_FIELD)
   if ph and rec[2] and rec[2] ~= ph then return E.INVALID_PARAMS end -- a chained hash has one parent
   return nil, rec
 end
@@ -195,6 +195,13 @@ local function radix_register(P, tenant, h, ph, pshard, now, rec)
   return not rec[1]
 end
 
+-- A put into node h (not new: `at`, its memo as radix_check read it) is under way: the node is
+-- no candidate from now on, so that the put's evict-on-put cannot evict the node it joins
+-- (its counters and its link would go with it). A refused put re-places it (radix_settle).
+local function radix_hold(P, tenant, h, at, now)
+  place_protected(P, rnode_key(P, tenant, h), radix_unit(tenant, h), at, false, now)
+end
+
 -- The parent and shard of a row's optional fields parent / parent_shard ('' = none).
 local function radix_parent_of(row)
   if row.parent == nil or row.parent == '' then return nil, nil end
@@ -205,5 +212,5 @@ return {
   rnode_key = rnode_key, rkids_key = rkids_key, radix_group = radix_group, radix_unit = radix_unit,
   shard_index = shard_index, parse_outbox_entry = parse_outbox_entry, radix_settle = radix_settle,
   radix_apply = radix_apply, node_retired = node_retired, radix_check = radix_check,
-  radix_register = radix_register, radix_parent_of = radix_parent_of,
+  radix_register = radix_register, radix_hold = radix_hold, radix_parent_of = radix_parent_of,
 }

@@ -46,7 +46,7 @@ local join_group, delete_object = Units.join_group, Units.delete_object
 local indexed_room, join_indexed = Units.indexed_room, Units.join_indexed
 local sweep_guarantees, sweep_deadlines = Units.sweep_guarantees, Units.sweep_deadlines
 local radix_group, radix_settle = Radix.radix_group, Radix.radix_settle
-local radix_check, radix_register = Radix.radix_check, Radix.radix_register
+local radix_check, radix_register, radix_hold = Radix.radix_check, Radix.radix_register, Radix.radix_hold
 local radix_parent_of = Radix.radix_parent_of
 local next_candidate, evict_unit = Evict.next_candidate, Evict.evict_unit
 
@@ -148,7 +148,8 @@ local function host_segments(P, host)
   return out
 end
 
--- Returns the replicas got, and whether eviction could have helped (the put fits some slice).
+-- Returns the replicas got, whether eviction could have helped (the put fits some slice), and
+-- whether it evicted anything.
 local function allocate_evicting(P, size, a, now, cfg, by_free)
   local got = allocate(P, size, a.replica_num, a.preferred, by_free, a.mounts, a.host_segs, a.free_of)
   if #got > 0 then return got, true end
@@ -160,20 +161,22 @@ local function allocate_evicting(P, size, a, now, cfg, by_free)
     a.swept = true
   end
   local budget = min_(EVICT_PER_KEY, a.evict_budget)
+  local evicted = false
   while budget > 0 do
     local unit = next_candidate(P, now, cfg)
     if not unit then break end
     local n, _, spent = evict_unit(P, unit, now, budget, cfg)
     budget, a.evict_budget = budget - spent, a.evict_budget - spent
     if n > 0 then
+      evicted = true
       by_free = most_free(P, a, cfg) -- the freed bytes may sit in a segment the first search passed over
       a.by_free = by_free
       if a.host then a.host_segs = host_segments(P, a.host) end
       got = allocate(P, size, a.replica_num, a.preferred, by_free, a.mounts, a.host_segs, a.free_of)
-      if #got > 0 then return got, true end
+      if #got > 0 then return got, true, true end
     end
   end
-  return got, true
+  return got, true, evicted
 end
 
 -- The replicas of a put in progress, as put_start first answered them (minus dead ones).
@@ -233,10 +236,20 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   -- anything for this key (fewer replicas allocated then hold fewer bytes than were allowed)
   local guaranteed = a.guarantee_ttl > 0 and guarantee_allowed(P, a, size * a.replica_num, cfg)
   if guaranteed == 'refused' then return E.GUARANTEED_CAPACITY_EXCEEDED end
-  -- the node is linked to its parent before evict-on-put runs, so that the parent (on this
-  -- shard) is no longer a candidate for the room this key needs; a refused key takes it back
+  if node and not nrec then -- the node may have changed since radix_check: read it again
+    local code
+    code, nrec = radix_check(P, a.tenant, node, parent, pshard, cfg.shards)
+    if code then return code end
+    if nrec[3] == '1' then return E.NO_AVAILABLE_HANDLE end
+  end
+  -- the node is linked to its parent and held before evict-on-put runs, so that neither the
+  -- parent (on this shard) nor the node is a candidate for the room this key needs; a refused
+  -- key takes both back
   local fresh = node and radix_register(P, a.tenant, node, parent, pshard, now, nrec) -- a new node
-  local got, fits = allocate_evicting(P, size, a, now, cfg, by_free)
+  if node and not fresh then radix_hold(P, a.tenant, node, nrec[4] or nil, now) end
+  local got, fits, evicted = allocate_evicting(P, size, a, now, cfg, by_free)
+  -- an eviction may have dropped the node (a shell whose last child it evicted): register it again
+  if node and evicted then fresh = radix_register(P, a.tenant, node, parent, pshard, now, nil) or fresh end
   if #got == 0 then
     if fits then redis.call('HSET', P, 'put_failed', S(now)) end -- tells the eviction workers to start
     if node then radix_settle(P, a.tenant, node, now, 0) end
