@@ -570,6 +570,23 @@ def test_fsck_takes_steps_in_the_outbox_for_no_drift(cross):
     assert fsck(m).ok
 
 
+def test_fsck_unit_re_places_a_radix_node(rm):
+    """mc_fsck_unit re-places a node's unit "r:<tenant>:<hash>" from its record, as it does a
+    group's, rather than dropping it as malformed."""
+    m = rm
+    a = H("a")
+    put_node(m, a, None)
+    unit = f"r:default:{a}".encode()
+    P = m.transport.keys[node_shard(a.encode(), m.shards)].P
+    tiers = [k for k in m.redis.keys(P + b":evict:*") if m.redis.zscore(k, unit) is not None]
+    assert tiers
+    for k in tiers:
+        m.redis.zrem(k, unit)
+    assert m.redis.execute_command("FCALL", "mc_fsck_unit", 1, P, unit) == b"r"
+    assert [k for k in m.redis.keys(P + b":evict:*") if m.redis.zscore(k, unit) is not None] == tiers
+    assert fsck(m).ok
+
+
 def test_a_guaranteed_key_is_indexed_and_its_guarantee_protects_the_node(rm):
     m = rm
     a = H("a")

@@ -290,16 +290,21 @@ end
 
 -- mc_fsck_unit. KEYS: P. ARGV: unit.  Re-derives one candidate unit found in a tier or in the
 --   soft-pin deadline index: "o:<tenant>:<key>" is re-placed like mc_fsck_place; "g:<tenant>:<group>"
---   is re-placed from the group's counters (fix the counters first with mc_fsck_group); anything
---   else (a malformed unit) is removed from the tiers and the deadline index.
--- Reply: "o", "g" or "removed".
+--   and a radix node's "r:<tenant>:<hash>" are re-placed from the record's counters (fix the
+--   counters first with mc_fsck_group); anything else (a malformed unit) is removed from the
+--   tiers and the deadline index.
+-- Reply: "o", "g", "r" or "removed".
 local function fsck_unit(P, args)
   local unit = args[1]
   if type(unit) ~= 'string' then return fail(E.INVALID_PARAMS, 'expected unit') end
-  local kind, tenant, name = string.match(unit, '^([og]):([^:]+):(.+)$')
+  local kind, tenant, name = string.match(unit, '^([ogr]):([^:]+):(.+)$')
   if kind and valid_tenant(tenant) then
     local now = now_ms(P)
-    if kind == 'o' then fsck_place_object(P, tenant, name, now) else place_group(P, tenant, name, now, true) end
+    if kind == 'o' then
+      fsck_place_object(P, tenant, name, now)
+    else -- (a radix node is the group named RADIX_MARK .. hash)
+      place_group(P, tenant, kind == 'r' and RADIX_MARK .. name or name, now, true)
+    end
     return kind
   end
   unplace(P, unit)
