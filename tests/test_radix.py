@@ -578,12 +578,12 @@ def test_fsck_unit_re_places_a_radix_node(rm):
     put_node(m, a, None)
     unit = f"r:default:{a}".encode()
     P = m.transport.keys[node_shard(a.encode(), m.shards)].P
-    tiers = [k for k in m.redis.keys(P + b":evict:*") if m.redis.zscore(k, unit) is not None]
+    tiers = {k for k in m.redis.keys(P + b":evict:*") if m.redis.zscore(k, unit) is not None}
     assert tiers
     for k in tiers:
         m.redis.zrem(k, unit)
     assert m.redis.execute_command("FCALL", "mc_fsck_unit", 1, P, unit) == b"r"
-    assert [k for k in m.redis.keys(P + b":evict:*") if m.redis.zscore(k, unit) is not None] == tiers
+    assert {k for k in m.redis.keys(P + b":evict:*") if m.redis.zscore(k, unit) is not None} == tiers
     assert fsck(m).ok
 
 

@@ -198,6 +198,15 @@ local function guarantee_allowed(P, a, bytes, cfg)
   return guarantee_room(P, a.tenant, bytes, cfg) and 'yes' or (a.fallback and 'no' or 'refused')
 end
 
+-- A key may join node h (radix_check, and the node is not being evicted): nil and the node's
+-- record as read, or an error code.
+local function check_node(P, tenant, h, parent, pshard, cfg)
+  local code, nrec = radix_check(P, tenant, h, parent, pshard, cfg.shards)
+  if code then return code end
+  if nrec[3] == '1' then return E.NO_AVAILABLE_HANDLE end
+  return nil, nrec
+end
+
 local function put_one(P, a, row, size, now, cfg, by_free)
   local key, prefix = row.key, row.prefix
   if not valid_name(key, cfg.max_key_length) or not size then return E.INVALID_PARAMS end
@@ -210,10 +219,9 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   if node then
     parent, pshard = radix_parent_of(row)
     local code
-    code, nrec = radix_check(P, a.tenant, node, parent, pshard, cfg.shards)
+    code, nrec = check_node(P, a.tenant, node, parent, pshard, cfg)
     if code then return code end
     if a.group and not indexed_room(P, a.tenant, a.group, node) then return E.INVALID_PARAMS end
-    if nrec[3] == '1' then return E.NO_AVAILABLE_HANDLE end -- the node is being evicted
   end
   local okey = obj_key(P, a.tenant, key)
   local old = load_object(okey)
@@ -236,11 +244,10 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   -- anything for this key (fewer replicas allocated then hold fewer bytes than were allowed)
   local guaranteed = a.guarantee_ttl > 0 and guarantee_allowed(P, a, size * a.replica_num, cfg)
   if guaranteed == 'refused' then return E.GUARANTEED_CAPACITY_EXCEEDED end
-  if node and not nrec then -- the node may have changed since radix_check: read it again
+  if node and not nrec then -- the node may have changed since it was checked: check it again
     local code
-    code, nrec = radix_check(P, a.tenant, node, parent, pshard, cfg.shards)
+    code, nrec = check_node(P, a.tenant, node, parent, pshard, cfg)
     if code then return code end
-    if nrec[3] == '1' then return E.NO_AVAILABLE_HANDLE end
   end
   -- the node is linked to its parent and held before evict-on-put runs, so that neither the
   -- parent (on this shard) nor the node is a candidate for the room this key needs; a refused
