@@ -146,13 +146,13 @@ redis.register_function('mcb_floor_exist', function(k, a)
   return read(k[1], a, EXIST_FIELDS, exist_shape, EXIST_READ_FIELDS) end)
 redis.register_function('mcb_floor_get', function(k, a) return read(k[1], a, GET_FIELDS, get_shape, READ_FIELDS) end)
 
--- put_start of ARGV[2] (ARGV[3] bytes, client ARGV[1]): held extents due, the fullest segments,
--- the object, best fit from the free lists, accounting, the object hash, processing
+-- put_start of ARGV[2] (ARGV[3] bytes, client ARGV[1]): the fullest segments (nothing held is
+-- due: the config's held_due says so), the object, best fit from the free lists, accounting, the
+-- object hash, processing
 redis.register_function('mcb_floor_put_start', function(k, a)
   local P, client, key, size = k[1], a[1], a[2], tonumber(a[3])
-  redis.call('HMGET', P .. K.config, {PUT_START_FIELDS}, 'clock', 'mounts')
+  redis.call('HMGET', P .. K.config, {PUT_START_FIELDS}, 'clock', 'mounts', 'held_due')
   local now = now_of(redis.call('TIME'))
-  redis.call('ZRANGEBYSCORE', P .. K.held, '-inf', now, 'LIMIT', 0, 16)
   local seg = redis.call('ZREVRANGE', P .. K.segments, 0, 16)[1]
   local okey = P .. K.object .. 'default:' .. key
   redis.call('HGETALL', okey)
@@ -167,8 +167,7 @@ redis.register_function('mcb_floor_put_start', function(k, a)
   redis.call('HINCRBY', P .. K.segment .. seg, 'used', size)
   redis.call('ZINCRBY', P .. K.segments, -size, seg)
   redis.call('HINCRBY', P, 'used_bytes', size)
-  redis.call('HSET', okey, 'size', size, 'status', 'processing', 'writer', client, 'put_started', now,
-    'lease_until', 0, 'soft_pin_until', 0, 'hard_pin', 0, 'soft_pin_action', 'preserve',
+  redis.call('HSET', okey, 'size', size, 'status', 'processing', 'writer', client,
     'reps', off .. ' ' .. mount .. ' ' .. #seg .. ' ' .. seg)
   redis.call('ZADD', P .. K.processing, now, 'default:' .. key)
   redis.call('HINCRBY', P, 'objects', 1)
@@ -182,8 +181,7 @@ redis.register_function('mcb_floor_put_end', function(k, a)
   local now = now_of(redis.call('TIME'))
   local okey = P .. K.object .. 'default:' .. key
   redis.call('HGETALL', okey)
-  redis.call('HSET', okey, 'status', 'complete', 'lease_until', now, 'soft_pin_until', 0)
-  redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl')
+  redis.call('HSET', okey, 'status', 'complete')
   redis.call('ZREM', P .. K.processing, 'default:' .. key)
   redis.call('ZADD', P .. K.tier_ordinary, now, 'o:default:' .. key)
   return {{ 0 }}

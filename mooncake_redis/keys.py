@@ -47,6 +47,7 @@ def profile_of(pattern: str) -> str:
 # Fields of P:config that are not configuration: the store clock's test hook (absolute ms; absent
 # in production) and the mount epoch (lua/lib/00_base.lua).
 CLOCK_FIELD, MOUNT_EPOCH_FIELD = "clock", "mounts"
+HELD_DUE_FIELD = "held_due"  # P:config: no P:held entry is due before it (lua/lib/10_alloc.lua)
 
 # Key suffixes after the shard key P, named as in Lua's K table (the key schema table of docs/keys.md).
 K: dict[str, str] = {

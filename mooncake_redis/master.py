@@ -16,7 +16,7 @@ from .config import MasterConfig
 from .errors import ErrorCode, MasterError
 from .events import EventsApi
 from .groups import GroupsApi
-from .keys import ShardKeys, compile_key_pattern
+from .keys import HELD_DUE_FIELD, ShardKeys, compile_key_pattern
 from .library import SCHEMA_VERSION, check_schema, load, stored_config
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
@@ -102,11 +102,13 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
             upgrade_objects(master.transport)
         wanted = {k.encode(): v.encode() for k, v in stored_config(config).items()}
         if any(stored.get(k) != v for k, v in wanted.items()):  # new store, new settings or new fields
-            master._write_config()
+            master._write_config(new_store=not stored)
         return master
 
-    def _write_config(self) -> None:
+    def _write_config(self, new_store: bool = False) -> None:
         fields = [x for kv in stored_config(self.config).items() for x in kv]
+        if new_store:  # nothing is held yet (an older store learns its bound at its next sweep)
+            fields += [HELD_DUE_FIELD, "none"]
         self.transport.run([("HSET", k.config, *fields) for k in self.transport.keys])
 
     def close(self) -> None:

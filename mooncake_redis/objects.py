@@ -441,7 +441,7 @@ class ObjectsApi(ApiBase):
         reply = self.transport.call("mc_describe", self.transport.shard_of(bkey), *argv)
         if isinstance(reply, int):
             raise MasterError(ErrorCode(reply), f"describe {key!r}")
-        flat, lease, live, now = reply
+        flat, lease, live, now, started = reply
         raw = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
         f = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
         size = int(f["size"])
@@ -455,7 +455,7 @@ class ObjectsApi(ApiBase):
         guaranteed = int(f.get("guaranteed_until", 0))
         return ObjectInfo(guaranteed_until_ms=guaranteed if guaranteed > int(now) else None, key=bkey,
                           tenant_id=tenant_id, size=size, status=status, writer=f["writer"],
-                          put_started_ms=int(f["put_started"]) if "put_started" in f else None,
+                          put_started_ms=int(started) if started else None,
                           lease_until_ms=int(lease),
                           soft_pin_until_ms=pin or None, hard_pinned=f.get("hard_pin") == "1",
                           group_id=f.get("group", f.get("ugroup")), replicas=replicas, fields=f, dead_replicas=dead)

@@ -256,11 +256,22 @@ def corrupt_processing(m):
     m.redis.zrem(keys_of(m, key).processing, f"default:{key}")
     first = key
     _, key, h = pick(m, lambda k, h: h["status"] == "processing" and k != first)
-    m.redis.zadd(keys_of(m, key).processing, {f"default:{key}": int(h["put_started"]) - 1})
+    k = keys_of(m, key)  # a put in progress as an earlier package wrote it: put_started beside the score
+    m.redis.hset(k.object("default", key), "put_started", int(m.redis.zscore(k.processing, f"default:{key}")) + 1)
     _, key, _ = ordinary_unit(m)
     m.redis.zadd(keys_of(m, key).processing, {f"default:{key}": 1})
     m.redis.zadd(shard_keys(m, 0).processing, {"default:gone": 1})
     return {"processing_missing", "processing_score", "processing_stale"}
+
+
+def corrupt_held_bound(m):
+    shard = next(s for s in range(m.shards) if m.redis.zcard(shard_keys(m, s).held))
+    k = shard_keys(m, shard)
+    first = m.redis.zrange(k.held, 0, 0, withscores=True)[0][1]
+    m.redis.hset(k.config, "held_due", int(first) + 1)  # later than the deadline: put_start would not look
+    if m.shards > 1:
+        m.redis.hset(shard_keys(m, (shard + 1) % m.shards).config, "held_due", "soon")
+    return {"held_bound"}
 
 
 def corrupt_segment_used(m):
@@ -356,7 +367,7 @@ def corrupt_dead_object(m):
 
 
 CORRUPTIONS = [corrupt_used_bytes, corrupt_capacity_and_objects, corrupt_tier_entry, corrupt_bogus_units,
-               corrupt_tier_score, corrupt_read_mark, corrupt_tier_placement, corrupt_deadline, corrupt_processing, corrupt_segment_used,
+               corrupt_tier_score, corrupt_read_mark, corrupt_tier_placement, corrupt_deadline, corrupt_processing, corrupt_held_bound, corrupt_segment_used,
                corrupt_segment_index, corrupt_group_member, corrupt_group_record, corrupt_group_soft_pin, corrupt_group_unit,
                corrupt_unit_memo,
                corrupt_free_extent, corrupt_free_lists, corrupt_free_over_allocated]
@@ -525,8 +536,10 @@ def test_malformed_held_entry_is_reported(store):
     m = store
     m.redis.zadd(shard_keys(m, 0).held, {"not a held entry": 1})
     report = fsck(m, repair=True)
-    assert [f.kind for f in report.findings] == ["bad_held"] and not report.findings[0].repairable
-    assert "not auto-repairable" in str(report.findings[0])
+    by_kind = {f.kind: f for f in report.findings}
+    assert sorted(by_kind) == ["bad_held", "held_bound"]  # the entry was added by hand, below the bound
+    assert not by_kind["bad_held"].repairable and "not auto-repairable" in str(by_kind["bad_held"])
+    assert by_kind["held_bound"].repaired and m.redis.hget(shard_keys(m, 0).config, "held_due") == b"1"
 
 
 def test_confirming_pass_drops_transient_findings():

@@ -223,6 +223,7 @@ FUNCTIONS += ["mc_fsck_gateway", "mc_fsck_sweep_due", "mc_fsck_figures", "mc_upg
 FUNCTIONS += ["mc_graceful_unmount_segment", "mc_finish_drain", "mc_upsert_start", "mc_fsck_host_index"]
 FUNCTIONS += ["mc_replica_start", "mc_replica_end", "mc_replica_revoke"]
 FUNCTIONS += ["mc_task_create", "mc_task_fetch", "mc_task_complete", "mc_task_query"]
+FUNCTIONS += ["mc_fsck_held_due"]
 
 
 def test_every_function_is_listed_here():

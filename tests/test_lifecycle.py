@@ -123,6 +123,66 @@ def test_preempted_space_is_released_by_a_later_put_start(new_master):
     assert m.usage().used_bytes == 150
 
 
+def test_the_held_bound_follows_the_held_extents(new_master):
+    """P:config's held_due is the first deadline of P:held ('none': nothing held), so that a
+    put_start looks at P:held only once something may be due; a store without the field (an
+    earlier package's) gets it at the next put_start."""
+    m = new_master(put_start_discard_timeout=1_000, put_start_release_timeout=5_000)
+    mount(m, "seg", 1 << 16)
+    p = keys_of(m, "{t}a")
+    bound = lambda: m.redis.hget(p.config, "held_due")  # noqa: E731
+    t0 = m.now_ms()
+    m.put_start("c1", "{t}a", 300)
+    assert bound() == b"none"  # swept once: nothing held
+    m.advance_clock(1_000)
+    m.put_start("c1", "{t}b", 200)
+    m.advance_clock(1_000)
+    m.put_start("c2", "{t}a", 100)  # preempts: held until t0 + 5000
+    assert bound() == str(t0 + 5_000).encode()
+    m.advance_clock(500)
+    m.put_start("c2", "{t}b", 100)  # preempts: held until t0 + 6000, later than the bound
+    assert m.redis.zcard(p.held) == 2 and bound() == str(t0 + 5_000).encode()
+    m.advance_clock(2_499)  # t0 + 4999: nothing due
+    m.put_start("c3", "{t}c", 10)
+    assert m.redis.zcard(p.held) == 2
+    m.advance_clock(1)  # t0 + 5000
+    used = m.usage().used_bytes
+    m.put_start("c3", "{t}d", 10)  # releases the first: the second's deadline is the bound
+    assert m.redis.zcard(p.held) == 1 and bound() == str(t0 + 6_000).encode()
+    assert m.usage().used_bytes == used - 300 + 10
+    m.advance_clock(1_000)
+    m.put_start("c3", "{t}e", 10)
+    assert m.redis.zcard(p.held) == 0 and bound() == b"none"
+    m.redis.hdel(p.config, "held_due")  # as an earlier package left it
+    m.put_start("c3", "{t}f", 10)
+    assert bound() == b"none"
+
+
+def test_a_put_an_earlier_package_started_ends_like_any_other(new_master):
+    """An earlier package wrote put_started and soft_pin_action preserve into a put in progress;
+    put_start now leaves both out (the start is the P:processing score). Both kinds end the same."""
+    m = new_master(put_start_discard_timeout=1_000)
+    mount(m, "seg", 1 << 16)
+    p = keys_of(m, "{t}old")
+    t0 = m.now_ms()
+    m.put_start("c1", "{t}old", 100)
+    m.put_start("c1", "{t}new", 100)
+    okey = p.object("default", "{t}old")
+    assert set(m.redis.hkeys(okey)) == {b"size", b"status", b"writer", b"reps"}
+    m.redis.hset(okey, mapping={"put_started": t0 - 500, "soft_pin_action": "preserve"})
+    assert m.describe("{t}old").put_started_ms == t0 - 500 and m.describe("{t}new").put_started_ms == t0
+    m.advance_clock(600)  # abandoned by its own put_started, not by its P:processing score
+    with raises_code(ErrorCode.OBJECT_ALREADY_EXISTS):
+        m.put_start("c2", "{t}new", 100)
+    m.put_start("c2", "{t}old", 100)  # preempts
+    m.redis.hset(okey, mapping={"put_started": t0, "soft_pin_action": "preserve"})
+    m.put_end("c2", "{t}old")
+    m.put_end("c1", "{t}new")
+    for key in ("{t}old", "{t}new"):
+        assert set(m.redis.hkeys(p.object("default", key))) == {b"size", b"status", b"writer", b"reps"}
+        assert m.describe(key).put_started_ms is None
+
+
 # ---- put_start: placement ----------------------------------------------------------------
 
 def test_replicas_go_to_distinct_segments(master):

@@ -71,9 +71,9 @@ end
 -- to on_first_call while it loads; register runs them all once, before the first call's work.
 local BINDERS = {}
 local function on_first_call(bind) BINDERS[#BINDERS + 1] = bind end
-local format_, tonumber_, tostring_, match_, sub_, floor_
+local format_, tonumber_, tostring_, match_, sub_, floor_, huge_
 on_first_call(function()
-  format_, tonumber_, tostring_, match_, sub_, floor_ = string.format, tonumber, tostring, string.match, string.sub, math.floor
+  format_, tonumber_, tostring_, match_, sub_, floor_, huge_ = string.format, tonumber, tostring, string.match, string.sub, math.floor, math.huge
 end)
 
 -- Integers are doubles in Lua 5.1; '%.0f' prints them exactly up to 2^53 (tostring would not).
@@ -115,9 +115,10 @@ local function int_arg(s, lo, hi)
 end
 
 -- What the running call read with its configuration (open_shard, see config below): its shard,
--- the test clock's value there (false: not frozen) and the mount epoch. Reset at the start of
--- every call (register), so nothing read in one call is taken for another's.
-local CALL = { shard = nil, clock = false, mounts = false, now = nil, events = nil }
+-- the test clock's value there (false: not frozen), the mount epoch and, for the functions that
+-- list it, the held-extent bound (held_due below; nil: not read). Reset at the start of every
+-- call (register), so nothing read in one call is taken for another's.
+local CALL = { shard = nil, clock = false, mounts = false, held_due = nil, now = nil, events = nil }
 
 -- TIME in ms, converting its reply with as few strtod calls as it can: the seconds of its last
 -- reply are kept (one string for a second of calls) and the milliseconds (the microseconds but
@@ -246,8 +247,8 @@ end
 local CONFIG_MEMO = {}
 
 -- Read and check config fields from P:config; `names` ends with 'clock' and 'mounts' (register
--- adds them), which are read for the call (CALL) and are not configuration. Returns the table
--- (shared: callers only read it), or nil and an error reply.
+-- adds them) and, when names.held_due, 'held_due': these are read for the call (CALL) and are
+-- not configuration. Returns the table (shared: callers only read it), or nil and an error reply.
 local CONFIG_KEY = {} -- P -> P .. K.config, for the shard keys SHARD_OF holds (reset with it)
 local unpack_ = nil    -- unpack, bound at the first call (no global but redis while loading)
 local function config(P, names)
@@ -255,8 +256,9 @@ local function config(P, names)
   if not key then key = P .. K.config; CONFIG_KEY[P] = key end
   if not unpack_ then unpack_ = unpack end
   local values = redis.call('HMGET', key, unpack_(names))
-  local n = #names - 2
+  local n = #names - (names.held_due and 3 or 2)
   CALL.shard, CALL.clock, CALL.mounts = P, values[n + 1], values[n + 2]
+  if names.held_due then CALL.held_due = values[n + 3] end
   local memo = CONFIG_MEMO[names]
   if memo then
     local same = true
@@ -484,21 +486,43 @@ local function events_maxlen(P)
   return CALL.events
 end
 
+-- The held-extent bound of P:config (field held_due, kept by lua/lib/10_alloc.lua): no entry of
+-- P:held is due before it ('none': P:held is empty). As read with the running call's
+-- configuration: a number, math.huge for 'none', or nil when unknown (absent, not read by this
+-- function, or another shard), which makes the next sweep look.
+local function held_due(P)
+  local v = P == CALL.shard and CALL.held_due
+  if not v then return nil end
+  if v == 'none' then return huge_ end
+  return tonumber_(v)
+end
+
+-- Write the bound (a number or 'none') for shard P, for this call too when it is its shard.
+local function set_held_due(P, v)
+  v = v == 'none' and v or S(v)
+  redis.call('HSET', P .. K.config, 'held_due', v)
+  if P == CALL.shard and CALL.held_due ~= nil then CALL.held_due = v end
+end
+
 -- Register a function of one shard: fn(P, args, cfg) runs only after open_shard passed.
--- `names` are the config fields it reads; flags e.g. { 'no-writes' }.
+-- `names` are the config fields it reads, and 'held_due' when it sweeps P:held (held_due above);
+-- flags e.g. { 'no-writes' }.
 local function register(name, names, fn, flags)
-  local wanted = nil -- { 'shards', names..., 'clock', 'mounts' }, built at the first call (not while loading)
+  local wanted = nil -- { 'shards', names..., 'clock', 'mounts' [, 'held_due'] }, built at the first call (not while loading)
   redis.register_function { function_name = name, flags = flags, callback = function(keys, args)
     if BINDERS then
       for i = 1, #BINDERS do BINDERS[i]() end
       BINDERS = nil
     end
-    CALL.shard, CALL.now, CALL.events = nil, nil, nil
+    CALL.shard, CALL.now, CALL.events, CALL.held_due = nil, nil, nil, nil
     if not wanted then
       wanted = { 'shards' }
-      for _, field in ipairs(names) do wanted[#wanted + 1] = field end
+      for _, field in ipairs(names) do
+        if field == 'held_due' then wanted.held_due = true else wanted[#wanted + 1] = field end
+      end
       wanted[#wanted + 1] = 'clock'
       wanted[#wanted + 1] = 'mounts'
+      if wanted.held_due then wanted[#wanted + 1] = 'held_due' end
     end
     local P, cfg = open_shard(keys, wanted)
     if not P then return cfg end
@@ -513,5 +537,5 @@ return {
   config_value = config_value, shard_share = shard_share, valid_tenant = valid_tenant,
   valid_name = valid_name, HEAD_CACHE_MAX = HEAD_CACHE_MAX, parse_call = parse_call,
   row_of = row_of, register = register, FREES = FREES, events_maxlen = events_maxlen,
-  on_first_call = on_first_call,
+  on_first_call = on_first_call, held_due = held_due, set_held_due = set_held_due,
 }

@@ -5,10 +5,11 @@
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
 -- and a segment mounted with a host is a member of P:hsegs:<host> while it is mounted.
 
-local tonumber_, match_ -- (bound at the first call: Base.on_first_call)
-Base.on_first_call(function() tonumber_, match_ = tonumber, string.match end)
+local tonumber_, match_, huge_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function() tonumber_, match_, huge_ = tonumber, string.match, math.huge end)
 local K, S, HEAD_CACHE_MAX = Base.K, Base.S, Base.HEAD_CACHE_MAX
 local mount_table, new_mount_epoch = Base.mount_table, Base.new_mount_epoch
+local held_due, set_held_due = Base.held_due, Base.set_held_due
 
 -- The two keys of a segment's free lists, memoised per shard and segment: every allocation and
 -- free needs them, and building them is three new strings. Bounded like HEAD_CACHE.
@@ -170,8 +171,15 @@ end
 -- A held extent's member of P:held: "<mount id> <offset> <size> <segment>".
 local function held_member(mount, off, size, seg) return mount .. ' ' .. S(off) .. ' ' .. S(size) .. ' ' .. seg end
 
+-- P:config's held_due bounds P:held from below (Base.held_due), so that put_start sweeps only
+-- when an entry may be due: a new entry lowers it, a sweep that found every due entry sets it to
+-- the next one's deadline ('none': no entry). Entries removed otherwise (a replication that ends)
+-- leave it low, which costs one sweep that finds nothing. Absent (a store written before it, or
+-- fsck dropped it): the next sweep finds out.
 local function hold_extent(P, seg, mount, off, size, due)
   redis.call('ZADD', P .. K.held, due, held_member(mount, off, size, seg))
+  local bound = redis.call('HGET', P .. K.config, 'held_due')
+  if bound and (bound == 'none' or due < (tonumber_(bound) or 0)) then set_held_due(P, due) end
 end
 
 -- Until when the extents of an abandoned put by `writer` (started at `started`) stay held: the
@@ -182,15 +190,29 @@ local function hold_until(P, writer, started, release_timeout)
   return started + release_timeout
 end
 
+-- Set the held_due bound to the first deadline of P:held ('none': empty), unless `bound` (as
+-- read: Base.held_due) says so already. Returns the bound.
+local function rebound_held(P, bound)
+  local nxt = redis.call('ZRANGE', P .. K.held, 0, 0, 'WITHSCORES')[2]
+  nxt = nxt and tonumber_(nxt) or 'none'
+  if nxt ~= bound and not (nxt == 'none' and bound == huge_) then set_held_due(P, nxt) end
+  return nxt
+end
+
 -- Free up to `limit` held extents whose deadline has passed (extents of unmounted segments
--- are simply dropped: their bytes left the books at unmount).
-local function release_held(P, now, limit)
+-- are simply dropped: their bytes left the books at unmount). Nothing to look at while the
+-- call's held_due bound (read with its configuration) lies ahead, unless `always` (the
+-- workers' sweep, which so also mends a bound left too late).
+local function release_held(P, now, limit, always)
+  local bound = held_due(P)
+  if bound and now < bound and not always then return 0 end
   local due = redis.call('ZRANGEBYSCORE', P .. K.held, '-inf', S(now), 'LIMIT', 0, limit)
   for _, entry in ipairs(due) do
     local mount, off, size, seg = match_(entry, '^(%d+) (%d+) (%d+) (.*)$')
     if mount and mount_of(P, seg) == mount then free_extent(P, seg, tonumber_(off), tonumber_(size)) end
     redis.call('ZREM', P .. K.held, entry)
   end
+  if #due < limit then rebound_held(P, bound) end -- none left due: the next entry's deadline is the bound
   return #due
 end
 
@@ -198,6 +220,6 @@ return {
   free_keys = free_keys, add_free = add_free, alloc_extent = alloc_extent,
   free_extent = free_extent, drop_segment = drop_segment, mount_of = mount_of, slice_size = slice_size,
   host_key = host_key, MAX_HOST_SEGMENTS = MAX_HOST_SEGMENTS,
-  hold_extent = hold_extent, hold_until = hold_until, release_held = release_held,
+  hold_extent = hold_extent, hold_until = hold_until, release_held = release_held, rebound_held = rebound_held,
   held_member = held_member, draining = draining,
 }

@@ -1,8 +1,10 @@
 -- Objects. An object is the hash P:obj:<tenant>:<key> with fields
---   size, status ("processing" | "complete"), writer, put_started (only while the put is in
---   progress), lease_until (absent: 0; see object_lease in 30_units.lua),
+--   size, status ("processing" | "complete"), writer, put_started (only in a put in progress
+--   an earlier package wrote: a put's start is its P:processing score, see put_started below),
+--   lease_until (absent: 0; see object_lease in 30_units.lua),
 --   soft_pin_until (absent or 0: none), hard_pin (1; absent or 0: none), group (only when grouped),
---   soft_pin_action / soft_pin_ttl (only until the first put_end commits them),
+--   soft_pin_action / soft_pin_ttl (only until the first put_end commits them; an action of
+--   `preserve`, the default, is not written),
 --   special = 1 (the read mark: needs_read_mark below),
 --   reps = its memory replicas (size = the object's size), each "<offset> <mount id> <#segment>
 --     <segment>" (the segment name's length, then the name: names are any bytes), one after
@@ -10,7 +12,7 @@
 --     with one HMGET (layout 2; layout 1 had one field rep:<segment> = "<offset> <mount id>" per
 --     replica, which load_object still reads and mc_upgrade_objects rewrites)
 -- A replica is live while its segment is mounted with the same mount id.
--- Indexes: P:processing (zset, member "<tenant>:<key>", score = put_started).
+-- Indexes: P:processing (zset, member "<tenant>:<key>", score = when the put started).
 -- Groups: P:grp:<tenant>:<group> hash, P:grpm:<tenant>:<group> set of member keys (30_units.lua).
 
 local K, E, fail, S, now_ms, valid_tenant = Base.K, Base.E, Base.fail, Base.S, Base.now_ms, Base.valid_tenant
@@ -224,7 +226,15 @@ local function lease_until(P, tenant, o)
   return own
 end
 
+-- When the put in progress of object `o` started: its P:processing score (or the put_started
+-- field an earlier package wrote); `default` when neither says.
+local function put_started(P, tenant, key, o, default)
+  local v = o.put_started or redis.call('ZSCORE', P .. K.processing, obj_id(tenant, key))
+  return tonumber_(v) or default
+end
+
 return {
+  put_started = put_started,
   obj_key = obj_key, obj_prefix = obj_prefix, SCALAR_FIELDS = SCALAR_FIELDS, obj_id = obj_id, RADIX_MARK = RADIX_MARK,
   radix_hash = radix_hash, grp_key = grp_key, node_prefix = node_prefix, grp_members_key = grp_members_key,
   MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,

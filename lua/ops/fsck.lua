@@ -235,7 +235,7 @@ local function fsck_forget_segment(P, args)
 end
 
 -- Re-derive one object's own index entries: P:processing (member iff not complete, score =
--- put_started), its guarantee's entries (P:guaranteed and its prefix set, iff it has
+-- put_started where the object has one), its guarantee's entries (P:guaranteed and its prefix set, iff it has
 -- guaranteed_until; a stale entry is dropped by the sweep or expire_guaranteed), its
 -- P:offload_evict entry (iff it has offload_evict; a missing one is added due now, so the next
 -- mc_evict ends the wait) and its object unit (placed by place_object when ungrouped; never present when
@@ -258,7 +258,12 @@ local function fsck_place_object(P, tenant, key, now)
   if o.status == 'complete' then
     redis.call('ZREM', P .. K.processing, id)
   else
-    redis.call('ZADD', P .. K.processing, tonumber(o.put_started) or 0, id)
+    -- its start: put_started (an earlier package's), else the entry's own score, else now (a full window)
+    if tonumber(o.put_started) then
+      redis.call('ZADD', P .. K.processing, tonumber(o.put_started), id)
+    else
+      redis.call('ZADD', P .. K.processing, 'NX', S(now), id)
+    end
   end
   if tonumber(o.guaranteed_until) then
     redis.call('ZADD', P .. K.guaranteed, S(tonumber(o.guaranteed_until)), id)
@@ -590,6 +595,12 @@ register('mc_fsck_guaranteed', {}, fsck_guaranteed)
 register('mc_fsck_segment_used', {}, fsck_segment_used)
 register('mc_fsck_disk_used', {}, fsck_disk_used)
 register('mc_fsck_forget_segment', {}, fsck_forget_segment)
+-- mc_fsck_held_due. KEYS: P. Rewrites P:config's held_due from P:held (Alloc.rebound_held).
+-- Reply: the bound, as written ('none': P:held is empty).
+register('mc_fsck_held_due', {}, function(P)
+  local bound = Alloc.rebound_held(P, nil)
+  return bound == 'none' and bound or S(bound)
+end)
 register('mc_fsck_host_index', {}, fsck_host_index)
 register('mc_fsck_place', {}, fsck_place)
 register('mc_fsck_unit', {}, fsck_unit)

@@ -1,14 +1,16 @@
 -- Read-only functions: no lease is granted, nothing is written.
 
 local E, fail, S, now_ms, register = Base.E, Base.fail, Base.S, Base.now_ms, Base.register
-local obj_key, object_call, load_object = Object.obj_key, Object.object_call, Object.load_object
+local obj_key, object_call, load_object, put_started = Object.obj_key, Object.object_call, Object.load_object,
+  Object.put_started
 local replicas_of, lease_of, needs_read_mark = Object.replicas_of, Units.lease_of, Object.needs_read_mark
 local DEADLINES, DEADLINE_KINDS, INDEXES = Units.DEADLINES, Units.DEADLINE_KINDS, Units.INDEXES
 local unit_state, in_memo = Units.unit_state, Units.in_memo
 local retention_state = Retention.retention_state
 
 -- describe. KEYS: P. ARGV: options tenant, key (required).
--- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}, now}.
+-- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}, now, put
+-- started (ms; '' for a complete object)}.
 local DESCRIBE_SPEC = { opts = { tenant = 'optional', key = 'required' } }
 
 local function describe(P, args)
@@ -22,7 +24,8 @@ local function describe(P, args)
   for _, r in ipairs(replicas_of(P, o)) do
     if r.live then live[#live + 1] = r.seg end
   end
-  return { redis.call('HGETALL', okey), lease_of(P, tenant, key, o), live, now_ms(P) }
+  local started = o.status ~= 'complete' and put_started(P, tenant, key, o, nil)
+  return { redis.call('HGETALL', okey), lease_of(P, tenant, key, o), live, now_ms(P), started and S(started) or '' }
 end
 
 -- unit_state. KEYS: P. ARGV: unit ("o:<tenant>:<key>" | "g:<tenant>:<group>").

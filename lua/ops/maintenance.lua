@@ -61,7 +61,7 @@ local function discard_puts(P, args, cfg)
     local okey = tenant and obj_key(P, tenant, key)
     local o = okey and load_object(okey)
     if o and o.status ~= 'complete' then
-      local started = tonumber(o.put_started) or tonumber(due[i + 1])
+      local started = tonumber(o.put_started) or tonumber(due[i + 1]) -- (put_started: the index's score)
       delete_object(P, tenant, key, okey, o, hold_until(P, o.writer, started, cfg.put_start_release_timeout), now)
       discarded = discarded + 1
     else
@@ -69,7 +69,7 @@ local function discard_puts(P, args, cfg)
     end
   end
   local revoked = Replication.sweep_replications(P, now, max)
-  local released = release_held(P, now, max)
+  local released = release_held(P, now, max, true)
   return { discarded, released, revoked }
 end
 
@@ -142,7 +142,7 @@ local function release_claim(P, args)
   return 1
 end
 
-register('mc_discard_puts', { 'put_start_discard_timeout', 'put_start_release_timeout' }, discard_puts, FREES)
+register('mc_discard_puts', { 'put_start_discard_timeout', 'put_start_release_timeout', 'held_due' }, discard_puts, FREES)
 register('mc_expire_clients', { 'client_ttl', 'put_start_release_timeout' }, expire_clients, FREES)
 register('mc_sweep_done', {}, sweep_done, FREES)
 register('mc_claim', {}, claim, FREES)

@@ -64,8 +64,10 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   if checksum then fields[#fields + 1] = 'checksum'; fields[#fields + 1] = checksum end
   redis.call('HSET', okey, unpack(fields))
   -- what only a put in progress needs goes (a complete object keeps its writer: put_end and
-  -- put_revoke answer by it)
-  redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl', 'put_started')
+  -- put_revoke answer by it); a put_start of default options wrote none of it
+  if o.soft_pin_action or o.soft_pin_ttl or o.put_started then
+    redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl', 'put_started')
+  end
   redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
   local in_tier = false
   if o.group then

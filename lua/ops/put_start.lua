@@ -38,7 +38,7 @@ local register = Base.register
 local alloc_extent, mount_of = Alloc.alloc_extent, Alloc.mount_of
 local slice_size, host_key = Alloc.slice_size, Alloc.host_key
 local hold_until, release_held = Alloc.hold_until, Alloc.release_held
-local obj_key, obj_id, load_object = Object.obj_key, Object.obj_id, Object.load_object
+local obj_key, obj_id, load_object, put_started = Object.obj_key, Object.obj_id, Object.load_object, Object.put_started
 local replicas_of, encode_reps = Object.replicas_of, Object.encode_reps
 local guarantee_room, start_guarantee = Guarantee.guarantee_room, Guarantee.start_guarantee
 local group_draining, being_evicted = Units.group_draining, Units.being_evicted
@@ -230,8 +230,8 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     old, nrec = nil, nil -- (its node may have changed)
   end
   if old then
-    local started = tonumber_(old.put_started) or 0
     if old.status == 'complete' then return E.OBJECT_ALREADY_EXISTS end
+    local started = put_started(P, a.tenant, key, old, 0)
     if now - started < cfg.put_start_discard_timeout then
       if old.writer == a.client and tonumber_(old.size) == size then return retry_reply(P, old) end
       return E.OBJECT_ALREADY_EXISTS
@@ -263,9 +263,10 @@ local function put_one(P, a, row, size, now, cfg, by_free)
     return E.NO_AVAILABLE_HANDLE
   end
   local guaranteed_until = guaranteed == 'yes' and now + a.guarantee_ttl or nil
-  -- default-valued fields are left out (no lease, no soft pin, no hard pin): fewer fields for every read
-  local fields = { 'size', row.size, 'status', 'processing', 'writer', a.client, -- row.size: canonical (int_arg)
-    'put_started', a.now_s, 'soft_pin_action', a.pin_action }
+  -- default-valued fields are left out (no lease, no soft pin, no hard pin, the action preserve):
+  -- fewer fields for every read, and none for put_end to delete; the start is the P:processing score
+  local fields = { 'size', row.size, 'status', 'processing', 'writer', a.client } -- row.size: canonical (int_arg)
+  if a.pin_action ~= 'preserve' then fields[#fields + 1] = 'soft_pin_action'; fields[#fields + 1] = a.pin_action end
   if a.hard_pin == '1' then fields[#fields + 1] = 'hard_pin'; fields[#fields + 1] = '1' end
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
   if a.group then fields[#fields + 1] = node and 'ugroup' or 'group'; fields[#fields + 1] = a.group end
@@ -387,4 +388,4 @@ end
 register('mc_put_start', { 'put_start_discard_timeout', 'put_start_release_timeout',
   'default_kv_soft_pin_ttl', 'max_kv_soft_pin_ttl', 'max_key_length', 'evict_on_put',
   'allow_evict_soft_pinned_objects', 'guaranteed_capacity_ratio', 'guaranteed_tenant_ratio',
-  'max_guaranteed_ttl', 'allow_evict_retained_groups', 'enable_radix_tree', 'allocation_strategy' }, put_start)
+  'max_guaranteed_ttl', 'allow_evict_retained_groups', 'enable_radix_tree', 'allocation_strategy', 'held_due' }, put_start)

@@ -24,7 +24,7 @@
 local K, E, fail, S, MAX_INT = Base.K, Base.E, Base.fail, Base.S, Base.MAX_INT
 local int_arg, valid_name, register = Base.int_arg, Base.valid_name, Base.register
 local hold_until = Alloc.hold_until
-local obj_key, obj_id, grp_key = Object.obj_key, Object.obj_id, Object.grp_key
+local obj_key, obj_id, grp_key, put_started = Object.obj_key, Object.obj_id, Object.grp_key, Object.put_started
 local object_call, per_row, load_object, replicas_of = Object.object_call, Object.per_row, Object.load_object,
   Object.replicas_of
 local being_evicted, delete_object, lease_of = Units.being_evicted, Units.delete_object, Units.lease_of
@@ -65,9 +65,9 @@ end
 
 local function in_place(P, tenant, key, okey, o, list, client, pins, now)
   Events.emit(P, 'removed', tenant, key, okey, o) -- unreadable until its upsert ends (stored again)
-  o.status, o.writer, o.put_started = 'processing', client, S(now)
-  redis.call('HSET', okey, 'status', 'processing', 'writer', client, 'put_started', o.put_started, unpack(pins))
-  redis.call('HDEL', okey, 'checksum')
+  o.status, o.writer, o.put_started = 'processing', client, nil
+  redis.call('HSET', okey, 'status', 'processing', 'writer', client, unpack(pins))
+  redis.call('HDEL', okey, 'checksum', 'put_started')
   redis.call('ZADD', P .. K.processing, S(now), obj_id(tenant, key))
   if o.group then
     redis.call('HINCRBY', grp_key(P, tenant, o.group), 'processing', 1)
@@ -103,7 +103,7 @@ local function upsert_one(P, tenant, row, now, a, cfg)
   if a.group and a.group ~= group then return E.INVALID_PARAMS end -- group membership is immutable
   if o.status ~= 'complete' then -- a put in progress: preempted at once (its writer may still write)
     delete_object(P, tenant, key, okey, o,
-      hold_until(P, o.writer, tonumber(o.put_started) or now, cfg.put_start_release_timeout), now)
+      hold_until(P, o.writer, put_started(P, tenant, key, o, now), cfg.put_start_release_timeout), now)
     return { 'allocate', '0', group, '0', '0' }
   end
   local list = fits_in_place(P, tenant, key, o, size, now)

@@ -218,8 +218,8 @@ def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, 
         bad.append(f"size={_d(h.get(b'size'))}")
     if status not in (b"processing", b"complete"):
         bad.append(f"status={_d(status)}")
-    started = _int(h.get(b"put_started"))
-    if started is None and (not complete or b"put_started" in h):  # a complete object has none
+    started = _int(h.get(b"put_started"))  # only in a put in progress an earlier package wrote
+    if b"put_started" in h and (started is None or complete):  # a complete object has none
         bad.append(f"put_started={_d(h.get(b'put_started'))}")
     if stored_replicas(h) is None:
         bad.append("replicas=" + ", ".join(f"{_d(f)}={_d(v)}" for f, v in h.items()
@@ -228,8 +228,8 @@ def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, 
         out.append(audit.finding("bad_object", shard, subject, "well-formed fields", ", ".join(bad)))
     if not complete:
         if s_proc is None:
-            out.append(audit.finding("processing_missing", shard, subject,
-                                    f"in P:processing, score {started}", "absent", place))
+            out.append(audit.finding("processing_missing", shard, subject, "in P:processing" + (
+                f", score {started}" if started is not None else ""), "absent", place))
         elif started is not None and _score(s_proc) != started:
             out.append(audit.finding("processing_score", shard, subject, f"score {started} (put_started)",
                                     f"score {_score(s_proc)}", place))

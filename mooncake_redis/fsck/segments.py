@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..figures import parse
+from ..keys import HELD_DUE_FIELD
 from . import allocator
 from .base import (
     _HELD_RE,
@@ -43,6 +44,16 @@ class SegmentUsed(Action):
 
 
 @dataclass(frozen=True)
+class HeldBound(Action):
+    """Rewrite P:config's held_due from P:held (mc_fsck_held_due)."""
+    order = 2
+
+    def apply(self, audit: Any) -> tuple[bool, str]:
+        audit.fcall("mc_fsck_held_due", self.shard)
+        return True, ""
+
+
+@dataclass(frozen=True)
 class Forget(Action):
     """Drop a segment that is not mounted from P:segs, with its free lists (mc_fsck_forget_segment)."""
     segment: bytes
@@ -63,6 +74,8 @@ KINDS: dict[str, Kind] = {
     "bad_segment": Kind(ERROR, False, "a segment hash without a valid base, size or mount (its replicas are not "
                                       "judged, and the shard counters it is part of are not repaired)"),
     "bad_held": Kind(ERROR, False, "a P:held entry that is not '<mount> <offset> <size> <segment>'"),
+    "held_bound": Kind(ERROR, True, "P:config held_due is after the first P:held deadline (or malformed): put_start "
+                                    "would not release that extent when it is due"),
     **allocator.KINDS,
 }
 
@@ -70,7 +83,7 @@ KINDS: dict[str, Kind] = {
 class Segments(Checker):
     name = "segments"
     kinds = KINDS
-    actions = (SegmentUsed, Forget, allocator.Rebuild)
+    actions = (SegmentUsed, HeldBound, Forget, allocator.Rebuild)
 
     def fingerprint(self, audit: Any, k: Any) -> tuple:
         pipe = audit.t.pipeline(k.shard)
@@ -83,7 +96,11 @@ class Segments(Checker):
         k = audit.keys(ps.shard)
         read_segments(audit, ps)
         # held extents (preempted puts) stay allocated until released
-        for entry, _ in sorted(audit.zall(k.held).items()):
+        held = audit.zall(k.held)
+        finding = check_held_bound(audit, ps.shard, audit.r.hget(k.config, HELD_DUE_FIELD), held)
+        if finding:
+            ps.aggregate.append(finding)
+        for entry, _ in sorted(held.items()):
             m = _HELD_RE.match(entry)
             if not m:
                 ps.aggregate.append(audit.finding("bad_held", ps.shard, _d(entry),
@@ -108,6 +125,18 @@ class Segments(Checker):
     def confirm(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
         """Allocation overlaps, confirmed one by one (reported even from a busy shard)."""
         return [f for f, a, b in ps.overlaps if allocator.confirm_overlap(audit, shard, a, b)]
+
+
+def check_held_bound(audit: Any, shard: int, bound: bytes | None, held: dict[bytes, float]) -> Finding | None:
+    """held_due must not lie after the first deadline of P:held (absent: unknown, which is fine)."""
+    first = min(held.values(), default=None)
+    if bound is None or (bound == b"none" and first is None):
+        return None
+    value = None if bound == b"none" else parse(bound)
+    if value is not None and (first is None or value <= first):
+        return None
+    return audit.finding("held_bound", shard, "held_due", "none" if first is None else f"at most {_score(first)}",
+                         _d(bound), HeldBound(shard))
 
 
 def read_segments(audit: Any, ps: _Pass) -> None:
