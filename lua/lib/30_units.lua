@@ -586,19 +586,23 @@ end
 -- its last completion, like an object).
 local function group_member_completed(P, tenant, key, group, soft_pin_until, now, g)
   local gkey, unit = grp_key(P, tenant, group), group_unit(tenant, group)
-  local processing = redis.call('HINCRBY', gkey, 'processing', -1)
+  -- with the record as read in this call (g), the decrement goes into the one HSET below
+  local processing = g and (tonumber_(g[2]) or 0) - 1 or redis.call('HINCRBY', gkey, 'processing', -1)
+  local fields = g and { 'processing', S(processing) } or nil
   if (tonumber_(soft_pin_until) or 0) > 0 then redis.call('ZADD', agg_key(P, 'soft_pin', unit), soft_pin_until, key) end
   if processing > 0 then -- another member is in progress: the rule protects the group still
     if now > (tonumber_(g and g[4] or redis.call('HGET', gkey, 'lease_until')) or 0) then
-      redis.call('HSET', gkey, 'lease_until', S(now))
+      fields = fields or {}
+      fields[#fields + 1], fields[#fields + 2] = 'lease_until', S(now)
     end
+    if fields then redis.call('HSET', gkey, unpack(fields)) end
     return
   end
   if g then g[2] = processing end -- (g was read before the decrement; without it, group_facts reads now)
   local f = group_facts(P, tenant, group, g)
-  local fields
   if now > f.lease_until then
-    fields, f.lease_until = { 'lease_until', S(now) }, now
+    fields = fields or {}
+    fields[#fields + 1], fields[#fields + 2], f.lease_until = 'lease_until', S(now), now
   end
   local _, entries = unit_rule(f, now)
   apply_composite(P, gkey, unit, entries, now, f.at, fields)
