@@ -116,9 +116,11 @@ end
 
 -- What the running call read with its configuration (open_shard, see config below): its shard,
 -- the test clock's value there (false: not frozen), the mount epoch and, for the functions that
--- list it, the held-extent bound (held_due below; nil: not read). Reset at the start of every
+-- list it, the held-extent bound (held_due below; nil: not read), and the eviction's note of the
+-- unit it placed last (`placed`, `noting`: lua/lib/30_units.lua). Reset at the start of every
 -- call (register), so nothing read in one call is taken for another's.
-local CALL = { shard = nil, clock = false, mounts = false, held_due = nil, now = nil, events = nil }
+local CALL = { shard = nil, clock = false, mounts = false, held_due = nil, now = nil, events = nil,
+  placed = nil, noting = nil }
 
 -- TIME in ms, converting its reply with as few strtod calls as it can: the seconds of its last
 -- reply are kept (one string for a second of calls) and the milliseconds (the microseconds but
@@ -514,7 +516,7 @@ local function register(name, names, fn, flags)
       for i = 1, #BINDERS do BINDERS[i]() end
       BINDERS = nil
     end
-    CALL.shard, CALL.now, CALL.events, CALL.held_due = nil, nil, nil, nil
+    CALL.shard, CALL.now, CALL.events, CALL.held_due, CALL.placed, CALL.noting = nil, nil, nil, nil, nil, nil
     if not wanted then
       wanted = { 'shards' }
       for _, field in ipairs(names) do
@@ -537,5 +539,5 @@ return {
   config_value = config_value, shard_share = shard_share, valid_tenant = valid_tenant,
   valid_name = valid_name, HEAD_CACHE_MAX = HEAD_CACHE_MAX, parse_call = parse_call,
   row_of = row_of, register = register, FREES = FREES, events_maxlen = events_maxlen,
-  on_first_call = on_first_call, held_due = held_due, set_held_due = set_held_due,
+  on_first_call = on_first_call, held_due = held_due, set_held_due = set_held_due, CALL = CALL,
 }

@@ -197,6 +197,7 @@ local function apply_composite(P, gkey, unit, entries, now, at, fields)
     fields[#fields + 1], fields[#fields + 2] = MEMO_FIELD, code
   end
   if fields then redis.call('HSET', gkey, unpack(fields)) end
+  return code
 end
 
 -- A composite unit the rule protects now (a member in progress; a radix node with a child)
@@ -355,12 +356,13 @@ local function place_object(P, tenant, key, o, now, out_of_tiers)
 end
 
 -- `thorough`: ignore the memo (every index), for repairs and the eviction re-check; `g`,
--- `children` as for group_facts.
+-- `children` as for group_facts. Returns the facts, as now written (the memo with them).
 local function place_group(P, tenant, group, now, thorough, g, children)
   local f = group_facts(P, tenant, group, g, children)
   local _, entries = unit_rule(f, now)
-  apply_composite(P, grp_key(P, tenant, group), group_unit(tenant, group), entries, now,
+  f.at = apply_composite(P, grp_key(P, tenant, group), group_unit(tenant, group), entries, now,
     (not thorough) and f.at or nil)
+  return f
 end
 
 -- Re-place the nodes of a group's indexed keys (its retention changed).

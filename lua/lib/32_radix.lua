@@ -122,6 +122,7 @@ end
 
 -- A node's record as radix_settle reads it (NODE_FIELDS): its unit's fields (members 1,
 -- draining 6, the memo N), then its own.
+local CALL = Base.CALL -- (the eviction's note: Evict.evict_unit)
 local N = GROUP_N
 
 -- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
@@ -135,7 +136,11 @@ radix_settle = function(P, tenant, h, now, depth)
     return
   end
   if (tonumber_(rec[1]) or 0) > 0 or rec[6] == '1' or kids > 0 then
-    return place_group(P, tenant, radix_group(h), now, false, rec, kids)
+    local f = place_group(P, tenant, radix_group(h), now, false, rec, kids)
+    -- an eviction's last step when it unlinked the node's last child: noted for the next one
+    -- (Evict.evict_unit), which is often of this node
+    if CALL.noting then CALL.placed = { unit = radix_unit(tenant, h), f = f } end
+    return
   end
   redis.call('DEL', nkey)
   unplace_composite(P, radix_unit(tenant, h), rec[N] or nil)

@@ -6,7 +6,7 @@
 
 local tonumber_, match_, max_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, match_, max_ = tonumber, string.match, math.max end)
-local S = Base.S
+local S, CALL = Base.S, Base.CALL
 local obj_key, RADIX_MARK, grp_key = Object.obj_key, Object.RADIX_MARK, Object.grp_key
 local grp_members_key, load_object = Object.grp_members_key, Object.load_object
 local live_disk_replicas, shed_memory = Disk.live_disk_replicas, Disk.shed_memory
@@ -97,9 +97,9 @@ end
 -- both whether the group outlasts this call and which members go.
 -- Returns objects and bytes freed, the budget spent (at least 1), nil (nothing queued for
 -- offload) and whether the group is left draining.
-local function evict_group(P, tenant, group, now, budget, cfg)
+local function evict_group(P, tenant, group, now, budget, cfg, noted)
   local unit, gkey, mkey = group_unit(tenant, group), grp_key(P, tenant, group), grp_members_key(P, tenant, group)
-  local f = group_facts(P, tenant, group)
+  local f = noted and noted.unit == unit and noted.f or group_facts(P, tenant, group)
   if not f.draining then
     local why, entries = unit_rule(f, now)
     -- (both placements ignore the memo: the candidate may be an entry it does not list)
@@ -143,16 +143,29 @@ end
 -- Evict one unit if it is still evictable, spending at most `budget` (members of a group);
 -- returns objects and bytes freed, the budget spent, the bytes queued for offload instead
 -- (an object: see evict_object), and whether a group is left draining.
-local function evict_unit(P, unit, now, budget, cfg)
+-- The node whose last child the eviction before this one unlinked, placed as that eviction's
+-- last step (Radix's note, CALL.placed), lends its facts to this one when it is the same unit:
+-- only next_candidate and allocations, which write no unit's state, run between two evictions
+-- of a call. (A note of the unit just evicted is dropped: its eviction wrote on after it.)
+local function evict_one(P, unit, now, budget, cfg, noted)
   local kind, tenant, name = match_(unit, '^([ogr]):([^:]+):(.*)$')
   if kind == 'o' then
     local n, b, queued = evict_object(P, tenant, name, now, cfg)
     return n, b, 1, queued
   end
-  if kind == 'g' then return evict_group(P, tenant, name, now, budget, cfg) end
-  if kind == 'r' then return evict_group(P, tenant, RADIX_MARK .. name, now, budget, cfg) end -- a radix node's keys
+  if kind == 'g' then return evict_group(P, tenant, name, now, budget, cfg, noted) end
+  if kind == 'r' then return evict_group(P, tenant, RADIX_MARK .. name, now, budget, cfg, noted) end -- a radix node's keys
   unplace(P, unit)
   return 0, 0, 1
+end
+
+local function evict_unit(P, unit, now, budget, cfg)
+  local noted = CALL.placed
+  CALL.placed, CALL.noting = nil, true
+  local n, b, spent, queued, drains = evict_one(P, unit, now, budget, cfg, noted)
+  CALL.noting = nil
+  if CALL.placed and CALL.placed.unit == unit then CALL.placed = nil end
+  return n, b, spent, queued, drains
 end
 
 return {
