@@ -93,13 +93,20 @@ local function free_extent(P, seg, off, size)
   local by_off, by_size = free_keys(P, seg)
   local stop = off + size
   local prev = redis.call('ZREVRANGEBYSCORE', by_off, '(' .. S(off), '-inf', 'LIMIT', 0, 1)[1]
-  local plen = prev and tonumber_(redis.call('ZSCORE', by_size, prev))
-  if plen and tonumber_(prev) + plen > off then return false end
   -- the first free extent starting in [off, stop]: inside the extent is a double free, at stop
   -- it is the next neighbour (a member is its offset, as is its score)
   local nxt = redis.call('ZRANGEBYSCORE', by_off, S(off), S(stop), 'LIMIT', 0, 1)[1]
   if nxt and (tonumber_(nxt) or -1) < stop then return false end -- (a member not a number: drift, refuse)
-  local nlen = nxt and tonumber_(redis.call('ZSCORE', by_size, nxt))
+  local plen, nlen -- the neighbours' lengths: one read for both
+  if prev and nxt then
+    local lens = redis.call('ZMSCORE', by_size, prev, nxt)
+    plen, nlen = tonumber_(lens[1]), tonumber_(lens[2])
+  elseif prev then
+    plen = tonumber_(redis.call('ZSCORE', by_size, prev))
+  elseif nxt then
+    nlen = tonumber_(redis.call('ZSCORE', by_size, nxt))
+  end
+  if plen and tonumber_(prev) + plen > off then return false end
   account(P, seg, 0 - size)
   if nlen then
     stop = stop + nlen
