@@ -133,12 +133,15 @@ def main(n: int = 2000, out: Callable[[str], None] = print) -> dict[str, Any]:
         spans: list[tuple] = []  # (before, after) of each one-client gateway round
         for rep in range(REPEATS):
             single["mooncake"] += clients([mooncake.address], n, f"m{rep}-")
-            before = (gateways[0].rpc_seconds(), fcall_usec(valkey.url), cpu_seconds(gateways[0].proc.pid))
+            vpid = valkey.proc.pid if valkey.proc else 0
+            before = (gateways[0].rpc_seconds(), fcall_usec(valkey.url), cpu_seconds(gateways[0].proc.pid),
+                      cpu_seconds(vpid))
             single["gateway"] += clients([gateways[0].address], n, f"g{rep}-")
-            after = (gateways[0].rpc_seconds(), fcall_usec(valkey.url), cpu_seconds(gateways[0].proc.pid))
+            after = (gateways[0].rpc_seconds(), fcall_usec(valkey.url), cpu_seconds(gateways[0].proc.pid),
+                     cpu_seconds(vpid))
             spans.append((before, after))
         res["single"] = _table(single, out, "one client")
-        res["where"] = _where(spans, single["gateway"], out)
+        res["where"] = _where(spans, single, out)
         many = {"mooncake": [_sum(clients([mooncake.address] * 4, n, f"M{rep}-")) for rep in range(REPEATS)]}
         many["gateway"] = [_sum(clients([g.address for g in gateways for _ in range(2)], n, f"G{rep}-"))
                            for rep in range(REPEATS)]
@@ -147,14 +150,16 @@ def main(n: int = 2000, out: Callable[[str], None] = print) -> dict[str, Any]:
     return res
 
 
-def _where(spans: list[tuple], rates: list[dict], out) -> dict[str, Any]:
+def _where(spans: list[tuple], single: dict[str, list[dict]], out) -> dict[str, Any]:
     """Where a gateway call's time goes (one client, the gateway's rounds only): as the client
     sees it (1/rate), from its arrival at the gateway to its reply, the functions' own server time
-    (every FCALL, per call) and the gateway process's CPU time per RPC it answered."""
+    (every FCALL, per call), the gateway's and Valkey's CPU time per RPC the gateway answered, and
+    the client's own CPU time per call against each master."""
+    rates = single["gateway"]
     seconds: dict[str, list[float]] = {}
-    usec = calls = cpu = 0.0
-    for (gw0, (usec0, calls0), cpu0), (gw1, (usec1, calls1), cpu1) in spans:
-        usec, calls, cpu = usec + usec1 - usec0, calls + calls1 - calls0, cpu + cpu1 - cpu0
+    usec = calls = cpu = vcpu = 0.0
+    for (gw0, (usec0, calls0), cpu0, v0), (gw1, (usec1, calls1), cpu1, v1) in spans:
+        usec, calls, cpu, vcpu = usec + usec1 - usec0, calls + calls1 - calls0, cpu + cpu1 - cpu0, vcpu + v1 - v0
         for rpc, (total, count) in gw1.items():
             t0, c0 = gw0.get(rpc, (0.0, 0.0))
             seconds.setdefault(rpc, [0.0, 0.0])
@@ -163,6 +168,7 @@ def _where(spans: list[tuple], rates: list[dict], out) -> dict[str, Any]:
     fcall_us = usec / max(1, calls)
     answered = sum(count for _, count in seconds.values())
     cpu_us = 1e6 * cpu / answered if answered else float("nan")
+    valkey_cpu_us = 1e6 * vcpu / answered if answered else float("nan")
     rows = {}
     out(f"where the time goes (one client, gateway side){'':<14}{'client us/call':>16}{'gateway us/call':>17}")
     for op, rpc in (("is_exist", "ExistKey"), ("get", "GetReplicaList"), ("remove", "Remove")):
@@ -172,8 +178,18 @@ def _where(spans: list[tuple], rates: list[dict], out) -> dict[str, Any]:
         rows[op] = {"client_us": client_us, "gateway_us": gateway_us}
         out(f"  {op:<58}{client_us:>16.0f}{gateway_us:>17.0f}")
     out(f"  the functions' own server time: {fcall_us:.0f} us per FCALL (INFO commandstats, every call of the run)")
-    out(f"  the gateway process's CPU time: {cpu_us:.0f} us per RPC answered ({answered:,.0f} RPCs)")
-    return {"operations": rows, "fcall_server_us": fcall_us, "gateway_cpu_us_per_rpc": cpu_us}
+    out(f"  the gateway process's CPU time: {cpu_us:.0f} us per RPC answered ({answered:,.0f} RPCs); "
+        f"Valkey's: {valkey_cpu_us:.0f} us")
+    title = "the client process's own CPU time per call (all its threads)"
+    out(f"{title:<66}{'vs mooncake_master':>20}{'vs gateway':>12}")
+    client_cpu = {}
+    for op in OPERATIONS:
+        a, b = (statistics.median(r.get("cpu_us", {}).get(op, float("nan")) for r in single[m])
+                for m in ("mooncake", "gateway"))
+        client_cpu[op] = {"mooncake_us": a, "gateway_us": b}
+        out(f"  {op:<58}{a:>20.0f}{b:>12.0f}")
+    return {"operations": rows, "fcall_server_us": fcall_us, "gateway_cpu_us_per_rpc": cpu_us,
+            "valkey_cpu_us_per_rpc": valkey_cpu_us, "client_cpu_us_per_call": client_cpu}
 
 
 def _sum(rates: list[dict[str, float]]) -> dict[str, float]:

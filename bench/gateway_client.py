@@ -1,7 +1,8 @@
 """One Mooncake client process of `bench gateway`: set up against a master, print "ready",
 wait for a line on stdin (so that several processes start together), time each operation over
-n calls, print one JSON object {operation: calls (or keys) per second}, and close only when
-stdin ends (objects may live in any client's segment: none may go while another still runs).
+n calls, print one JSON object {operation: calls (or keys) per second, "cpu_us": {operation: this
+process's CPU time (all its threads, user + system) per call}}, and close only when stdin ends
+(objects may live in any client's segment: none may go while another still runs).
 
     python -m mooncake_redis.bench.gateway_client MASTER N TAG
 """
@@ -17,9 +18,13 @@ OBJECT = b"g" * 1024  # 1 KiB
 BATCH = 100
 
 
-def timed(calls: int, fn) -> float:
-    started = time.perf_counter()
+CPU_US: dict[str, float] = {}  # operation -> this process's CPU time per call
+
+
+def timed(calls: int, fn, op: str, per: int = 1) -> float:
+    started, cpu = time.perf_counter(), time.process_time()
     fn()
+    CPU_US[op] = (time.process_time() - cpu) * 1e6 * per / calls
     return calls / (time.perf_counter() - started)
 
 
@@ -39,14 +44,15 @@ def main(master: str, n: int, tag: str) -> None:
             sys.exit(1)
 
     rates = {
-        "put": timed(n, lambda: check("put", sum(store.put(k, OBJECT) != 0 for k in keys))),
-        "is_exist": timed(n, lambda: check("is_exist", sum(store.is_exist(k) != 1 for k in keys))),
+        "put": timed(n, lambda: check("put", sum(store.put(k, OBJECT) != 0 for k in keys)), "put"),
+        "is_exist": timed(n, lambda: check("is_exist", sum(store.is_exist(k) != 1 for k in keys)), "is_exist"),
         "batch_is_exist": timed(len(windows) * BATCH, lambda: check(
-            "batch_is_exist", sum(sum(x != 1 for x in store.batch_is_exist(w)) for w in windows))),
-        "get": timed(n, lambda: check("get", sum(len(store.get(k)) != len(OBJECT) for k in keys))),
-        "remove": timed(n, lambda: check("remove", sum(store.remove(k, True) != 0 for k in keys))),
+            "batch_is_exist", sum(sum(x != 1 for x in store.batch_is_exist(w)) for w in windows)),
+            "batch_is_exist", BATCH),
+        "get": timed(n, lambda: check("get", sum(len(store.get(k)) != len(OBJECT) for k in keys)), "get"),
+        "remove": timed(n, lambda: check("remove", sum(store.remove(k, True) != 0 for k in keys)), "remove"),
     }
-    print(json.dumps(rates), flush=True)
+    print(json.dumps({**rates, "cpu_us": CPU_US}), flush=True)
     sys.stdin.read()
     store.close()
 

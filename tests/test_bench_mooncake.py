@@ -105,6 +105,9 @@ def test_bench_gateway_prints_every_operation_and_where_the_time_goes(monkeypatc
             assert row["mooncake_per_s"] > 0 and row["gateway_per_s"] > 0
             assert row["ratio"] == pytest.approx(row["gateway_per_s"] / row["mooncake_per_s"])
     where = results["where"]
-    assert where["fcall_server_us"] > 0 and where["gateway_cpu_us_per_rpc"] > 0
+    assert where["fcall_server_us"] > 0 and where["gateway_cpu_us_per_rpc"] > 0 and where["valkey_cpu_us_per_rpc"] > 0
+    for op in ("put", "is_exist", "batch_is_exist", "get", "remove"):
+        cpu = where["client_cpu_us_per_call"][op]
+        assert cpu["mooncake_us"] > 0 and cpu["gateway_us"] > 0
     for op in ("is_exist", "get", "remove"):
         assert where["operations"][op]["client_us"] > 0 and where["operations"][op]["gateway_us"] > 0
