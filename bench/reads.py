@@ -4,13 +4,15 @@ reads with the radix index off or on, and memory per complete object.
 * instructions (`--radix` for the index on): a private valkey-server under callgrind
   (bench/instructions.py's CallgrindValkey), 2,000 objects of 64 KiB with one replica on one
   shard; with the index, each key is `<hash64>_0` of its own node, nodes registered in chains of
-  8. Per figure, n calls of exist_key and get_replica_list (keys spread over the store), and n/8
+  8 (`--keys-per-node K`: keys `<hash64>_0` to `_<K-1>` of each node, as a page's k and v or
+  tensor-parallel ranks are, 2,000 keys in all, a node's keys next to each other). Per figure,
+  n calls of exist_key and get_replica_list (keys spread over the store), and n/8
   calls of their batches of 100 keys; instructions per call (per key for the batches), minus an
   empty window's, and the redis.calls made.
 * memory (`--memory`): a private valkey-server (no valgrind), N complete objects of one replica
   put in batches of 500, used_memory after minus before, divided by N.
 
-    python -m mooncake_redis.bench.reads [--n 400] [--radix] [--memory [--objects 50000]]
+    python -m mooncake_redis.bench.reads [--n 400] [--radix [--keys-per-node 1]] [--memory [--objects 50000]]
 """
 from __future__ import annotations
 
@@ -31,16 +33,16 @@ BATCH = 100
 CHAIN = 8
 
 
-def _store(m: Master, radix: bool) -> list[str]:
+def _store(m: Master, radix: bool, per_node: int = 1) -> list[str]:
     m.mount_segment(bi.SEGMENT, bi.SEGMENT_SIZE, bi.CLIENT)
     if radix:
-        hashes = [f"{i + 1:064x}" for i in range(STORE)]
+        hashes = [f"{i + 1:064x}" for i in range(STORE // per_node)]
         pairs: list[tuple[Any, Any]] = [(h, f"{int(h, 16) - 1:064x}" if int(h, 16) % CHAIN != 1 else None)
                                         for h in hashes]
-        for i in range(0, STORE, 500):
+        for i in range(0, len(pairs), 500):
             if any(c != 0 for c in m.batch_register_radix_nodes(pairs[i:i + 500])):
                 raise RuntimeError("batch_register_radix_nodes failed")
-        keys = [h + "_0" for h in hashes]
+        keys = [f"{h}_{j}" for h in hashes for j in range(per_node)]
     else:
         keys = [f"obj-{i:06d}" for i in range(STORE)]
     for i in range(0, STORE, 500):
@@ -52,20 +54,24 @@ def _store(m: Master, radix: bool) -> list[str]:
     return keys
 
 
-def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] = print) -> dict[str, dict]:
+def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] = print,
+                 keys_per_node: int = 1) -> dict[str, dict]:
     """Instructions per call (per key for the batches) and redis.calls of the four reads."""
+    if not 1 <= keys_per_node <= BATCH:
+        raise ValueError(f"keys_per_node must be in [1, {BATCH}]")
     with contextlib.ExitStack() as stack:
         config = MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix)
         server, r, m = bi.callgrind_master(stack, config, "reads")
-        keys = _store(m, radix)
+        keys = _store(m, radix, keys_per_node if radix else 1)
+        store = len(keys)
         r.function_load(bi.LIBRARY, replace=True)  # mcb_gc, which every window calls
         server.calibrate(r)
 
         def key_at(j: int) -> str:
-            return keys[(j * 7919) % STORE]
+            return keys[(j * 7919) % store]
 
         def window_of(j: int) -> list[str]:
-            s = (j * BATCH) % (STORE - BATCH + 1)
+            s = (j * BATCH) % (store - BATCH + 1)
             return keys[s:s + BATCH]
 
         batches = max(1, n // 8)
@@ -78,8 +84,9 @@ def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] =
             "batch_get_replica_list": (lambda: [m.batch_get_replica_list(window_of(j)) for j in range(batches)],
                                        batches * BATCH, lambda: m.batch_get_replica_list(window_of(0))),
         }
-        out(f"reads, radix index {'on' if radix else 'off'}: n={n} calls, batches {batches} calls of {BATCH} keys "
-            f"over {STORE} objects (instructions per call, per key for the batches)")
+        per = f", {keys_per_node} keys a node" if radix and keys_per_node > 1 else ""
+        out(f"reads, radix index {'on' if radix else 'off'}{per}: n={n} calls, batches {batches} calls of {BATCH} keys "
+            f"over {store} objects (instructions per call, per key for the batches)")
         got: dict[str, dict] = {}
         for name, (run, units, warm) in reads.items():
             for _ in range(bi.WARMUP):
@@ -122,13 +129,14 @@ def _cli() -> None:
     p = argparse.ArgumentParser(prog="python -m mooncake_redis.bench.reads", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=400, help="calls per figure (default 400)")
     p.add_argument("--radix", action="store_true", help="the radix index on")
+    p.add_argument("--keys-per-node", type=int, default=1, help="with --radix: keys of each node (default 1)")
     p.add_argument("--memory", action="store_true", help="memory per object instead (no valgrind)")
     p.add_argument("--objects", type=int, default=50_000, help="objects for --memory (default 50,000)")
     a = p.parse_args()
     if a.memory:
         memory(a.objects)
     else:
-        instructions(a.n, a.radix)
+        instructions(a.n, a.radix, keys_per_node=a.keys_per_node)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,21 @@ def test_reads_counts_every_read_with_the_radix_index_on_and_its_node_calls():
     assert got["batch_exist_key"]["instructions"] < got["exist_key"]["instructions"]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not _valgrind_usable(), reason=f"valgrind is not installed: {bench_instructions.INSTALL}")
+def test_a_batch_reads_the_record_of_a_node_once_for_all_its_keys():
+    """Two keys a node (a page's k and v): a batch takes each node's record once, so per key it
+    makes the object's HMGET and half a node's; a call of one key reads both."""
+    lines: list[str] = []
+    got = reads.instructions(n=8, radix=True, out=lines.append, keys_per_node=2)
+    assert "2 keys a node" in lines[0]
+    for name in ("batch_exist_key", "batch_get_replica_list"):
+        assert 1.4 < got[name]["commands"]["hmget"] < 1.6, (name, got[name]["commands"])
+    assert got["exist_key"]["commands"]["hmget"] >= 3  # config, the object, its node
+    with pytest.raises(ValueError):
+        reads.instructions(n=8, radix=True, keys_per_node=0)
+
+
 def test_memory_per_object_is_the_used_memory_a_stored_object_adds():
     lines: list[str] = []
     per = reads.memory(objects=10_000, out=lines.append)  # fewer: allocator noise dominates

@@ -249,6 +249,26 @@ def test_group_members_share_one_lease(m):
     assert m.usage().objects == 0 and m.usage().used_bytes == 0
 
 
+def test_a_batch_leases_each_group_of_its_keys_as_single_reads_do(m):
+    """A batch whose keys of one group come one after another reads the group's record once and
+    renews its lease once: every group a batch touches, in any order and beside keys of other
+    groups, ends with the lease single reads would give it, and fsck agrees."""
+    for g in ("g1", "g2"):
+        for k in ("a", "b"):
+            put(m, f"{{{g}}}/{k}", 10, config=group_cfg(g))
+    put(m, "{g1}/plain", 10)
+    m.advance_clock(1_000)
+    t = m.now_ms()
+    keys = ["{g1}/a", "{g1}/b", "{g2}/a", "{g1}/plain", "{g2}/b", "{g1}/a", "missing"]
+    assert m.batch_exist_key(keys) == [True, True, True, True, True, True, False]
+    for k in ("{g1}/a", "{g1}/b", "{g2}/a", "{g2}/b", "{g1}/plain"):
+        assert m.describe(k).lease_until_ms == t + 10_000, k
+    m.advance_clock(500)
+    assert [r.replicas != [] for r in m.batch_get_replica_list(["{g2}/a", "{g2}/b"])] == [True, True]
+    assert m.describe("{g2}/b").lease_until_ms == t + 10_500 and m.describe("{g1}/b").lease_until_ms == t + 10_000
+    assert fsck(m).ok
+
+
 def test_group_lease_is_per_group_and_tenant(m):
     put(m, "{g1}/a", 10, config=group_cfg("g1"))
     put(m, "{g1}/b", 10, config=group_cfg("g1"))

@@ -59,6 +59,12 @@ end
 -- until the first one), or R_single: a call of one key, whose plain lease is sent at once.
 local R_P, R_tenant, R_now, R_cfg, R_rescore, R_mounts, R_tails, R_okey, R_unit, R_node, R_node_unit
 local R_until, R_score, R_q, R_qn, R_single
+-- The record of the composite unit (group, radix node) the batch's last key belonged to, by its
+-- key, with the lease as this call left it (in place of the raw lease_until, at 2): the keys of
+-- one unit that come one after another (a page's k and v, its tensor-parallel ranks' keys) read
+-- it once and renew its lease once. Dropped when a read takes the general path, which may write
+-- a unit's record.
+local R_gkey, R_g
 
 -- The object key and unit prefixes of a shard and tenant, and its radix nodes' (pure functions
 -- of them), built once. Bounded: dropped whole at PREFIXES_MAX pairs.
@@ -135,7 +141,7 @@ local function plain_read(call, key, kind)
   end
   if not status then return E.OBJECT_NOT_FOUND end
   if not reps or special then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
-  local gkey, unit, group_lease, retained_until, grouped, memo
+  local gkey, unit, group_lease, retained_until, grouped, memo, g
   if group then -- a group member (or a radix node's key, below): the group is the unit
     gkey, unit = grp_key(R_P, R_tenant, group), group_unit(R_tenant, group)
   elseif node then -- grp_key and group_unit of RADIX_MARK .. node
@@ -143,9 +149,15 @@ local function plain_read(call, key, kind)
   end
   if gkey then
     if not R_rescore then R_rescore = {} end
-    local g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until', 'grouped', MEMO_FIELD)
+    if gkey == R_gkey then
+      g = R_g
+    else
+      g = call('HMGET', gkey, 'draining', 'lease_until', 'retained_until', 'grouped', MEMO_FIELD)
+      g[2] = tonumber_(g[2]) or 0
+      R_gkey, R_g = gkey, g
+    end
     if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
-    group_lease, retained_until, grouped, memo = tonumber_(g[2]) or 0, g[3], g[4], g[5] or nil
+    group_lease, retained_until, grouped, memo = g[2], g[3], g[4], g[5] or nil
   end
   if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
   local r, off
@@ -161,6 +173,7 @@ local function plain_read(call, key, kind)
   if gkey then
     until_ms = lease_group(gkey, unit, group_lease,
       now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, R_rescore, group_tiers(retained_until, now, grouped, memo))
+    g[2] = until_ms
   else
     if R_single then -- a call of one key: its re-score goes at once
       until_ms = plain_lease_now(R_P, R_unit .. key, now + cfg.default_kv_lease_ttl, cfg.kv_lease_slack, now)
@@ -247,6 +260,7 @@ local function batch_read(P, args, cfg, spec, shape)
   local m = mount_table(P)
   R_single = call.rows == 1
   R_P, R_tenant, R_now, R_cfg, R_rescore, R_q = P, tenant, nil, cfg, not R_single and {} or nil, nil
+  R_gkey, R_g = nil, nil
   R_mounts = not m and {} or nil
   if m then
     R_tails = m.tails
@@ -272,12 +286,13 @@ local function batch_read(P, args, cfg, spec, shape)
       local live, ttl_or_code, size, disks, checksum = read_one(P, tenant, key, read_now(), cfg, guarantee_ttl,
         R_mounts, R_rescore, {})
       if R_q then R_qn = #R_q end -- read_one may have queued a re-score there too
+      R_gkey, R_g = nil, nil -- (and written a unit's record)
       if kind == 'disk' then got = disk_reply(live, ttl_or_code, size, disks, checksum) else got = shape(live, ttl_or_code, size) end
     end
     reply[i] = got
   end
   if R_rescore then flush_rescore(P, R_rescore) end
-  R_rescore, R_q = nil, nil
+  R_rescore, R_q, R_gkey, R_g = nil, nil, nil, nil
   return reply
 end
 
