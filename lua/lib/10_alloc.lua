@@ -185,8 +185,12 @@ local function held_member(mount, off, size, seg) return mount .. ' ' .. S(off) 
 -- fsck dropped it): the next sweep finds out.
 local function hold_extent(P, seg, mount, off, size, due)
   redis.call('ZADD', P .. K.held, due, held_member(mount, off, size, seg))
-  local bound = redis.call('HGET', P .. K.config, 'held_due')
-  if bound and (bound == 'none' or due < (tonumber_(bound) or 0)) then set_held_due(P, due) end
+  local bound = held_due(P) -- as the call read it with its configuration, else read now
+  if not bound then
+    local raw = redis.call('HGET', P .. K.config, 'held_due')
+    bound = raw == 'none' and huge_ or tonumber_(raw)
+  end
+  if bound and due < bound then set_held_due(P, due) end -- (absent or malformed: unknown, left so)
 end
 
 -- Until when the extents of an abandoned put by `writer` (started at `started`) stay held: the

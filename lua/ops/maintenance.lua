@@ -61,7 +61,8 @@ local function discard_puts(P, args, cfg)
     local okey = tenant and obj_key(P, tenant, key)
     local o = okey and load_object(okey)
     if o and o.status ~= 'complete' then
-      local started = tonumber(o.put_started) or tonumber(due[i + 1]) -- (put_started: the index's score)
+      -- Object.put_started's rule, with the index's score already at hand
+      local started = tonumber(o.put_started) or tonumber(due[i + 1])
       delete_object(P, tenant, key, okey, o, hold_until(P, o.writer, started, cfg.put_start_release_timeout), now)
       discarded = discarded + 1
     else
