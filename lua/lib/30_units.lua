@@ -564,15 +564,20 @@ local function flush_rescore(P, rescore)
   end
 end
 
--- `fresh`: the group's record was created empty in this call (a new radix node's).
+-- `fresh`: the group is a radix node created in this call, its record not written yet: the
+-- field/value pairs to write with the counters (Radix.radix_register).
 local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now, fresh)
-  if redis.call('SADD', grp_members_key(P, tenant, group), key) == 0 then return end
+  if redis.call('SADD', grp_members_key(P, tenant, group), key) == 0 then
+    if fresh then redis.call('HSET', grp_key(P, tenant, group), unpack(fresh)) end
+    return
+  end
   local gkey, unit = grp_key(P, tenant, group), group_unit(tenant, group)
   if guaranteed_until then redis.call('ZADD', agg_key(P, 'guarantee', unit), S(guaranteed_until), key) end
   -- the new member is in progress: the rule protects the group. The first member finds no
   -- counters (retire_group dropped them) and no entries; a group being drained stays draining.
   if fresh or redis.call('HINCRBY', gkey, 'members', 1) == 1 then
-    local first = { 'members', '1', 'processing', '1', MEMO_FIELD, '' }
+    local first = fresh or { MEMO_FIELD, '' } -- (a new node's fields carry the memo)
+    first[#first + 1], first[#first + 2], first[#first + 3], first[#first + 4] = 'members', '1', 'processing', '1'
     if hard_pin == '1' then first[#first + 1], first[#first + 2] = 'hard_pinned', '1' end
     redis.call('HSET', gkey, unpack(first))
     return

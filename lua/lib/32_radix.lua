@@ -97,15 +97,16 @@ local function radix_unlink_up(P, tenant, h, ph, pshard, now, depth)
 end
 
 -- Tell the parent that child h exists: at once on the same shard, else through the outbox (the
--- child's keys cannot complete until the entry is acknowledged).
+-- child's keys cannot complete until the entry is acknowledged). Returns the seq of a link left
+-- in the outbox (the child's record must say link_pending = seq), else nil.
 local function radix_link(P, tenant, h, ph, pshard, now)
   local seq = radix_seq(P)
   if pshard == shard_index(P) then
     radix_apply(P, 'link', seq, tenant, ph, h, now, 0, true)
-  else
-    redis.call('ZADD', P .. K.radix_outbox, S(now), outbox_entry('link', seq, pshard, tenant, ph, h))
-    redis.call('HSET', rnode_key(P, tenant, h), 'link_pending', S(seq))
+    return nil
   end
+  redis.call('ZADD', P .. K.radix_outbox, S(now), outbox_entry('link', seq, pshard, tenant, ph, h))
+  return seq
 end
 
 -- Node h is gone (its record deleted, its unit unplaced): it leaves the shard's node list, and
@@ -180,23 +181,30 @@ local function radix_check(P, tenant, h, ph, pshard, shards)
 end
 
 -- Register node h (created as needed) under parent ph; run radix_check first (`rec`: its
--- record as read, if still current; nil: read it again). True when it created the node.
+-- record as read, if still current; nil: read it again). True when it created the node, but with
+-- `defer` a new node's record is not written: its field/value pairs are returned instead, for
+-- the caller to write with its first key's counters (put_start: Units.join_group) or, when that
+-- key is refused, before it settles the node. Nothing reads a node's record in between: a node
+-- without keys or children is in no index and no eviction reaches it.
 -- (One HMGET and at most one HSET of the node's record: this runs for every key a put indexes.)
-local function radix_register(P, tenant, h, ph, pshard, now, rec)
+local function radix_register(P, tenant, h, ph, pshard, now, rec, defer)
   local nkey = rnode_key(P, tenant, h)
   rec = rec or redis.call('HMGET', nkey, 'created', 'parent')
   local link = ph and not rec[2]
+  local fields
   if not rec[1] then -- a new node: no keys yet, so no entries (its memo says so)
     redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. h)
-    if link then
-      redis.call('HSET', nkey, 'created', S(now), 'parent', ph, 'parent_shard', S(pshard), MEMO_FIELD, '')
-    else
-      redis.call('HSET', nkey, 'created', S(now), MEMO_FIELD, '')
-    end
-  elseif link then
-    redis.call('HSET', nkey, 'parent', ph, 'parent_shard', S(pshard))
+    fields = { 'created', S(now), MEMO_FIELD, '' }
   end
-  if link then radix_link(P, tenant, h, ph, pshard, now) end
+  if link then
+    fields = fields or {}
+    fields[#fields + 1], fields[#fields + 2], fields[#fields + 3], fields[#fields + 4] =
+      'parent', ph, 'parent_shard', S(pshard)
+    local pending = radix_link(P, tenant, h, ph, pshard, now)
+    if pending then fields[#fields + 1], fields[#fields + 2] = 'link_pending', S(pending) end
+  end
+  if defer and not rec[1] then return fields end
+  if fields then redis.call('HSET', nkey, unpack(fields)) end
   return not rec[1]
 end
 

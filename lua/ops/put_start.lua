@@ -45,7 +45,7 @@ local group_draining, being_evicted = Units.group_draining, Units.being_evicted
 local join_group, delete_object = Units.join_group, Units.delete_object
 local indexed_room, join_indexed = Units.indexed_room, Units.join_indexed
 local sweep_guarantees, sweep_deadlines = Units.sweep_guarantees, Units.sweep_deadlines
-local radix_group, radix_settle = Radix.radix_group, Radix.radix_settle
+local radix_group, radix_settle, rnode_key = Radix.radix_group, Radix.radix_settle, Radix.rnode_key
 local radix_check, radix_register, radix_hold = Radix.radix_check, Radix.radix_register, Radix.radix_hold
 local radix_parent_of = Radix.radix_parent_of
 local next_candidate, evict_unit = Evict.next_candidate, Evict.evict_unit
@@ -251,14 +251,16 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   end
   -- the node is linked to its parent and held before evict-on-put runs, so that neither the
   -- parent (on this shard) nor the node is a candidate for the room this key needs; a refused
-  -- key takes both back
-  local fresh = node and radix_register(P, a.tenant, node, parent, pshard, now, nrec) -- a new node
+  -- key takes both back. A new node's record is written with this key's counters (join_group):
+  -- `fresh` holds its fields until then.
+  local fresh = node and radix_register(P, a.tenant, node, parent, pshard, now, nrec, true)
   if node and not fresh then radix_hold(P, a.tenant, node, nrec[4] or nil, now) end
   local got, fits, evicted = allocate_evicting(P, size, a, now, cfg, by_free)
   -- an eviction may have dropped the node (a shell whose last child it evicted): register it again
-  if node and evicted then fresh = radix_register(P, a.tenant, node, parent, pshard, now, nil) or fresh end
+  if node and evicted and not fresh then fresh = radix_register(P, a.tenant, node, parent, pshard, now, nil, true) end
   if #got == 0 then
     if fits then redis.call('HSET', P, 'put_failed', S(now)) end -- tells the eviction workers to start
+    if fresh then redis.call('HSET', rnode_key(P, a.tenant, node), unpack(fresh)) end -- (so that it settles)
     if node then radix_settle(P, a.tenant, node, now, 0) end
     return E.NO_AVAILABLE_HANDLE
   end
