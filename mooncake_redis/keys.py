@@ -48,6 +48,13 @@ def profile_of(pattern: str) -> str:
 # in production) and the mount epoch (lua/lib/00_base.lua).
 CLOCK_FIELD, MOUNT_EPOCH_FIELD = "clock", "mounts"
 HELD_DUE_FIELD = "held_due"  # P:config: no P:held entry is due before it (lua/lib/10_alloc.lua)
+# P:config: a field whose value is longer than hash-max-listpack-value (64 bytes unless an operator
+# raised it) keeps the hash a hashtable. Every function call reads up to 20 of its fields, which a
+# listpack finds by linear scans (an absent field, such as the clock in production, by a whole one):
+# 3-7% of a call's server instructions (docs/bench.md).
+HASHTABLE_FIELD = "keep_hashtable"
+HASHTABLE_NOTE = ("this value is longer than hash-max-listpack-value so that this hash stays a hashtable: "
+                  "every function call looks up fields of it, which a listpack finds by linear scans")
 
 # Key suffixes after the shard key P, named as in Lua's K table (the key schema table of docs/keys.md).
 K: dict[str, str] = {

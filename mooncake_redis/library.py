@@ -19,7 +19,7 @@ from typing import Any, Collection, NamedTuple
 import redis
 
 from .errors import ErrorCode, MasterError
-from .keys import shard_key
+from .keys import HASHTABLE_FIELD, HASHTABLE_NOTE, shard_key
 from .transport import replies
 from .transport.cluster import primary_clients
 from .transport.replies import error_of, no_reply
@@ -192,9 +192,9 @@ def check_schema(namespace: str, stored: dict) -> None:
 
 
 def stored_config(config: Any) -> dict[str, str]:
-    """The fields Master.connect writes to every shard's config hash: the MasterConfig and the
-    schema version."""
-    return {**config.to_redis(), SCHEMA_FIELD: str(SCHEMA_VERSION)}
+    """The fields Master.connect writes to every shard's config hash: the MasterConfig, the
+    schema version and the field that keeps the hash a hashtable (keys.HASHTABLE_FIELD)."""
+    return {**config.to_redis(), SCHEMA_FIELD: str(SCHEMA_VERSION), HASHTABLE_FIELD: HASHTABLE_NOTE}
 
 
 def load(client: redis.Redis) -> str:

@@ -428,3 +428,12 @@ def test_put_start_keeps_a_prefix_field_passed_per_key(master):
                                          3, "key", "prefix", "size", key, "ab" * 16, 100, b"{w}b", "", 100)
     assert isinstance(reply[0], list) and reply[1] == int(ErrorCode.INVALID_PARAMS)  # an empty prefix
     assert master.describe(key).fields["prefix"] == "ab" * 16
+
+
+def test_the_configuration_hash_is_a_hashtable(master, backend):
+    """Master.connect keeps every shard's P:config a hashtable (keys.HASHTABLE_FIELD): every call
+    looks up fields of it, which a listpack finds by linear scans."""
+    if backend == "memory":
+        pytest.skip("fakeredis has no encodings")
+    for shard in range(master.shards):
+        assert master.redis.object("encoding", shard_keys(master, shard).config) == b"hashtable"
