@@ -149,20 +149,25 @@ local function legacy_reps(flat)
   return encode_reps(list), names
 end
 
--- HGETALL as a table, nil when the object does not exist. Every object has at least 6 fields (5
--- fixed and a replica or disk field); a constructor fills them into a table sized at once (its
--- hash part holds 8: a soft pin, a group or a checksum more fit without a re-hash), where
--- filling an empty table re-hashes it four times on the way. An object of layout 1 gets its
--- `reps` from its replica fields (and `legacy_reps`: their names, which write_reps deletes).
+-- HGETALL as a table, nil when the object does not exist. Every object has at least 4 fields
+-- (size, status, writer and a replica or disk field); a constructor fills them into a table
+-- sized at once (its hash part holds 4, or 8 from 6 fields on), where filling an empty table
+-- re-hashes it at each power of two on the way. An object of layout 1 gets its `reps` from its
+-- replica fields (and `legacy_reps`: their names, which write_reps deletes).
 local function load_object(okey)
   local flat = redis.call('HGETALL', okey)
   local n = #flat
   if n == 0 then return nil end
-  local o, from = {}, 1
+  local o, from = nil, 1
   if n >= 12 then
     o = { [flat[1]] = flat[2], [flat[3]] = flat[4], [flat[5]] = flat[6], [flat[7]] = flat[8],
       [flat[9]] = flat[10], [flat[11]] = flat[12] }
     from = 13
+  elseif n >= 8 then
+    o = { [flat[1]] = flat[2], [flat[3]] = flat[4], [flat[5]] = flat[6], [flat[7]] = flat[8] }
+    from = 9
+  else
+    o = {}
   end
   for i = from, n, 2 do o[flat[i]] = flat[i + 1] end
   if o.node then o.group = RADIX_MARK .. o.node end
