@@ -53,7 +53,8 @@ if hasattr(os, "register_at_fork"):  # no fork, no inherited connections (Window
 def pack(commands: Sequence[Sequence[Any]]) -> bytes:
     """Commands as one RESP request, encoded as redis-py encodes them with hiredis installed
     (its HiredisRespSerializer): str as UTF-8, int and float in decimal, bytes-like objects as
-    they are; any other type (bool, None, ...) raises redis.DataError."""
+    they are; any other type (bool, None, ...) raises redis.DataError, redis-py's own (its
+    wording changes between releases)."""
     try:
         return b"".join([hiredis.pack_command(tuple(command)) for command in commands])
     except TypeError:
@@ -63,7 +64,19 @@ def pack(commands: Sequence[Sequence[Any]]) -> bytes:
         return b"".join([hiredis.pack_command(tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a  # type: ignore[arg-type]
                                                     for a in command)) for command in commands])
     except TypeError as exc:
-        raise redis.DataError(str(exc)) from None
+        raise _refusal_of(commands, exc) from None
+
+
+def _refusal_of(commands: Sequence[Sequence[Any]], exc: TypeError) -> redis.DataError:
+    """redis-py's refusal of arguments it cannot send: its own packer's DataError (a Connection
+    is built, never connected), else one with hiredis' words."""
+    try:
+        redis.connection.Connection().pack_commands([tuple(command) for command in commands])
+    except redis.DataError as refused:
+        return refused
+    except TypeError:
+        pass
+    return redis.DataError(str(exc))
 
 
 def _refusal(replies: list[Any]) -> redis.ConnectionError | None:
