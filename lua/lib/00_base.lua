@@ -538,6 +538,6 @@ return {
   new_mount_epoch = new_mount_epoch,
   config_value = config_value, shard_share = shard_share, valid_tenant = valid_tenant,
   valid_name = valid_name, HEAD_CACHE_MAX = HEAD_CACHE_MAX, parse_call = parse_call,
-  row_of = row_of, register = register, FREES = FREES, events_maxlen = events_maxlen,
+  row_of = row_of, register = register, FREES = FREES, events_maxlen = events_maxlen, shard_number = shard_number,
   on_first_call = on_first_call, held_due = held_due, set_held_due = set_held_due, CALL = CALL,
 }

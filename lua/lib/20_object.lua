@@ -38,9 +38,18 @@ local function obj_id(tenant, key) return tenant .. ':' .. key end
 -- a node has the field `node` = <hash>, which load_object turns into that group name. User group
 -- ids never start with a NUL byte (put_start and retain_groups refuse them).
 local RADIX_MARK = '\0r:'
+-- The hashes of the radix groups seen (a sub is a new string: a call asks for its node's hash
+-- several times). Bounded: dropped whole at RADIX_OF_MAX entries.
+local RADIX_OF, radix_of_n, RADIX_OF_MAX = {}, 0, 4096
 local function radix_hash(group)
-  if byte_(group, 1) == 0 and sub_(group, 1, 3) == RADIX_MARK then return sub_(group, 4) end
-  return nil
+  if byte_(group, 1) ~= 0 then return nil end
+  local h = RADIX_OF[group]
+  if h then return h end
+  if sub_(group, 1, 3) ~= RADIX_MARK then return nil end
+  h = sub_(group, 4)
+  if radix_of_n >= RADIX_OF_MAX then RADIX_OF, radix_of_n = {}, 0 end
+  RADIX_OF[group], radix_of_n = h, radix_of_n + 1
+  return h
 end
 local function grp_key(P, tenant, group)
   local h = radix_hash(group)

@@ -162,13 +162,27 @@ end
 -- index), so an entry the memo missed costs a pop, never a wrong eviction or a stuck candidate.
 local MEMO_FIELD = 'at'
 local DIGITS = { '1', '2', '3', '4', '5', '6', '7', '8', '9' } -- an index's position as a memo writes it
-local function in_memo(at, i) return at == nil or find_(at, DIGITS[i], 1, true) ~= nil end
+-- Which index positions a memo lists ({ [i] = true }), by memo: a placement looks at every index,
+-- and a find per index is a C call. Memos are the few subsets of INDEXES placements write (a
+-- hand-edited one could be any string: bounded, dropped whole at MEMO_LISTS_MAX).
+local MEMO_LISTS, memo_lists_n, MEMO_LISTS_MAX = {}, 0, 256
+local function memo_list(at)
+  local l = MEMO_LISTS[at]
+  if l then return l end
+  l = {}
+  for i = 1, #DIGITS do l[i] = find_(at, DIGITS[i], 1, true) ~= nil end
+  if memo_lists_n >= MEMO_LISTS_MAX then MEMO_LISTS, memo_lists_n = {}, 0 end
+  MEMO_LISTS[at], memo_lists_n = l, memo_lists_n + 1
+  return l
+end
+local function in_memo(at, i) return at == nil or memo_list(at)[i] end
 
 -- Remove a composite unit's entries from the indexes its memo `at` lists (nil: all); the caller
 -- drops the record or its memo.
 local function unplace_composite(P, unit, at)
+  local listed = at ~= nil and memo_list(at)
   for i = 1, #INDEXES do
-    if in_memo(at, i) then redis.call('ZREM', P .. INDEXES[i], unit) end
+    if not listed or listed[i] then redis.call('ZREM', P .. INDEXES[i], unit) end
   end
 end
 
@@ -177,7 +191,7 @@ end
 -- so a placement never creates a record. `fields`: more field/value pairs of the record to
 -- write in the same HSET.
 local function apply_composite(P, gkey, unit, entries, now, at, fields)
-  local code = ''
+  local code, listed = '', at ~= nil and memo_list(at)
   for i = 1, #INDEXES do
     local index = INDEXES[i]
     local score = entries[index]
@@ -188,7 +202,7 @@ local function apply_composite(P, gkey, unit, entries, now, at, fields)
       else
         redis.call('ZADD', P .. index, S(score), unit)
       end
-    elseif in_memo(at, i) then
+    elseif not listed or listed[i] then
       redis.call('ZREM', P .. index, unit)
     end
   end

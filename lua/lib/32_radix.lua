@@ -37,7 +37,7 @@ local function rnode_key(P, tenant, h) return P .. K.radix_node .. tenant .. ':'
 local function rkids_key(P, tenant, h) return P .. K.radix_kids .. tenant .. ':' .. h end
 local function radix_group(h) return RADIX_MARK .. h end
 local function radix_unit(tenant, h) return 'r:' .. tenant .. ':' .. h end
-local function shard_index(P) return tonumber_(match_(P, ':(%d+)}$')) end
+local shard_index = Base.shard_number -- (memoised per shard key: a match is three new strings)
 local function radix_seq(P) return redis.call('HINCRBY', P, 'radix_seq', 1) end
 
 local function outbox_entry(op, seq, pshard, tenant, ph, h)
