@@ -67,9 +67,12 @@ class ObjectsApi(ApiBase):
         if self._radix_put(c):
             named = parents or c.parent_block_hash is not None
             fields = (*fields, "node") + (("parent", "parent_shard") if named else ())
+        # (options at the functions' defaults are left out, as the default tenant is: fewer
+        # strings for the server to make and a shorter head to look up, every call)
         return wire.head(fields, client_id=client_id,
-                         tenant=tenant_id, replica_num=c.replica_num, soft_pin_action=action.value,
-                         soft_pin_ttl_ms=ttl, hard_pin=int(hard_pin), group=group, preferred=prefs,
+                         tenant=tenant_id, replica_num=c.replica_num if c.replica_num != 1 else None,
+                         soft_pin_action=action.value if action is not SoftPinAction.PRESERVE else None,
+                         soft_pin_ttl_ms=ttl, hard_pin=1 if hard_pin else None, group=group, preferred=prefs,
                          guaranteed_ttl_ms=guarantee or None, guarantee_fallback=int(fallback) if guarantee else None,
                          host=host if same_host else None, prefer_same_host=1 if same_host else None)
 
