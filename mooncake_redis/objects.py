@@ -305,7 +305,7 @@ class ObjectsApi(ApiBase):
         return self.drive(self._remove_steps(keys, force, tenant_id))
 
     def _remove_steps(self, keys: Sequence[bytes], force: bool, tenant_id: str) -> Steps[list[ErrorCode]]:
-        head = wire.head(wire.KEY, tenant=tenant_id, force=int(force))
+        head = wire.head(wire.KEY, tenant=tenant_id, force=1 if force else None)  # (0: the default, left out)
         replies = yield from self.transport.batch_steps("mc_remove", head, [(k,) for k in keys], keys)
         return [ErrorCode(r) for r in replies]
 
