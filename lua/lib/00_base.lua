@@ -80,10 +80,26 @@ end)
 -- Zero is always "0": a negated zero would print "-0", which Redis 7 refuses as an integer.
 -- An exact integer goes through '%d' (a C long: exact, and a negated zero prints "0"), which
 -- costs about 40% of '%.0f'.
+-- A format is a sprintf and a new string (about 2k instructions), and the same numbers come
+-- again and again (object sizes and their negations, offsets, counts): the spellings of numbers
+-- below 2^40 are remembered, bounded (dropped whole at S_MEMO_MAX). Clock readings (ms, above
+-- 2^40 since 2004) are rarely spelt twice and are not. (Nor is a NaN: it cannot be a key.)
+local S_MEMO, s_memo_n, S_MEMO_MAX, S_MEMO_BELOW = {}, 0, 256, 1099511627776
 local function S(n)
-  if n % 1 == 0 and n > -9007199254740992 and n < 9007199254740992 then return format_('%d', n) end
-  if n == 0 then return '0' end
-  return format_('%.0f', n)
+  local s = S_MEMO[n]
+  if s then return s end
+  if n % 1 == 0 and n > -9007199254740992 and n < 9007199254740992 then
+    s = format_('%d', n)
+  elseif n == 0 then
+    s = '0'
+  else
+    s = format_('%.0f', n)
+  end
+  if n < S_MEMO_BELOW and n > -S_MEMO_BELOW then
+    if s_memo_n >= S_MEMO_MAX then S_MEMO, s_memo_n = {}, 0 end
+    S_MEMO[n], s_memo_n = s, s_memo_n + 1
+  end
+  return s
 end
 
 local MAX_INT = 9007199254740991 -- 2^53 - 1

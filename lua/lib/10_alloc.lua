@@ -27,9 +27,10 @@ local function free_keys(P, seg)
 end
 
 local function account(P, seg, delta)
-  redis.call('HINCRBY', P .. K.segment .. seg, 'used', S(delta))
+  local d = S(delta)
+  redis.call('HINCRBY', P .. K.segment .. seg, 'used', d)
   redis.call('ZINCRBY', P .. K.segments, S(0 - delta), seg)
-  redis.call('HINCRBY', P, 'used_bytes', S(delta))
+  redis.call('HINCRBY', P, 'used_bytes', d)
 end
 
 local function add_free(by_off, by_size, off, len)
