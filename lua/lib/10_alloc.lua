@@ -107,18 +107,19 @@ local function free_extent(P, seg, off, size)
   elseif nxt then
     nlen = tonumber_(redis.call('ZSCORE', by_size, nxt))
   end
-  if plen and tonumber_(prev) + plen > off then return false end
+  local poff = plen and tonumber_(prev) -- (a member is its offset)
+  if plen and poff + plen > off then return false end
   account(P, seg, 0 - size)
   if nlen then
     stop = stop + nlen
     redis.call('ZREM', by_off, nxt)
     redis.call('ZREM', by_size, nxt)
   end
-  if plen and tonumber_(prev) + plen == off then
+  if plen and poff + plen == off then
     -- merged into the free extent before it, which keeps its offset (its member and by_off
     -- score): only its length grows. Frees in address order (LRU eviction of a fill) mostly
     -- end here, with one write instead of four.
-    redis.call('ZADD', by_size, stop - tonumber_(prev), prev)
+    redis.call('ZADD', by_size, stop - poff, prev)
   else
     add_free(by_off, by_size, off, stop - off)
   end
