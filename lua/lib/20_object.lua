@@ -121,10 +121,10 @@ end
 -- The `reps` field of replicas {seg=, off=, mount=} (any order; written in segment order).
 local function by_segment(a, b) return a.seg < b.seg end
 local function encode_reps(list)
-  if #list == 1 then local r = list[1]; return S(r.off) .. ' ' .. r.mount .. ' ' .. #r.seg .. ' ' .. r.seg end
+  if #list == 1 then local r = list[1]; return S(r.off) .. ' ' .. r.mount .. ' ' .. S(#r.seg) .. ' ' .. r.seg end
   if #list > 1 then table.sort(list, by_segment) end
   local parts = {}
-  for i, r in ipairs(list) do parts[i] = S(r.off) .. ' ' .. r.mount .. ' ' .. #r.seg .. ' ' .. r.seg end
+  for i, r in ipairs(list) do parts[i] = S(r.off) .. ' ' .. r.mount .. ' ' .. S(#r.seg) .. ' ' .. r.seg end
   return table.concat(parts)
 end
 

@@ -41,7 +41,7 @@ local shard_index = Base.shard_number -- (memoised per shard key: a match is thr
 local function radix_seq(P) return redis.call('HINCRBY', P, 'radix_seq', 1) end
 
 local function outbox_entry(op, seq, pshard, tenant, ph, h)
-  return op .. ' ' .. S(seq) .. ' ' .. S(pshard) .. ' ' .. tenant .. ' ' .. #ph .. ' ' .. ph .. h
+  return op .. ' ' .. S(seq) .. ' ' .. S(pshard) .. ' ' .. tenant .. ' ' .. S(#ph) .. ' ' .. ph .. h
 end
 
 -- op, seq, parent shard, tenant, parent, child of an outbox entry (nil when malformed).
