@@ -429,6 +429,17 @@ def main(n: int = 400, out=print, store: int | None = None, aof: bool = False) -
         return _run(server, master, r, n, store, valgrind_version(server.valgrind), aof, out)
 
 
+def put_complete(master: Master, keys: list[str], chunk: int = 1000) -> None:
+    """Put `keys` as complete objects of OBJECT_SIZE (batch_put_start + batch_put_end, `chunk`
+    keys a call); any refusal raises."""
+    for i in range(0, len(keys), chunk):
+        part = keys[i:i + chunk]
+        if any(not isinstance(x, list) for x in master.batch_put_start(CLIENT, part, [OBJECT_SIZE] * len(part))):
+            raise RuntimeError("batch_put_start failed")
+        if any(c != 0 for c in master.batch_put_end(CLIENT, part)):
+            raise RuntimeError("batch_put_end failed")
+
+
 def callgrind_master(stack: contextlib.ExitStack, config: MasterConfig, name: str,
                      aof: bool = False) -> tuple["CallgrindValkey", redis.Redis, Master]:
     """A private valkey-server under callgrind (in a temporary directory
@@ -481,12 +492,7 @@ def _run(server: CallgrindValkey, master: Master, r: redis.Redis, n: int, store:
 
     master.mount_segment(SEGMENT, SEGMENT_SIZE, CLIENT)
     keys = [f"obj-{i:06d}" for i in range(store)]
-    for i in range(0, store, 1000):
-        chunk = keys[i:i + 1000]
-        if any(not isinstance(x, list) for x in master.batch_put_start(CLIENT, chunk, [OBJECT_SIZE] * len(chunk))):
-            raise RuntimeError("batch_put_start of the read set failed")
-        if any(c != 0 for c in master.batch_put_end(CLIENT, chunk)):
-            raise RuntimeError("batch_put_end of the read set failed")
+    put_complete(master, keys)
     # puts in progress, as a live store has: P:processing is a skiplist from the start, so the
     # puts measured first (ours) and second (the floor's) add to the same kind of sorted set
     pending = [f"pending-{i:06d}" for i in range(PENDING)]

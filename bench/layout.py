@@ -71,10 +71,7 @@ def probe(n: int = 200, out: Callable[[str], None] = print) -> dict[str, dict[st
         r.function_load(library(), replace=True)
         sk = ShardKeys(bi.NAMESPACE, 0)
         keys = [f"obj-{i:06d}" for i in range(STORE)]
-        for i in range(0, STORE, 500):
-            chunk = keys[i:i + 500]
-            m.batch_put_start(bi.CLIENT, chunk, [bi.OBJECT_SIZE] * len(chunk))
-            m.batch_put_end(bi.CLIENT, chunk)
+        bi.put_complete(m, keys, chunk=500)
         pipe = r.pipeline(transaction=False)
         for key in keys:
             pipe.hmget(sk.object("default", key), *OBJECT_FIELDS)

@@ -45,12 +45,7 @@ def _store(m: Master, radix: bool, per_node: int = 1) -> list[str]:
         keys = [f"{h}_{j}" for h in hashes for j in range(per_node)]
     else:
         keys = [f"obj-{i:06d}" for i in range(STORE)]
-    for i in range(0, STORE, 500):
-        chunk = keys[i:i + 500]
-        if any(not isinstance(x, list) for x in m.batch_put_start(bi.CLIENT, chunk, [bi.OBJECT_SIZE] * len(chunk))):
-            raise RuntimeError("batch_put_start failed")
-        if any(c != 0 for c in m.batch_put_end(bi.CLIENT, chunk)):
-            raise RuntimeError("batch_put_end failed")
+    bi.put_complete(m, keys, chunk=500)
     return keys
 
 
@@ -112,13 +107,7 @@ def memory(objects: int = 50_000, out: Callable[[str], None] = print) -> float:
         m.batch_put_start(bi.CLIENT, ["warm-0"], [bi.OBJECT_SIZE])  # every per-shard structure exists first
         m.batch_put_end(bi.CLIENT, ["warm-0"])
         before = int(r.info("memory")["used_memory"])
-        keys = [f"obj-{i:06d}" for i in range(objects)]
-        for i in range(0, objects, 500):
-            chunk = keys[i:i + 500]
-            if any(not isinstance(x, list) for x in m.batch_put_start(bi.CLIENT, chunk, [bi.OBJECT_SIZE] * len(chunk))):
-                raise RuntimeError("batch_put_start failed")
-            if any(c != 0 for c in m.batch_put_end(bi.CLIENT, chunk)):
-                raise RuntimeError("batch_put_end failed")
+        bi.put_complete(m, [f"obj-{i:06d}" for i in range(objects)], chunk=500)
         per = (int(r.info("memory")["used_memory"]) - before) / objects
         out(f"memory per complete object ({objects:,} objects of one replica, shards=1, used_memory delta): "
             f"{per:.1f} B")
