@@ -299,6 +299,25 @@ def test_cross_shard_cascade(cross):
     assert m.evict_step(0).units == 1
 
 
+def test_links_of_one_call_share_a_seq_until_an_outbox_entry(cross):
+    """Same-shard links of one call take one seq (one HINCRBY a call); a link after an outbox
+    entry of the call takes a newer one, so that an unlink written before it never removes it."""
+    m, far, _ = cross  # far: a parent on shard 0
+    near = on_shard(m, 1, "near")
+    kids = [on_shard(m, 1, f"kid{i}") for i in range(3)]
+    put_node(m, far, None)
+    put_node(m, near, None)
+    m.batch_put_start(WRITER, [f"{k}_0" for k in kids], [SMALL] * 3, parents=[near, far, near])
+    k1, k0 = m.transport.keys[1], m.transport.keys[0]
+    seq = [m.redis.zscore(k1.radix_kids("default", near), kids[0]),
+           m.redis.zscore(k0.radix_kids("default", far), kids[1]),
+           m.redis.zscore(k1.radix_kids("default", near), kids[2])]
+    assert seq[0] < seq[1] < seq[2]
+    m.batch_put_start(WRITER, [f"{on_shard(m, 1, f'more{i}')}_0" for i in range(2)], [SMALL] * 2, parents=[near, near])
+    scores = sorted(m.redis.zrange(k1.radix_kids("default", near), 0, -1, withscores=True), key=lambda kv: kv[1])
+    assert [s for _, s in scores][-2:] == [seq[2] + 1] * 2  # one seq for both, newer than the last call's
+
+
 def test_a_link_not_delivered_blocks_the_childs_completion(cross, monkeypatch):
     m, p, c = cross
     put_node(m, p, None)
@@ -344,6 +363,21 @@ def test_a_lost_unlink_leaves_a_phantom_that_reconciliation_removes(cross):
     assert fsck(m).ok
     evict_everything(m)
     assert not alive(m, f"{p}_0")
+
+
+def test_on_one_shard_the_walk_looks_at_no_children_and_fsck_repairs_a_phantom(new_master):
+    """One shard writes a link and its child in one call, so only drift leaves a phantom there:
+    the reconciliation walk skips the children (two calls a node fewer), fsck finds it."""
+    m = radix(new_master, shards=1)
+    p, c = H("parent"), H("child")
+    put_node(m, p, None)
+    put_node(m, c, p)
+    m.redis.zadd(m.transport.keys[0].radix_kids("default", p), {H("gone"): 1})  # planted
+    assert m.reconcile_radix_all() == (0, 0)
+    assert fsck(m).kinds() == {"radix_phantom_child": 1}
+    fsck(m, repair=True)
+    assert fsck(m).ok
+    assert m.describe_radix_node(p).children == [c.encode()]
 
 
 def test_fsck_repairs_an_unlisted_child_and_the_node_index(cross):

@@ -38,7 +38,23 @@ local function rkids_key(P, tenant, h) return P .. K.radix_kids .. tenant .. ':'
 local function radix_group(h) return RADIX_MARK .. h end
 local function radix_unit(tenant, h) return 'r:' .. tenant .. ':' .. h end
 local shard_index = Base.shard_number -- (memoised per shard key: a match is three new strings)
-local function radix_seq(P) return redis.call('HINCRBY', P, 'radix_seq', 1) end
+local CALL = Base.CALL
+-- The next seq of the shard, for an outbox entry.
+local function radix_seq(P)
+  CALL.link_seq = nil -- a link after this entry must be newer than it
+  return redis.call('HINCRBY', P, 'radix_seq', 1)
+end
+-- The seq of a link applied at once (its parent on this shard). Such links of one call share
+-- one seq, newer than every step written before them: a probe (mc_radix_probe) sees the whole
+-- call or none of it, and a call's outbox entry makes its next link take a seq of its own.
+local function link_seq(P)
+  local seq = CALL.link_seq
+  if not seq then
+    seq = radix_seq(P)
+    CALL.link_seq = seq
+  end
+  return seq
+end
 
 local function outbox_entry(op, seq, pshard, tenant, ph, h)
   return op .. ' ' .. S(seq) .. ' ' .. S(pshard) .. ' ' .. tenant .. ' ' .. S(#ph) .. ' ' .. ph .. h
@@ -100,11 +116,11 @@ end
 -- child's keys cannot complete until the entry is acknowledged). Returns the seq of a link left
 -- in the outbox (the child's record must say link_pending = seq), else nil.
 local function radix_link(P, tenant, h, ph, pshard, now)
-  local seq = radix_seq(P)
   if pshard == shard_index(P) then
-    radix_apply(P, 'link', seq, tenant, ph, h, now, 0, true)
+    radix_apply(P, 'link', link_seq(P), tenant, ph, h, now, 0, true)
     return nil
   end
+  local seq = radix_seq(P)
   redis.call('ZADD', P .. K.radix_outbox, S(now), outbox_entry('link', seq, pshard, tenant, ph, h))
   return seq
 end
@@ -122,8 +138,7 @@ local function node_dropped(P, tenant, h, parent, pshard, link_pending, now, dep
 end
 
 -- A node's record as radix_settle reads it (NODE_FIELDS): its unit's fields (members 1,
--- draining 6, the memo N), then its own.
-local CALL = Base.CALL -- (the eviction's note: Evict.evict_unit)
+-- draining 6, the memo N), then its own. (CALL also holds the eviction's note: Evict.evict_unit.)
 local N = GROUP_N
 
 -- Node h's keys or children changed: a node with neither goes (and its parent forgets it);

@@ -132,9 +132,11 @@ end, { 'no-writes' })
 --   grace_ms goes (its parent forgets it); children listed that are not alive here are returned.
 --   Reply: {next cursor (0 when the walk is done), nodes dropped, {tenant, parent, child, ...}
 --   children not alive on this shard (the caller probes them on their shard, mc_radix_probe).
+--   A store of one shard has no phantom child but by drift (a link and its child are written
+--   in one call there), which fsck finds and repairs: its walk looks at no children.
 local RECONCILE_KIDS = 16   -- children looked at per node and call
 local RECONCILE_CHECKS = 256 -- children looked at per call: the walk stops early past it
-register('mc_radix_reconcile', {}, function(P, args)
+register('mc_radix_reconcile', {}, function(P, args, cfg)
   local cursor, max, grace = int_arg(args[1], 0, MAX_INT), int_arg(args[2], 1, 1024), int_arg(args[3], 0, MAX_INT)
   if not cursor or not max or not grace then return fail(E.INVALID_PARAMS, 'expected cursor, max (1-1024), grace_ms') end
   local now = now_ms(P)
@@ -150,7 +152,8 @@ register('mc_radix_reconcile', {}, function(P, args)
       redis.call('ZREM', P .. K.radix_nodes, id)
       dropped = dropped + 1
     else
-      for _, kid in ipairs(redis.call('ZRANGE', rkids_key(P, tenant, h), 0, RECONCILE_KIDS - 1)) do
+      local kids = cfg.shards > 1 and redis.call('ZRANGE', rkids_key(P, tenant, h), 0, RECONCILE_KIDS - 1) or {}
+      for _, kid in ipairs(kids) do
         checks = checks + 1
         if redis.call('HGET', rnode_key(P, tenant, kid), 'parent') ~= h then -- not a live child here
           remote[#remote + 1] = tenant
