@@ -120,8 +120,8 @@ redis.register_function('mcb_zadd2', function(k, a)
 -- the mount epoch), the clock, then per key the HMGET of the fields a read takes (the segment's
 -- mount id is remembered between calls), one ZADD XX GT for all (the lease lives in the tier);
 -- exist_key takes the fields but size and checksum
-local READ_FIELDS = {{ 'status', 'size', 'reps', 'group', 'node', 'special', 'checksum' }}
-local EXIST_READ_FIELDS = {{ 'status', 'reps', 'group', 'node', 'special' }}
+local READ_FIELDS = {{ 'size', 'status', 'reps', 'group', 'node', 'special', 'checksum' }}
+local EXIST_READ_FIELDS = {{ 'reps', 'status', 'group', 'node', 'special' }}
 local function read(P, args, fields, shape, read_fields)
   local cfg = redis.call('HMGET', P .. K.config, unpack(fields))
   local ttl = tonumber(cfg[2])
@@ -140,7 +140,7 @@ local EXIST_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'kv_lease_slack', 'clo
 local GET_FIELDS = {{ 'shards', 'default_kv_lease_ttl', 'kv_lease_slack', 'max_guaranteed_ttl', 'clock', 'mounts' }}
 local function exist_shape() return 1 end
 local function get_shape(o, ttl, seg)  -- with_disk=1: ttl, size, checksum, memory replicas, seg, offset
-  return {{ ttl, tonumber(o[2]), '', 1, seg, tonumber(string.match(o[3], '^%d+')) }}
+  return {{ ttl, tonumber(o[1]), '', 1, seg, tonumber(string.match(o[3], '^%d+')) }}
 end
 redis.register_function('mcb_floor_exist', function(k, a)
   return read(k[1], a, EXIST_FIELDS, exist_shape, EXIST_READ_FIELDS) end)
@@ -181,7 +181,7 @@ redis.register_function('mcb_floor_put_end', function(k, a)
   local now = now_of(redis.call('TIME'))
   local okey = P .. K.object .. 'default:' .. key
   redis.call('HGETALL', okey)
-  redis.call('HSET', okey, 'status', 'complete')
+  redis.call('HDEL', okey, 'status')
   redis.call('ZREM', P .. K.processing, 'default:' .. key)
   redis.call('ZADD', P .. K.tier_ordinary, now, 'o:default:' .. key)
   return {{ 0 }}

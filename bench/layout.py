@@ -29,7 +29,7 @@ from . import instructions as bi
 
 STORE = 2000
 BATCH = 100
-OBJECT_FIELDS = (b"size", b"status", b"writer", b"reps")
+OBJECT_FIELDS = (b"size", b"writer", b"reps")  # a complete object's fields
 
 # The two layouts' read floors, beside the bench library's mcb_floor_exist (today's layout).
 PROBES = r"""

@@ -1,12 +1,27 @@
-"""The object hash's replica field (layout 2, lua/lib/20_object.lua): `reps` holds an object's
+"""The object hash's replica and status fields (lua/lib/20_object.lua): `reps` holds an object's
 memory replicas, each "<offset> <mount id> <#segment> <segment>" one after another in segment
-order; a layout 1 object has one field rep:<segment> = "<offset> <mount id>" per replica."""
+order (layout 2; a layout 1 object has one field rep:<segment> = "<offset> <mount id>" per
+replica); `status` is there only while a put is in progress (layout 4)."""
 from __future__ import annotations
 
 import re
 from typing import NamedTuple
 
 REPS_FIELD = "reps"
+STATUS_FIELD = b"status"
+COMPLETE = b"complete"
+
+
+def in_progress(status: bytes | None) -> bool:
+    """Whether an object's stored `status` (None: none) says a put is in progress: it is stored
+    only then (schema 4); a complete object has none, or, written by an older schema, "complete"."""
+    return status is not None and status != COMPLETE
+
+
+def stored_status(fields: dict[bytes, bytes]) -> bytes:
+    """An object's status from its fields (see in_progress)."""
+    return fields.get(STATUS_FIELD, COMPLETE)
+
 LEGACY_PREFIX = b"rep:"
 _HEAD = re.compile(rb"(\d+) (\d+) (\d+) ")
 _LEGACY_VALUE = re.compile(rb"(\d+) (\d+)")

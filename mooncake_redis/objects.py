@@ -12,7 +12,7 @@ from .checks import _as_key, _as_keys, _check_bool, _check_int, _check_name, _ch
 from .config import ReplicateConfig, SoftPinAction
 from .errors import ErrorCode, MasterError
 from .keys import prefix_of
-from .layout import stored_replicas
+from .layout import stored_replicas, stored_status
 from .models import ObjectInfo, Replica, ReplicaListResult, ReplicaStatus
 from .steps import Blocking, Steps
 from .transport import BATCH_CHUNK
@@ -448,7 +448,7 @@ class ObjectsApi(ApiBase):
         raw = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
         f = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
         size = int(f["size"])
-        status = ReplicaStatus(f["status"])
+        status = ReplicaStatus(stored_status(raw).decode())
         live_set, stored = set(live), stored_replicas(raw) or []
         replicas = [Replica(r.segment.decode(errors="replace"), r.offset, size, status)
                     for r in stored if r.segment in live_set]

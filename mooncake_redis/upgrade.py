@@ -3,7 +3,8 @@ package's: Master.connect runs it before it records the new version.
 
 Schema 2 keeps an object's memory replicas in one field (`reps`, mooncake_redis.layout); schema 3
 marks an object that has (or had) a guarantee, hard pin, task reference, soft pin or disk replica
-(`special`: such an object takes the general read). `mc_upgrade_objects` rewrites older objects,
+(`special`: such an object takes the general read); in schema 4 a complete object has no
+`status` field (only a put in progress has one). `mc_upgrade_objects` rewrites older objects,
 which stay readable meanwhile, so the upgrade needs no pause of the engines."""
 from __future__ import annotations
 

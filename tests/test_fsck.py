@@ -9,6 +9,7 @@ from mooncake_redis import MasterError
 from mooncake_redis.config import ReplicateConfig, SoftPinAction
 from mooncake_redis import fsck as fsck_module
 from mooncake_redis.fsck import KINDS, _Audit, fsck
+from mooncake_redis.layout import stored_status
 
 from helpers import T0, all_shard_keys, keys_of, replicas_in, reps_value, shard_keys, watched_silence
 
@@ -95,12 +96,14 @@ def store(new_master):
 
 # ---- helpers -------------------------------------------------------------------------------
 def objects(m):
-    """(shard, key, fields) of every object of tenant "default"."""
+    """(shard, key, fields) of every object of tenant "default", with its status (a complete
+    object stores none: layout.stored_status)."""
     out = []
     for shard in range(m.shards):
         prefix = shard_keys(m, shard).object("default", "")
         for k in m.redis.scan_iter(match=prefix + b"*"):
-            h = {f.decode(): v.decode() for f, v in m.redis.hgetall(k).items()}
+            raw = m.redis.hgetall(k)
+            h = {f.decode(): v.decode() for f, v in raw.items()} | {"status": stored_status(raw).decode()}
             out.append((shard, k[len(prefix):].decode(), h))
     return sorted(out, key=lambda t: t[1])
 

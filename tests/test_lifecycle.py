@@ -179,7 +179,7 @@ def test_a_put_an_earlier_package_started_ends_like_any_other(new_master):
     m.put_end("c2", "{t}old")
     m.put_end("c1", "{t}new")
     for key in ("{t}old", "{t}new"):
-        assert set(m.redis.hkeys(p.object("default", key))) == {b"size", b"status", b"writer", b"reps"}
+        assert set(m.redis.hkeys(p.object("default", key))) == {b"size", b"writer", b"reps"}  # complete: no status
         assert m.describe(key).put_started_ms is None
 
 

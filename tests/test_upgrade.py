@@ -77,3 +77,32 @@ def test_schema_2_objects_get_their_read_mark_and_read_right(valkey):
             again.close()
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("server", ["valkey", "redis7"])
+def test_schema_3_complete_objects_lose_their_status_and_puts_in_progress_keep_it(request, server):
+    srv = request.getfixturevalue(server)
+    m = make_master("valkey", srv, shards=1)
+    m.freeze_clock(T0)
+    try:
+        mount(m, "seg", 1 << 20)
+        put(m, "done", 100)
+        m.put_start("w", "writing", 100, ReplicateConfig())
+        p = all_shard_keys(m)[0]
+        done_key, writing_key = p.object("default", "done"), p.object("default", "writing")
+        assert not m.redis.hexists(done_key, "status")
+        m.redis.hset(done_key, "status", "complete")  # as a schema 3 store wrote it
+        m.redis.hset(p.config, SCHEMA_FIELD, 3)
+        before = m.get_replica_list("done").replicas
+        assert m.get_replica_list("done").replicas == before  # readable as it is
+        again = Master.connect(srv.url, MasterConfig(shards=1))
+        try:
+            assert not again.redis.hexists(done_key, "status")
+            assert again.redis.hget(writing_key, "status") == b"processing"
+            assert again.get_replica_list("done").replicas == before
+            assert again.exist_key("done") and not again.exist_key("writing")
+            assert fsck(again).ok
+        finally:
+            again.close()
+    finally:
+        m.close()

@@ -1,5 +1,7 @@
 -- Objects. An object is the hash P:obj:<tenant>:<key> with fields
---   size, status ("processing" | "complete"), writer, put_started (only in a put in progress
+--   size, status ("processing" while a put is in progress; a complete object has none, schema 4:
+--   16 bytes an object; load_object gives it status "complete", as it does an object of an
+--   older schema that stored it), writer, put_started (only in a put in progress
 --   an earlier package wrote: a put's start is its P:processing score, see put_started below),
 --   lease_until (absent: 0; see object_lease in 30_units.lua),
 --   soft_pin_until (absent or 0: none), hard_pin (1; absent or 0: none), group (only when grouped),
@@ -158,27 +160,33 @@ local function legacy_reps(flat)
   return encode_reps(list), names
 end
 
--- HGETALL as a table, nil when the object does not exist. Every object has at least 4 fields
--- (size, status, writer and a replica or disk field); a constructor fills them into a table
--- sized at once (its hash part holds 4, or 8 from 6 fields on), where filling an empty table
--- re-hashes it at each power of two on the way. An object of layout 1 gets its `reps` from its
--- replica fields (and `legacy_reps`: their names, which write_reps deletes).
+-- HGETALL as a table, nil when the object does not exist. Every object has at least 3 fields
+-- (size, writer and a replica or disk field; status while a put is in progress); a constructor
+-- fills them into a table sized at once (its hash part holds 4, or 8 from 5 fields on), where
+-- filling an empty table re-hashes it at each power of two on the way. An object of layout 1
+-- gets its `reps` from its replica fields (and `legacy_reps`: their names, which write_reps
+-- deletes).
+-- Whether an object's stored `status` (nil or, from an HMGET, false: none) says a put is in
+-- progress: a complete object has none, or, stored by an older schema, "complete".
+local function in_progress(status) return status and status ~= 'complete' or false end
+
 local function load_object(okey)
   local flat = redis.call('HGETALL', okey)
   local n = #flat
   if n == 0 then return nil end
   local o, from = nil, 1
-  if n >= 12 then
+  if n >= 10 then
     o = { [flat[1]] = flat[2], [flat[3]] = flat[4], [flat[5]] = flat[6], [flat[7]] = flat[8],
-      [flat[9]] = flat[10], [flat[11]] = flat[12] }
-    from = 13
-  elseif n >= 8 then
-    o = { [flat[1]] = flat[2], [flat[3]] = flat[4], [flat[5]] = flat[6], [flat[7]] = flat[8] }
-    from = 9
+      [flat[9]] = flat[10] }
+    from = 11
+  elseif n >= 6 then
+    o = { [flat[1]] = flat[2], [flat[3]] = flat[4], [flat[5]] = flat[6] }
+    from = 7
   else
     o = {}
   end
   for i = from, n, 2 do o[flat[i]] = flat[i + 1] end
+  if not in_progress(o.status) then o.status = 'complete' end
   if o.node then o.group = RADIX_MARK .. o.node end
   if not o.reps then o.reps, o.legacy_reps = legacy_reps(flat) end
   return o
@@ -252,7 +260,7 @@ return {
   obj_key = obj_key, obj_prefix = obj_prefix, SCALAR_FIELDS = SCALAR_FIELDS, obj_id = obj_id, RADIX_MARK = RADIX_MARK,
   radix_hash = radix_hash, grp_key = grp_key, node_prefix = node_prefix, grp_members_key = grp_members_key,
   MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,
-  keys_spec = keys_spec, load_object = load_object, replicas_of = replicas_of,
+  keys_spec = keys_spec, load_object = load_object, in_progress = in_progress, replicas_of = replicas_of,
   encode_reps = encode_reps, decode_reps = decode_reps, write_reps = write_reps, needs_read_mark = needs_read_mark,
   live_replicas = live_replicas, lease_until = lease_until,
 }

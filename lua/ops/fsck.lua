@@ -13,6 +13,7 @@ local free_keys, add_free = Alloc.free_keys, Alloc.add_free
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local grp_key, grp_members_key = Object.grp_key, Object.grp_members_key
 local load_object, decode_reps, needs_read_mark = Object.load_object, Object.decode_reps, Object.needs_read_mark
+local in_progress = Object.in_progress
 local keep_lease = Units.keep_lease
 local guarantee_prefix_key = Guarantee.guarantee_prefix_key
 local object_unit, group_unit, agg_key = Units.object_unit, Units.group_unit, Units.agg_key
@@ -352,7 +353,7 @@ local function fsck_group(P, args)
     if (o[1] or (o[7] and RADIX_MARK .. o[7])) == group then -- a radix node's keys carry `node`
       members = members + 1
       if tonumber(o[6]) then redis.call('ZADD', guarantee_key, o[6], k) end
-      if o[2] ~= 'complete' then
+      if in_progress(o[2]) then
         processing = processing + 1
       elseif (tonumber(o[4]) or 0) > 0 then
         redis.call('ZADD', soft_key, o[4], k)

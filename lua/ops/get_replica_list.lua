@@ -14,7 +14,7 @@
 local E, fail, S, int_arg, register, now_ms = Base.E, Base.fail, Base.S, Base.int_arg, Base.register, Base.now_ms
 local FREES = Base.FREES
 local obj_key, object_call = Object.obj_key, Object.object_call
-local keys_spec, load_object = Object.keys_spec, Object.load_object
+local keys_spec, load_object, in_progress = Object.keys_spec, Object.load_object, Object.in_progress
 local live_replicas = Object.live_replicas
 local live_disk_replicas = Disk.live_disk_replicas
 local being_evicted, extend_lease = Units.being_evicted, Units.extend_lease
@@ -123,7 +123,7 @@ end
 
 -- A read's reply for a plain object (complete, no guarantee, hard pin, task, soft pin or disk
 -- replica, every replica live), or GENERAL for any other (and an error code for a missing or
--- unfinished one). One HMGET of the fields a read takes (status, size, reps, group, node,
+-- unfinished one). One HMGET of the fields a read takes (size, status, reps, group, node,
 -- special, checksum; exist_key leaves out size and checksum) answers a plain object without
 -- more calls but, for a group member (or a radix node's key), one HMGET of its group's record;
 -- read_one loads the whole hash of any other. `kind`: 'exist', 'get' or 'disk'
@@ -133,13 +133,16 @@ end
 local function plain_read(call, key, kind)
   local status, size, reps, group, node, special, checksum
   if kind == 'exist' then
-    local v = call('HMGET', R_okey .. key, 'status', 'reps', 'group', 'node', 'special')
-    status, reps, group, node, special = v[1], v[2], v[3], v[4], v[5]
+    local v = call('HMGET', R_okey .. key, 'reps', 'status', 'group', 'node', 'special')
+    reps, status, group, node, special = v[1], v[2], v[3], v[4], v[5]
+    -- no reps, no read mark and no status (which every object of an older schema and every put
+    -- in progress has): none, or an object whose memory replicas are gone, unreadable either way
+    if not (reps or special or status) then return E.OBJECT_NOT_FOUND end
   else
-    local v = call('HMGET', R_okey .. key, 'status', 'size', 'reps', 'group', 'node', 'special', 'checksum')
-    status, size, reps, group, node, special, checksum = v[1], v[2], v[3], v[4], v[5], v[6], v[7]
+    local v = call('HMGET', R_okey .. key, 'size', 'status', 'reps', 'group', 'node', 'special', 'checksum')
+    size, status, reps, group, node, special, checksum = v[1], v[2], v[3], v[4], v[5], v[6], v[7]
+    if not size then return E.OBJECT_NOT_FOUND end -- every object has a size (20_object.lua)
   end
-  if not status then return E.OBJECT_NOT_FOUND end
   if not reps or special then return GENERAL end -- no memory replica field, or the read mark (20_object.lua)
   local gkey, unit, group_lease, retained_until, grouped, memo, g
   if group then -- a group member (or a radix node's key, below): the group is the unit
@@ -159,7 +162,7 @@ local function plain_read(call, key, kind)
     if g[1] == '1' then return E.OBJECT_NOT_FOUND end -- being evicted: gone for readers
     group_lease, retained_until, grouped, memo = g[2], g[3], g[4], g[5] or nil
   end
-  if status ~= 'complete' then return E.REPLICA_IS_NOT_READY end
+  if in_progress(status) then return E.REPLICA_IS_NOT_READY end
   local r, off
   local s1 = find(reps, ' ', 1, true)
   local seg = s1 and live_tail(sub(reps, s1 + 1))

@@ -56,17 +56,19 @@ local function end_one(P, tenant, key, now, client, cfg, checksum)
   -- whose score then holds it (the lease lives where the rule needs it: 30_units.lua)
   o.status, o.lease_until = 'complete', S(max_(tonumber_(o.lease_until) or 0, now))
   o.soft_pin_until = commit_soft_pin(o, now)
-  local fields = { 'status', o.status }
+  local fields = {}
   if ever_soft_pinned(o) then -- and the read mark
-    fields[#fields + 1] = 'soft_pin_until'; fields[#fields + 1] = o.soft_pin_until
-    fields[#fields + 1] = 'special'; fields[#fields + 1] = '1'
+    fields[1], fields[2], fields[3], fields[4] = 'soft_pin_until', o.soft_pin_until, 'special', '1'
   end
   if checksum then fields[#fields + 1] = 'checksum'; fields[#fields + 1] = checksum end
-  redis.call('HSET', okey, unpack(fields))
-  -- what only a put in progress needs goes (a complete object keeps its writer: put_end and
-  -- put_revoke answer by it); a put_start of default options wrote none of it
+  if fields[1] then redis.call('HSET', okey, unpack(fields)) end
+  -- what only a put in progress needs goes, its status first (a complete object has none, and
+  -- keeps its writer: put_end and put_revoke answer by it); a put_start of default options
+  -- wrote none of the others
   if o.soft_pin_action or o.soft_pin_ttl or o.put_started then
-    redis.call('HDEL', okey, 'soft_pin_action', 'soft_pin_ttl', 'put_started')
+    redis.call('HDEL', okey, 'status', 'soft_pin_action', 'soft_pin_ttl', 'put_started')
+  else
+    redis.call('HDEL', okey, 'status')
   end
   redis.call('ZREM', P .. K.processing, obj_id(tenant, key))
   local in_tier = false

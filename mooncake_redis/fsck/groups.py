@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..keys import CLOCK_FIELD
+from ..layout import in_progress
 from .base import (
     _UNIT_RE,
     ERROR,
@@ -141,7 +142,7 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
         out.append(audit.finding("group_member_stray", shard, f"group {subject} member {_d(k)}",
                                 "not in the member set", f"in it ({why})", action))
     n = len(members)
-    proc = sum(1 for r in members.values() if r[1] != b"complete")
+    proc = sum(1 for r in members.values() if in_progress(r[1]))
     hard = sum(1 for r in members.values() if r[2] == b"1")
     refs = sum(_int(r[4]) or 0 for r in members.values())
     have = tuple(_int(g.get(f)) or 0 for f in (b"members", b"processing", b"hard_pinned", b"task_refs"))
@@ -149,7 +150,7 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
         out.append(audit.finding("group_counters", shard, f"group {subject}",
                                 f"members={n} processing={proc} hard_pinned={hard} task_refs={refs}",
                                 "members={} processing={} hard_pinned={} task_refs={}".format(*have), action))
-    pins = {k: _int(r[3]) for k, r in members.items() if r[1] == b"complete" and (_int(r[3]) or 0) > 0}
+    pins = {k: _int(r[3]) for k, r in members.items() if not in_progress(r[1]) and (_int(r[3]) or 0) > 0}
     stored = {k: int(v) for k, v in agg}
     if pins != stored and g.get(b"draining") != b"1":  # a draining group's zset goes with it
         out.append(audit.finding("group_soft_pin", shard, f"group {subject}", f"{len(pins)} member soft pins",

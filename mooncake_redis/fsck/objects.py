@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import wire
 from ..keys import CLOCK_FIELD, K
-from ..layout import stored_replicas
+from ..layout import COMPLETE, stored_replicas, stored_status
 from ..transport.replies import missing_functions, reload
 from .base import (
     _ID_RE,
@@ -210,8 +210,8 @@ def check_object(audit: Any, shard: int, tenant: bytes, key: bytes, snap: list, 
             out.append(audit.finding("guarantee_index", shard, subject, "no P:guaranteed entry (object missing)",
                                     f"score {_score(s_guarantee)}", place))
         return out + compare_unit(audit, shard, unit, st, due, now, place)
-    status = h.get(b"status")
-    complete = status == b"complete"
+    status = stored_status(h)
+    complete = status == COMPLETE
     bad = []
     size = _int(h.get(b"size"))
     if size is None or size <= 0:
