@@ -9,8 +9,10 @@ reads with the radix index off or on, and memory per complete object.
   n calls of exist_key and get_replica_list (keys spread over the store), and n/8
   calls of their batches of 100 keys; instructions per call (per key for the batches), minus an
   empty window's, and the redis.calls made.
-* memory (`--memory`): a private valkey-server (no valgrind), N complete objects of one replica
-  put in batches of 500, used_memory after minus before, divided by N.
+* memory (`--memory`, with `--radix` the index on, keys as above): a private valkey-server (no
+  valgrind), N complete objects of one replica put in batches of 500, used_memory after minus
+  before, divided by N, and `MEMORY USAGE` per object of each family of keys (`obj`, `rnode`,
+  `rkeys`, ..., and a shard's one-key structures by name: its tiers, `rnodes`).
 
     python -m mooncake_redis.bench.reads [--n 400] [--radix [--keys-per-node 1]] [--memory [--objects 50000]]
 """
@@ -33,18 +35,20 @@ BATCH = 100
 CHAIN = 8
 
 
+def _radix_nodes(m: Master, nodes: int, per_node: int) -> list[str]:
+    """Register `nodes` radix nodes in chains of CHAIN; their keys `<hash64>_0` to `_<per_node-1>`."""
+    hashes = [f"{i + 1:064x}" for i in range(nodes)]
+    pairs: list[tuple[Any, Any]] = [(h, f"{int(h, 16) - 1:064x}" if int(h, 16) % CHAIN != 1 else None)
+                                    for h in hashes]
+    for i in range(0, len(pairs), 500):
+        if any(c != 0 for c in m.batch_register_radix_nodes(pairs[i:i + 500])):
+            raise RuntimeError("batch_register_radix_nodes failed")
+    return [f"{h}_{j}" for h in hashes for j in range(per_node)]
+
+
 def _store(m: Master, radix: bool, per_node: int = 1) -> list[str]:
     m.mount_segment(bi.SEGMENT, bi.SEGMENT_SIZE, bi.CLIENT)
-    if radix:
-        hashes = [f"{i + 1:064x}" for i in range(STORE // per_node)]
-        pairs: list[tuple[Any, Any]] = [(h, f"{int(h, 16) - 1:064x}" if int(h, 16) % CHAIN != 1 else None)
-                                        for h in hashes]
-        for i in range(0, len(pairs), 500):
-            if any(c != 0 for c in m.batch_register_radix_nodes(pairs[i:i + 500])):
-                raise RuntimeError("batch_register_radix_nodes failed")
-        keys = [f"{h}_{j}" for h in hashes for j in range(per_node)]
-    else:
-        keys = [f"obj-{i:06d}" for i in range(STORE)]
+    keys = _radix_nodes(m, STORE // per_node, per_node) if radix else [f"obj-{i:06d}" for i in range(STORE)]
     bi.put_complete(m, keys, chunk=500)
     return keys
 
@@ -93,25 +97,59 @@ def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] =
         return got
 
 
-def memory(objects: int = 50_000, out: Callable[[str], None] = print) -> float:
-    """used_memory per complete object of one replica (shards=1)."""
+def _family(key: bytes) -> str:
+    """The key schema's name for a key of a shard `<ns>:{<ns>:<shard>}<suffix>` (`obj`, `rnode`,
+    `rkeys`, `evict`, ...; `shard` for the shard's hash itself, `other` for any other key)."""
+    if b"}" not in key:
+        return "other"
+    rest = key.split(b"}", 1)[1].lstrip(b":")
+    return rest.split(b":", 1)[0].decode(errors="replace") if rest else "shard"
+
+
+def memory(objects: int = 50_000, out: Callable[[str], None] = print, radix: bool = False,
+           keys_per_node: int = 1) -> dict[str, Any]:
+    """used_memory per complete object of one replica (shards=1), and MEMORY USAGE per object of
+    each family of keys. With `radix`, the keys of radix nodes in chains of CHAIN, as
+    `instructions` puts them."""
     with contextlib.ExitStack() as stack:
         server = EmbeddedValkey(data_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-mem-")))
         server.start()
         stack.callback(server.stop)
-        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1))
+        m = Master.connect(server.url, MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix))
         stack.callback(m.close)
         r = redis.Redis.from_url(server.url)
         stack.callback(r.close)
         m.mount_segment(bi.SEGMENT, bi.SEGMENT_SIZE, bi.CLIENT)
         m.batch_put_start(bi.CLIENT, ["warm-0"], [bi.OBJECT_SIZE])  # every per-shard structure exists first
         m.batch_put_end(bi.CLIENT, ["warm-0"])
+        usage_before = _usage(r)
         before = int(r.info("memory")["used_memory"])
-        bi.put_complete(m, [f"obj-{i:06d}" for i in range(objects)], chunk=500)
-        per = (int(r.info("memory")["used_memory"]) - before) / objects
-        out(f"memory per complete object ({objects:,} objects of one replica, shards=1, used_memory delta): "
-            f"{per:.1f} B")
-        return per
+        if radix:
+            keys = _radix_nodes(m, objects // keys_per_node, keys_per_node)
+        else:
+            keys = [f"obj-{i:06d}" for i in range(objects)]
+        bi.put_complete(m, keys, chunk=500)
+        per = (int(r.info("memory")["used_memory"]) - before) / len(keys)
+        what = f"radix index on, {keys_per_node} key(s) a node, chains of {CHAIN}" if radix else "radix index off"
+        out(f"memory per complete object ({len(keys):,} objects of one replica, shards=1, {what}; "
+            f"used_memory delta): {per:.1f} B")
+        families = {f: (b - usage_before.get(f, 0)) / len(keys) for f, b in _usage(r).items()}
+        out("  MEMORY USAGE per object, by key family: " + ", ".join(
+            f"{f} {b:.1f}" for f, b in sorted(families.items(), key=lambda fb: -fb[1]) if abs(b) >= 0.5))
+        return {"per_object": per, "families": families}
+
+
+def _usage(r: redis.Redis) -> dict[str, int]:
+    """MEMORY USAGE (SAMPLES 0: every element) summed per key family."""
+    names = list(r.scan_iter(count=1000))
+    got: dict[str, int] = {}
+    for i in range(0, len(names), 1000):
+        pipe = r.pipeline(transaction=False)
+        for k in names[i:i + 1000]:
+            pipe.memory_usage(k, samples=0)
+        for k, b in zip(names[i:i + 1000], pipe.execute()):
+            got[_family(k)] = got.get(_family(k), 0) + (b or 0)
+    return got
 
 
 def _cli() -> None:
@@ -123,7 +161,7 @@ def _cli() -> None:
     p.add_argument("--objects", type=int, default=50_000, help="objects for --memory (default 50,000)")
     a = p.parse_args()
     if a.memory:
-        memory(a.objects)
+        memory(a.objects, radix=a.radix, keys_per_node=a.keys_per_node)
     else:
         instructions(a.n, a.radix, keys_per_node=a.keys_per_node)
 

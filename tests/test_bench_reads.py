@@ -44,8 +44,23 @@ def test_a_batch_reads_the_record_of_a_node_once_for_all_its_keys():
 
 def test_memory_per_object_is_the_used_memory_a_stored_object_adds():
     lines: list[str] = []
-    per = reads.memory(objects=10_000, out=lines.append)  # fewer: allocator noise dominates
+    got = reads.memory(objects=10_000, out=lines.append)  # fewer: allocator noise dominates
+    per, families = got["per_object"], got["families"]
     # an object is at least its hash (key and fields) and its tier entry, and far from a kilobyte
     assert 100 < per < 1000, per
-    assert lines == [f"memory per complete object (10,000 objects of one replica, shards=1, used_memory delta): "
-                     f"{per:.1f} B"]
+    assert lines[0] == (f"memory per complete object (10,000 objects of one replica, shards=1, radix index off; "
+                        f"used_memory delta): {per:.1f} B")
+    assert families["obj"] > 50 and families["evict"] > 20, families
+    assert not any(f.startswith("r") for f in families if families[f] > 1), families  # no radix keys
+    # MEMORY USAGE estimates (and leaves out the keyspace's own table): near used_memory's delta
+    assert 0.5 * per < sum(families.values()) < 1.5 * per, (per, families)
+    assert lines[1].startswith("  MEMORY USAGE per object, by key family: obj ")
+
+
+def test_memory_with_the_radix_index_counts_its_keys():
+    lines: list[str] = []
+    off = reads.memory(objects=2_000, out=lines.append)
+    on = reads.memory(objects=2_000, out=lines.append, radix=True, keys_per_node=2)
+    assert "radix index on, 2 key(s) a node, chains of 8" in lines[2]
+    assert on["per_object"] > off["per_object"]
+    assert {"rnode", "rkeys", "rkids", "rnodes"} <= set(on["families"]), on["families"]

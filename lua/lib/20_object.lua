@@ -65,6 +65,36 @@ local function grp_members_key(P, tenant, group)
   if h then return P .. K.radix_keys .. tenant .. ':' .. h end
   return P .. K.group_members .. tenant .. ':' .. group
 end
+-- A member set holds a group's keys as they are, and a radix node's relative to its hash: a key
+-- that starts with the hash as '=' and the rest, another key that starts with '=' or '\' as '\'
+-- and the key, the others as they are. Engines' keys are a page's hash and a suffix ("<hash>_0"):
+-- members of a few bytes keep the set a listpack (set-max-listpack-value, 64 bytes), where a
+-- whole key (66 bytes and more) makes it a hashtable, about 200 B a node more. Schema 5 (an
+-- older store's members that start with '=' or '\' are rewritten: lua/ops/upgrade.lua).
+local EQ, BS = 61, 92 -- '=', '\'
+local function member_of(group, key)
+  local h = radix_hash(group)
+  if not h then return key end
+  if sub_(key, 1, #h) == h then return '=' .. sub_(key, #h + 1) end
+  local b = byte_(key, 1)
+  if b == EQ or b == BS then return '\\' .. key end
+  return key
+end
+local function key_of(group, member)
+  local h = radix_hash(group)
+  if not h then return member end
+  local b = byte_(member, 1)
+  if b == EQ then return h .. sub_(member, 2) end
+  if b == BS then return sub_(member, 2) end
+  return member
+end
+-- The keys of a list of a member set's members (in place).
+local function keys_of(group, members)
+  if radix_hash(group) then
+    for i = 1, #members do members[i] = key_of(group, members[i]) end
+  end
+  return members
+end
 
 -- Keys one call may carry: every function bounds its own work whatever a caller sends (the
 -- Python client sends at most 32-128 keys a call, see CHUNK_OF in mooncake_redis/master.py).
@@ -259,6 +289,7 @@ return {
   put_started = put_started,
   obj_key = obj_key, obj_prefix = obj_prefix, SCALAR_FIELDS = SCALAR_FIELDS, obj_id = obj_id, RADIX_MARK = RADIX_MARK,
   radix_hash = radix_hash, grp_key = grp_key, node_prefix = node_prefix, grp_members_key = grp_members_key,
+  member_of = member_of, key_of = key_of, keys_of = keys_of,
   MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,
   keys_spec = keys_spec, load_object = load_object, in_progress = in_progress, replicas_of = replicas_of,
   encode_reps = encode_reps, decode_reps = decode_reps, write_reps = write_reps, needs_read_mark = needs_read_mark,

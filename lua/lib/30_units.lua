@@ -35,7 +35,7 @@ Base.on_first_call(function() tonumber_, find_, sub_, match_ = tonumber, string.
 local free_extent, hold_extent = Alloc.free_extent, Alloc.hold_extent
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local radix_hash, grp_key = Object.radix_hash, Object.grp_key
-local grp_members_key, load_object = Object.grp_members_key, Object.load_object
+local grp_members_key, load_object, member_of = Object.grp_members_key, Object.load_object, Object.member_of
 local replicas_of = Object.replicas_of
 local forget_guarantee = Guarantee.forget_guarantee
 local is_disk_only, drop_disk_replicas = Disk.is_disk_only, Disk.drop_disk_replicas
@@ -581,7 +581,7 @@ end
 -- `fresh`: the group is a radix node created in this call, its record not written yet: the
 -- field/value pairs to write with the counters (Radix.radix_register).
 local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now, fresh)
-  if redis.call('SADD', grp_members_key(P, tenant, group), key) == 0 then
+  if redis.call('SADD', grp_members_key(P, tenant, group), member_of(group, key)) == 0 then
     if fresh then redis.call('HSET', grp_key(P, tenant, group), unpack(fresh)) end
     return
   end
@@ -652,7 +652,7 @@ end
 local function leave_group(P, tenant, key, o, now)
   local group = o.group
   if o.ugroup and o.node then leave_indexed(P, tenant, key, o.ugroup, o.node) end
-  if redis.call('SREM', grp_members_key(P, tenant, group), key) == 0 then return end
+  if redis.call('SREM', grp_members_key(P, tenant, group), member_of(group, key)) == 0 then return end
   local gkey = grp_key(P, tenant, group)
   if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then -- the counters and aggregates go with it
     return retire_group(P, tenant, group, now)

@@ -8,7 +8,7 @@ local tonumber_, match_, max_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, match_, max_ = tonumber, string.match, math.max end)
 local S, CALL = Base.S, Base.CALL
 local obj_key, RADIX_MARK, grp_key = Object.obj_key, Object.RADIX_MARK, Object.grp_key
-local grp_members_key, load_object = Object.grp_members_key, Object.load_object
+local grp_members_key, load_object, key_of = Object.grp_members_key, Object.load_object, Object.key_of
 local live_disk_replicas, shed_memory = Disk.live_disk_replicas, Disk.shed_memory
 local DRAINING, TIERS, TIER_LEVEL = Units.DRAINING, Units.TIERS, Units.TIER_LEVEL
 local TIER_ALLOW, object_unit, group_unit = Units.TIER_ALLOW, Units.object_unit, Units.group_unit
@@ -118,9 +118,11 @@ local function evict_group(P, tenant, group, now, budget, cfg, noted)
     end
   end
   local objects, bytes = 0, 0
-  for _, key in ipairs(keys) do
+  for _, member in ipairs(keys) do
+    local key = key_of(group, member)
     local okey = obj_key(P, tenant, key)
     local o = load_object(okey)
+    if o and o.group ~= group then o = nil end -- not a member (a stale entry): only the entry goes
     if o and o.ugroup then leave_indexed(P, tenant, key, o.ugroup, o.node) end -- a grouped radix key
     if o and #live_disk_replicas(P, okey, o) > 0 then -- kept from disk, out of the group
       bytes = bytes + shed_memory(P, tenant, key, okey, o)
@@ -130,7 +132,7 @@ local function evict_group(P, tenant, group, now, budget, cfg, noted)
       bytes = bytes + drop_object(P, tenant, key, okey, o, nil, 'evicted')
       objects = objects + 1
     end
-    if not last then redis.call('SREM', mkey, key) end -- (the last call's retire_group drops the set)
+    if not last then redis.call('SREM', mkey, member) end -- (the last call's retire_group drops the set)
   end
   if last then
     retire_group(P, tenant, group, now, f)

@@ -12,6 +12,7 @@ local valid_name, register = Base.valid_name, Base.register
 local free_keys, add_free = Alloc.free_keys, Alloc.add_free
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local grp_key, grp_members_key = Object.grp_key, Object.grp_members_key
+local member_of, keys_of = Object.member_of, Object.keys_of
 local load_object, decode_reps, needs_read_mark = Object.load_object, Object.decode_reps, Object.needs_read_mark
 local in_progress = Object.in_progress
 local keep_lease = Units.keep_lease
@@ -340,7 +341,7 @@ local function fsck_group(P, args)
   end
   local seen, cand = {}, {}
   local function add(k) if not seen[k] then seen[k] = true; cand[#cand + 1] = k end end
-  for _, k in ipairs(redis.call('SMEMBERS', mkey)) do add(k) end
+  for _, k in ipairs(keys_of(group, redis.call('SMEMBERS', mkey))) do add(k) end
   for i = 4, #args do add(args[i]) end
   table.sort(cand)
   local members, processing, hard, refs = 0, 0, 0, 0
@@ -360,10 +361,10 @@ local function fsck_group(P, args)
       end
       if o[3] == '1' then hard = hard + 1 end
       refs = refs + (tonumber(o[5]) or 0)
-      redis.call('SADD', mkey, k)
+      redis.call('SADD', mkey, member_of(group, k))
       unplace(P, object_unit(tenant, k))
     else
-      redis.call('SREM', mkey, k)
+      redis.call('SREM', mkey, member_of(group, k))
     end
   end
   if members == 0 then

@@ -1,18 +1,32 @@
 -- upgrade_objects: rewrite objects of an older layout in this library's (Master.connect runs it
 -- over every object of a store whose schema_version is older; mooncake_redis/upgrade.py).
---   Layout 1 -> 4: the replica fields rep:<segment> become the one field reps; layout 2 -> 4: an
---   object that needs the read mark (special, lua/lib/20_object.lua) gets it; layout 3 -> 4: a
---   complete object's status "complete" goes (a complete object has none). An object already
---   in layout 4, or gone, is left alone. Objects of older layouts stay readable meanwhile
---   (load_object reads both replica layouts and both ways of saying complete; an object without
---   reps takes the general read).
+--   Layout 1 -> 5: the replica fields rep:<segment> become the one field reps; layout 2 -> 5: an
+--   object that needs the read mark (special, lua/lib/20_object.lua) gets it; layout 3 -> 5: a
+--   complete object's status "complete" goes (a complete object has none); layout 4 -> 5: see
+--   relisted below. An object already in layout 5, or gone, is left alone. Objects of older
+--   layouts stay readable meanwhile (load_object reads both replica layouts and both ways of
+--   saying complete; an object without reps takes the general read).
 -- KEYS: P. ARGV: object ids "<tenant>:<key>" (at most MAX_KEYS_PER_CALL).
 -- Reply: the number of objects rewritten.
 
 local K, E, fail, register = Base.K, Base.E, Base.fail, Base.register
 local load_object, decode_reps, write_reps = Object.load_object, Object.decode_reps, Object.write_reps
-local needs_read_mark = Object.needs_read_mark
+local needs_read_mark, grp_members_key, member_of = Object.needs_read_mark, Object.grp_members_key, Object.member_of
 local MAX_KEYS_PER_CALL = Object.MAX_KEYS_PER_CALL
+
+-- Layout 4 -> 5: a radix node's key whose member is the key as it is, starting with '=' or '\'
+-- (which the member form now reads as relative or escaped, Object.member_of), is listed again
+-- in the member form. Whether it was.
+local function relisted(P, id, group)
+  local colon = string.find(id, ':', 1, true)
+  local tenant, key = string.sub(id, 1, colon - 1), string.sub(id, colon + 1)
+  local b = string.byte(key, 1)
+  if b ~= 61 and b ~= 92 then return false end
+  local member, mkey = member_of(group, key), grp_members_key(P, tenant, group)
+  if member == key or redis.call('SREM', mkey, key) == 0 then return false end
+  redis.call('SADD', mkey, member)
+  return true
+end
 
 local function upgrade_objects(P, args)
   if #args > MAX_KEYS_PER_CALL then return fail(E.INVALID_PARAMS, 'at most ' .. MAX_KEYS_PER_CALL .. ' ids a call') end
@@ -29,6 +43,7 @@ local function upgrade_objects(P, args)
       changed = true
     end
     if o and o.status == 'complete' and redis.call('HDEL', okey, 'status') == 1 then changed = true end
+    if o and o.node and relisted(P, id, o.group) then changed = true end
     if changed then done = done + 1 end
   end
   return done

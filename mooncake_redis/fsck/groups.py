@@ -94,15 +94,31 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
     gkey, mkey = sk.group(tenant, group), sk.group_members(tenant, group)
     unit = b"g:" + tenant + b":" + group
     member_field, member_value = "group", group
+    node = None
     if group.startswith(RADIX_MARK):  # a radix node's keys: the same composite unit
         node = group[len(RADIX_MARK):]
         gkey, mkey, unit = sk.radix_node(tenant, node), sk.radix_keys(tenant, node), b"r:" + tenant + b":" + node
         member_field, member_value = "node", node
+
+    def read_members(pipe: Any) -> None:
+        """The member set's keys: a radix node's from the functions (its set holds them relative to
+        the node's hash, lua/lib/20_object.lua), a group's as they are."""
+        if node is None:
+            pipe.smembers(mkey)
+        else:
+            pipe.execute_command("FCALL_RO", "mc_radix_nodes", 1, sk.P, 1, "tenant", tenant, 1, "node", node)
+
+    def keys_in(reply: Any) -> set:
+        return set(reply) if node is None else set(reply[0][0])
+
     subject = _d(tenant + b":" + group)
     if audit.r.scard(mkey) + len(keys) > GROUP_MAX_MEMBERS:
         audit.unverify(shard, f"group {subject} has more than {GROUP_MAX_MEMBERS} candidate members: not checked")
         return []
-    cand = set(keys) | set(audit.r.smembers(mkey))
+    listed = snapshot(audit, shard, read_members)[0]
+    if isinstance(listed, Exception):
+        raise listed
+    cand = set(keys) | keys_in(listed)
     for _ in range(4):
         order = sorted(cand)
 
@@ -110,7 +126,7 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
             pipe.hget(sk.config, CLOCK_FIELD)
             pipe.time()
             pipe.hgetall(gkey)
-            pipe.smembers(mkey)
+            read_members(pipe)
             pipe.execute_command("FCALL_RO", "mc_unit_state", 1, sk.P, unit)
             pipe.zrange(sk.aggregate(b"soft_pin", unit), 0, -1, withscores=True)
             pipe.zrange(sk.aggregate(b"guarantee", unit), 0, -1, withscores=True)
@@ -123,10 +139,10 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
         for x in res:
             if isinstance(x, Exception):
                 raise x
-        if set(res[3]) <= cand:
+        if keys_in(res[3]) <= cand:
             break
-        cand |= set(res[3])
-    now, g, mset, st, agg, g_agg = audit.clock(res), res[2], set(res[3]), res[4], res[5], res[6]
+        cand |= keys_in(res[3])
+    now, g, mset, st, agg, g_agg = audit.clock(res), res[2], keys_in(res[3]), res[4], res[5], res[6]
     due, rows = res[7][0] == 1, res[8:]
     members = {k: row for k, row in zip(order, rows) if row[0] == member_value}
     action = Group(shard, tenant, group, tuple(sorted(members)))

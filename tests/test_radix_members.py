@@ -1,0 +1,103 @@
+"""A radix node's key set (P:rkeys) holds each key relative to the node's hash ('=' and the
+rest), another key that starts with '=' or a backslash escaped, any other as it is: every
+reader (queries, eviction, fsck) sees the keys themselves, and a store of schema 4 is
+relisted by Master.connect."""
+from __future__ import annotations
+
+import hashlib
+
+from helpers import make_master, mount, put, shard_keys
+from mooncake_redis import Master, MasterConfig, ReplicateConfig
+from mooncake_redis.fsck import fsck
+from mooncake_redis.keys import node_shard
+from mooncake_redis.library import SCHEMA_FIELD
+
+SMALL = 100
+PATTERN = r"^(?:[^:]*:)?([0-9a-f]{64})"  # the hash at the start, or after a "<label>:"
+
+
+def H(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def node_set(m: Master, h: str) -> bytes:
+    return shard_keys(m, node_shard(h.encode(), m.shards)).radix_keys("default", h)
+
+
+def radix(new_master):
+    m = new_master(enable_radix_tree=True, radix_key_pattern=PATTERN,
+                   eviction_high_watermark_ratio=0.000001, eviction_ratio=0.000001)
+    mount(m, "seg", 64 * 1024)
+    return m
+
+
+def test_every_reader_sees_the_keys_and_the_set_their_member_form(new_master):
+    m = radix(new_master)
+    h = H("a")
+    keys = [f"{h}_0", f"{h}", f"=a:{h}", f"\\b:{h}", f"c:{h}"]
+    for k in keys:
+        put(m, k, SMALL, config=ReplicateConfig(parent_block_hash=H("root")))
+    assert set(m.redis.smembers(node_set(m, h))) == {
+        b"=_0", b"=", f"\\=a:{h}".encode(), f"\\\\b:{h}".encode(), f"c:{h}".encode()}
+    assert sorted(m.get_keys_by_prefix(h)) == sorted(k.encode() for k in keys)
+    assert sorted(m.describe_radix_node(h).keys) == sorted(k.encode() for k in keys)
+    assert fsck(m).ok
+    m.advance_clock(20_000)
+    m.run_eviction()
+    assert m.batch_exist_key(keys) == [False] * len(keys)
+    assert all(s.nodes == 0 for s in m.radix_stats())
+    assert fsck(m).ok
+
+
+def test_an_entry_that_names_another_object_evicts_only_the_entry(new_master):
+    m = radix(new_master)
+    h = H("a")
+    put(m, f"{h}_0", SMALL, config=ReplicateConfig(parent_block_hash=H("root")))
+    other = f"{h}_other"
+    put(m, other, SMALL)
+    assert m.redis.sismember(node_set(m, h), b"=_other")
+    # the object leaves the node behind the index's back: its entry "=_other" is stale
+    m.redis.hdel(shard_keys(m, m.transport.shard_of(other.encode())).object("default", other), "node")
+    m.advance_clock(20_000)
+    m.run_eviction()
+    assert not m.exist_key(f"{h}_0")
+    assert m.describe(other).size == SMALL
+
+
+def test_a_schema_4_store_is_relisted_by_connect(valkey):
+    m = make_master("valkey", valkey, shards=2, enable_radix_tree=True, radix_key_pattern=PATTERN)
+    try:
+        mount(m, "seg", 64 * 1024)
+        h = H("a")
+        keys = [f"{h}_0", f"=a:{h}", f"\\b:{h}"]
+        for k in keys:
+            put(m, k, SMALL)
+        mkey = node_set(m, h)
+        m.redis.delete(mkey)
+        m.redis.sadd(mkey, *keys)  # as a schema 4 store listed them
+        for shard in range(m.shards):
+            m.redis.hset(shard_keys(m, shard).config, SCHEMA_FIELD, 4)
+        again = Master.connect(valkey.url, MasterConfig(shards=2, enable_radix_tree=True, radix_key_pattern=PATTERN))
+        try:
+            # relisted where the member form reads the key otherwise; the rest stay as they are
+            assert set(again.redis.smembers(mkey)) == {f"{h}_0".encode(), f"\\=a:{h}".encode(),
+                                                       f"\\\\b:{h}".encode()}
+            assert sorted(again.get_keys_by_prefix(h)) == sorted(k.encode() for k in keys)
+            assert fsck(again).ok
+        finally:
+            again.close()
+    finally:
+        m.close()
+
+
+def test_a_node_of_engine_keys_keeps_a_small_set(valkey):
+    """`<hash>_<rank>` keys make members of a few bytes: the set stays a listpack on Valkey."""
+    m = make_master("valkey", valkey, shards=1, enable_radix_tree=True)
+    try:
+        mount(m, "seg", 64 * 1024)
+        h = H("a")
+        for i in range(4):
+            put(m, f"{h}_{i}", SMALL)
+        assert m.redis.object("encoding", node_set(m, h)) == b"listpack"
+    finally:
+        m.close()
