@@ -11,20 +11,20 @@
 
 local K, E, fail, register = Base.K, Base.E, Base.fail, Base.register
 local load_object, decode_reps, write_reps = Object.load_object, Object.decode_reps, Object.write_reps
-local needs_read_mark, grp_members_key, member_of = Object.needs_read_mark, Object.grp_members_key, Object.member_of
+local needs_read_mark, grp_members_key = Object.needs_read_mark, Object.grp_members_key
+local member_of, key_of = Object.member_of, Object.key_of
 local MAX_KEYS_PER_CALL = Object.MAX_KEYS_PER_CALL
 
--- Layout 4 -> 5: a radix node's key whose member is the key as it is, starting with '=' or '\'
--- (which the member form now reads as relative or escaped, Object.member_of), is listed again
--- in the member form. Whether it was.
+-- Layout 4 -> 5: a radix node's key listed as it is, which the member form reads as another key
+-- (one that starts with '=' or '\': Object.member_of), is listed again in the member form.
+-- Whether it was.
 local function relisted(P, id, group)
   local colon = string.find(id, ':', 1, true)
   local tenant, key = string.sub(id, 1, colon - 1), string.sub(id, colon + 1)
-  local b = string.byte(key, 1)
-  if b ~= 61 and b ~= 92 then return false end
-  local member, mkey = member_of(group, key), grp_members_key(P, tenant, group)
-  if member == key or redis.call('SREM', mkey, key) == 0 then return false end
-  redis.call('SADD', mkey, member)
+  if key_of(group, key) == key then return false end
+  local mkey = grp_members_key(P, tenant, group)
+  if redis.call('SREM', mkey, key) == 0 then return false end
+  redis.call('SADD', mkey, member_of(group, key))
   return true
 end
 
