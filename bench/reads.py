@@ -14,7 +14,8 @@ reads with the radix index off or on, and memory per complete object.
   before, divided by N, and `MEMORY USAGE` per object of each family of keys (`obj`, `rnode`,
   `rkeys`, ..., and a shard's one-key structures by name: its tiers, `rnodes`).
 
-    python -m mooncake_redis.bench.reads [--n 400] [--radix [--keys-per-node 1]] [--memory [--objects 50000]]
+    python -m mooncake_redis.bench.reads [--n 400] [--radix [--keys-per-node 1]]
+        [--memory [--objects 50000] [--key-format F]]
 """
 from __future__ import annotations
 
@@ -35,15 +36,19 @@ BATCH = 100
 CHAIN = 8
 
 
-def _radix_nodes(m: Master, nodes: int, per_node: int) -> list[str]:
-    """Register `nodes` radix nodes in chains of CHAIN; their keys `<hash64>_0` to `_<per_node-1>`."""
+KEY_FORMAT = "{hash}_{i}"
+
+
+def _radix_nodes(m: Master, nodes: int, per_node: int, key_format: str = KEY_FORMAT) -> list[str]:
+    """Register `nodes` radix nodes in chains of CHAIN; their keys `key_format` with the node's
+    64-hex hash and i from 0 to per_node - 1 (`<hash64>_0`, ... by default)."""
     hashes = [f"{i + 1:064x}" for i in range(nodes)]
     pairs: list[tuple[Any, Any]] = [(h, f"{int(h, 16) - 1:064x}" if int(h, 16) % CHAIN != 1 else None)
                                     for h in hashes]
     for i in range(0, len(pairs), 500):
         if any(c != 0 for c in m.batch_register_radix_nodes(pairs[i:i + 500])):
             raise RuntimeError("batch_register_radix_nodes failed")
-    return [f"{h}_{j}" for h in hashes for j in range(per_node)]
+    return [key_format.format(hash=h, i=j) for h in hashes for j in range(per_node)]
 
 
 def _store(m: Master, radix: bool, per_node: int = 1) -> list[str]:
@@ -107,10 +112,13 @@ def _family(key: bytes) -> str:
 
 
 def memory(objects: int = 50_000, out: Callable[[str], None] = print, radix: bool = False,
-           keys_per_node: int = 1) -> dict[str, Any]:
+           keys_per_node: int = 1, key_format: str | None = None) -> dict[str, Any]:
     """used_memory per complete object of one replica (shards=1), and MEMORY USAGE per object of
     each family of keys. With `radix`, the keys of radix nodes in chains of CHAIN, as
-    `instructions` puts them."""
+    `instructions` puts them. `key_format`: the keys' shape from {hash} and {i} (e.g. SGLang's
+    tagged "sglang_Qwen-Qwen3-8B_{hash}_{i}_k"; the key pattern must find the hash in it), for
+    the index off too (the hashes of nodes 1, 2, ..., i = 0); default `<hash64>_<i>` with the
+    index and `obj-<n>` without."""
     with contextlib.ExitStack() as stack:
         server = EmbeddedValkey(data_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="mooncake-mem-")))
         server.start()
@@ -125,12 +133,16 @@ def memory(objects: int = 50_000, out: Callable[[str], None] = print, radix: boo
         usage_before = _usage(r)
         before = int(r.info("memory")["used_memory"])
         if radix:
-            keys = _radix_nodes(m, objects // keys_per_node, keys_per_node)
+            keys = _radix_nodes(m, objects // keys_per_node, keys_per_node, key_format or KEY_FORMAT)
+        elif key_format:
+            keys = [key_format.format(hash=f"{i + 1:064x}", i=0) for i in range(objects)]
         else:
             keys = [f"obj-{i:06d}" for i in range(objects)]
         bi.put_complete(m, keys, chunk=500)
         per = (int(r.info("memory")["used_memory"]) - before) / len(keys)
         what = f"radix index on, {keys_per_node} key(s) a node, chains of {CHAIN}" if radix else "radix index off"
+        if key_format:
+            what += f", keys {key_format}"
         out(f"memory per complete object ({len(keys):,} objects of one replica, shards=1, {what}; "
             f"used_memory delta): {per:.1f} B")
         families = {f: (b - usage_before.get(f, 0)) / len(keys) for f, b in _usage(r).items()}
@@ -159,9 +171,12 @@ def _cli() -> None:
     p.add_argument("--keys-per-node", type=int, default=1, help="with --radix: keys of each node (default 1)")
     p.add_argument("--memory", action="store_true", help="memory per object instead (no valgrind)")
     p.add_argument("--objects", type=int, default=50_000, help="objects for --memory (default 50,000)")
+    p.add_argument("--key-format", default=None,
+                   help="with --memory: the keys' shape, from {hash} (64 hex) and {i} (default: {hash}_{i} with "
+                        "--radix, obj-<n> without)")
     a = p.parse_args()
     if a.memory:
-        memory(a.objects, radix=a.radix, keys_per_node=a.keys_per_node)
+        memory(a.objects, radix=a.radix, keys_per_node=a.keys_per_node, key_format=a.key_format)
     else:
         instructions(a.n, a.radix, keys_per_node=a.keys_per_node)
 

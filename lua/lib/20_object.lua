@@ -18,8 +18,10 @@
 -- Groups: P:grp:<tenant>:<group> hash, P:grpm:<tenant>:<group> set of member keys (30_units.lua).
 
 local K, E, fail, S, now_ms, valid_tenant = Base.K, Base.E, Base.fail, Base.S, Base.now_ms, Base.valid_tenant
-local tonumber_, sub_, byte_, match_ -- (bound at the first call: Base.on_first_call)
-Base.on_first_call(function() tonumber_, sub_, byte_, match_ = tonumber, string.sub, string.byte, string.match end)
+local tonumber_, sub_, byte_, match_, find_ -- (bound at the first call: Base.on_first_call)
+Base.on_first_call(function()
+  tonumber_, sub_, byte_, match_, find_ = tonumber, string.sub, string.byte, string.match, string.find
+end)
 local parse_call = Base.parse_call
 local mount_of = Alloc.mount_of
 
@@ -65,17 +67,28 @@ local function grp_members_key(P, tenant, group)
   if h then return P .. K.radix_keys .. tenant .. ':' .. h end
   return P .. K.group_members .. tenant .. ':' .. group
 end
--- A member set holds a group's keys as they are, and a radix node's relative to its hash: a key
--- that starts with the hash as '=' and the rest, another key that starts with '=' or '\' as '\'
--- and the key, the others as they are. Engines' keys are a page's hash and a suffix ("<hash>_0"):
--- members of a few bytes keep the set a listpack (set-max-listpack-value, 64 bytes), where a
--- whole key (66 bytes and more) makes it a hashtable, about 200 B a node more. Schema 5 (an
--- older store's members that start with '=' or '\' are rewritten: lua/ops/upgrade.lua).
+-- A member set holds a group's keys as they are, and a radix node's with the node's hash taken
+-- out: a key that contains the hash as '=' <n> ':' and the key without it (n: the bytes before
+-- it), shortened to '=' and the rest when the key starts with the hash and the rest does not
+-- start with a digit; another key that starts with '=' or '\' as '\' and the key; the others as
+-- they are. Engines put a page's hash in every key ("<hash>_0_k", "<tag>_<model>_<hash>_0_k",
+-- "<model>@...@<hash>"): members of a few bytes keep the set a listpack (set-max-listpack-value,
+-- 64 bytes), where whole keys (66 bytes and more) make it a hashtable, about 200 B a node more.
+-- Schema 5 (an older store's members that this form would read as other keys are rewritten:
+-- lua/ops/upgrade.lua).
 local EQ, BS = 61, 92 -- '=', '\'
 local function member_of(group, key)
   local h = radix_hash(group)
   if not h then return key end
-  if sub_(key, 1, #h) == h then return '=' .. sub_(key, #h + 1) end
+  local at = find_(key, h, 1, true)
+  if at == 1 then
+    local rest = sub_(key, #h + 1)
+    local b = byte_(rest, 1)
+    if b and b >= 48 and b <= 57 then return '=0:' .. rest end -- (a digit would read as a count)
+    return '=' .. rest
+  elseif at then
+    return '=' .. (at - 1) .. ':' .. sub_(key, 1, at - 1) .. sub_(key, at + #h)
+  end
   local b = byte_(key, 1)
   if b == EQ or b == BS then return '\\' .. key end
   return key
@@ -84,7 +97,12 @@ local function key_of(group, member)
   local h = radix_hash(group)
   if not h then return member end
   local b = byte_(member, 1)
-  if b == EQ then return h .. sub_(member, 2) end
+  if b == EQ then
+    local n, at = match_(member, '^=(%d+):()')
+    if not n then return h .. sub_(member, 2) end
+    n = at + tonumber_(n)
+    return sub_(member, at, n - 1) .. h .. sub_(member, n)
+  end
   if b == BS then return sub_(member, 2) end
   return member
 end
