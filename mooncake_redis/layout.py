@@ -22,6 +22,20 @@ def stored_status(fields: dict[bytes, bytes]) -> bytes:
     """An object's status from its fields (see in_progress)."""
     return fields.get(STATUS_FIELD, COMPLETE)
 
+_NODE_AT = re.compile(rb"=(\d+):(\d+)")
+
+
+def node_of(key: bytes, field: bytes) -> bytes:
+    """The radix node an object's `node` field names (lua/lib/20_object.lua, node_of: `=<n>:<length>`
+    is where the hash sits in the key, `\\` escapes a hash that starts with `=` or a backslash,
+    anything else is the hash itself), for the audit's reads of raw hashes."""
+    at = _NODE_AT.fullmatch(field) if field[:1] == b"=" else None
+    if at:
+        n = int(at.group(1))
+        return key[n:n + int(at.group(2))]
+    return field[1:] if field[:1] == b"\\" else field
+
+
 LEGACY_PREFIX = b"rep:"
 _HEAD = re.compile(rb"(\d+) (\d+) (\d+) ")
 _LEGACY_VALUE = re.compile(rb"(\d+) (\d+)")

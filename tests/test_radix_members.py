@@ -28,6 +28,10 @@ def node_set(m: Master, h: str) -> bytes:
     return shard_keys(m, node_shard(h.encode(), m.shards)).radix_keys("default", h)
 
 
+def raw_node(m: Master, key: str) -> bytes:
+    return m.redis.hget(shard_keys(m, m.transport.shard_of(key.encode())).object("default", key), "node")
+
+
 def radix(new_master):
     m = new_master(enable_radix_tree=True, radix_key_pattern=PATTERN,
                    eviction_high_watermark_ratio=0.000001, eviction_ratio=0.000001)
@@ -45,6 +49,9 @@ def test_every_reader_sees_the_keys_and_the_set_their_member_form(new_master):
     assert set(m.redis.smembers(node_set(m, h))) == set(keys.values())
     assert sorted(m.get_keys_by_prefix(h)) == sorted(k.encode() for k in keys)
     assert sorted(m.describe_radix_node(h).keys) == sorted(k.encode() for k in keys)
+    # an object's node field says where the hash sits in its key; describe shows the hash
+    assert {k: raw_node(m, k) for k in keys} == {k: f"={k.index(h)}:64".encode() for k in keys}
+    assert all(m.describe(k).fields["node"] == h for k in keys)
     assert fsck(m).ok
     m.advance_clock(20_000)
     m.run_eviction()
@@ -64,10 +71,16 @@ def test_a_key_without_its_nodes_hash_is_listed_as_it_is_or_escaped(new_master, 
         put(m, k, SMALL)
     assert set(m.redis.smembers(node_set(m, h))) == set(keys.values())
     assert sorted(m.get_keys_by_prefix(h)) == sorted(k.encode() for k in keys)
+    assert {raw_node(m, k) for k in keys} == {h.encode()}  # the hash is in none of them
+    odd = "=odd"  # a node whose hash starts with '=' and is not in its key
+    monkeypatch.setattr(m, "radix_prefix", lambda key: odd.encode())
+    put(m, "zz", SMALL)
+    assert raw_node(m, "zz") == b"\\=odd" and m.describe("zz").fields["node"] == odd
+    assert m.get_keys_by_prefix(odd) == [b"zz"]
     assert fsck(m).ok
     m.advance_clock(20_000)
     m.run_eviction()
-    assert m.batch_exist_key(list(keys)) == [False] * len(keys)
+    assert m.batch_exist_key([*keys, "zz"]) == [False] * (len(keys) + 1)
 
 
 def test_an_entry_that_names_another_object_evicts_only_the_entry(new_master):
@@ -96,6 +109,8 @@ def test_a_schema_4_store_is_relisted_by_connect(valkey):
         mkey = node_set(m, h)
         m.redis.delete(mkey)
         m.redis.sadd(mkey, *keys)  # as a schema 4 store listed them
+        for k in keys:  # and named their node
+            m.redis.hset(shard_keys(m, m.transport.shard_of(k.encode())).object("default", k), "node", h)
         for shard in range(m.shards):
             m.redis.hset(shard_keys(m, shard).config, SCHEMA_FIELD, 4)
         again = Master.connect(valkey.url, MasterConfig(shards=2, enable_radix_tree=True, radix_key_pattern=PATTERN))
@@ -103,6 +118,7 @@ def test_a_schema_4_store_is_relisted_by_connect(valkey):
             # relisted where the member form reads the key otherwise; the rest stay as they are
             assert set(again.redis.smembers(mkey)) == {f"{h}_0".encode(), b"=3:=a:", b"=3:\\b:"}
             assert sorted(again.get_keys_by_prefix(h)) == sorted(k.encode() for k in keys)
+            assert {k: raw_node(again, k) for k in keys} == {k: f"={k.index(h)}:64".encode() for k in keys}
             assert fsck(again).ok
         finally:
             again.close()

@@ -106,6 +106,46 @@ local function key_of(group, member)
   if b == BS then return sub_(member, 2) end
   return member
 end
+-- An object's `node` field names its radix node by where the node's hash sits in its key: '='
+-- <n> ':' <length> (n: the bytes before it), 5 or 6 bytes where the hash takes 64; a hash that
+-- is not in the key as it is, and as '\' and the hash when it starts with '=' or '\' (schema 6:
+-- older stores' fields are rewritten, lua/ops/upgrade.lua). node_of reads the field (nil: none).
+local function node_field(key, h)
+  local at = find_(key, h, 1, true)
+  if at then return '=' .. (at - 1) .. ':' .. #h end
+  local b = byte_(h, 1)
+  if b == EQ or b == BS then return '\\' .. h end
+  return h
+end
+-- The byte range of each '=' form seen (a read's every key of one shape has the same field).
+-- Bounded: dropped whole at NODE_AT_MAX entries.
+local NODE_AT, node_at_n, NODE_AT_MAX = {}, 0, 1024
+local function node_of(key, field)
+  if not field then return nil end
+  local at = NODE_AT[field]
+  if at then return sub_(key, at[1], at[2]) end
+  local b = byte_(field, 1)
+  if b == EQ then
+    local n, len = match_(field, '^=(%d+):(%d+)$')
+    if n then
+      n = tonumber_(n)
+      at = { n + 1, n + tonumber_(len) }
+      if node_at_n >= NODE_AT_MAX then NODE_AT, node_at_n = {}, 0 end
+      NODE_AT[field], node_at_n = at, node_at_n + 1
+      return sub_(key, at[1], at[2])
+    end
+  elseif b == BS then
+    return sub_(field, 2)
+  end
+  return field
+end
+-- The key of an object key P:obj:<tenant>:<key> (a shard key and a tenant hold no ':obj:' and
+-- a tenant no ':').
+local function key_of_okey(okey)
+  local at = find_(okey, ':obj:', 1, true)
+  return sub_(okey, find_(okey, ':', at + 5, true) + 1)
+end
+
 -- The keys of a list of a member set's members (in place).
 local function keys_of(group, members)
   if radix_hash(group) then
@@ -235,7 +275,10 @@ local function load_object(okey)
   end
   for i = from, n, 2 do o[flat[i]] = flat[i + 1] end
   if not in_progress(o.status) then o.status = 'complete' end
-  if o.node then o.group = RADIX_MARK .. o.node end
+  if o.node then
+    o.node = node_of(key_of_okey(okey), o.node)
+    o.group = RADIX_MARK .. o.node
+  end
   if not o.reps then o.reps, o.legacy_reps = legacy_reps(flat) end
   return o
 end
@@ -307,7 +350,7 @@ return {
   put_started = put_started,
   obj_key = obj_key, obj_prefix = obj_prefix, SCALAR_FIELDS = SCALAR_FIELDS, obj_id = obj_id, RADIX_MARK = RADIX_MARK,
   radix_hash = radix_hash, grp_key = grp_key, node_prefix = node_prefix, grp_members_key = grp_members_key,
-  member_of = member_of, key_of = key_of, keys_of = keys_of,
+  member_of = member_of, key_of = key_of, keys_of = keys_of, node_field = node_field, node_of = node_of,
   MAX_KEYS_PER_CALL = MAX_KEYS_PER_CALL, object_call = object_call, per_row = per_row,
   keys_spec = keys_spec, load_object = load_object, in_progress = in_progress, replicas_of = replicas_of,
   encode_reps = encode_reps, decode_reps = decode_reps, write_reps = write_reps, needs_read_mark = needs_read_mark,

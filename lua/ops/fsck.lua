@@ -12,7 +12,7 @@ local valid_name, register = Base.valid_name, Base.register
 local free_keys, add_free = Alloc.free_keys, Alloc.add_free
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local grp_key, grp_members_key = Object.grp_key, Object.grp_members_key
-local member_of, keys_of = Object.member_of, Object.keys_of
+local member_of, keys_of, node_of = Object.member_of, Object.keys_of, Object.node_of
 local load_object, decode_reps, needs_read_mark = Object.load_object, Object.decode_reps, Object.needs_read_mark
 local in_progress = Object.in_progress
 local keep_lease = Units.keep_lease
@@ -351,7 +351,7 @@ local function fsck_group(P, args)
   for _, k in ipairs(cand) do
     local o = redis.call('HMGET', obj_key(P, tenant, k), 'group', 'status', 'hard_pin', 'soft_pin_until', 'task_refs',
       'guaranteed_until', 'node')
-    if (o[1] or (o[7] and RADIX_MARK .. o[7])) == group then -- a radix node's keys carry `node`
+    if (o[1] or (o[7] and RADIX_MARK .. node_of(k, o[7]))) == group then -- a radix node's keys carry `node`
       members = members + 1
       if tonumber(o[6]) then redis.call('ZADD', guarantee_key, o[6], k) end
       if in_progress(o[2]) then

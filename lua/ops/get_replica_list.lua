@@ -15,7 +15,7 @@ local E, fail, S, int_arg, register, now_ms = Base.E, Base.fail, Base.S, Base.in
 local FREES = Base.FREES
 local obj_key, object_call = Object.obj_key, Object.object_call
 local keys_spec, load_object, in_progress = Object.keys_spec, Object.load_object, Object.in_progress
-local live_replicas = Object.live_replicas
+local live_replicas, node_of = Object.live_replicas, Object.node_of
 local live_disk_replicas = Disk.live_disk_replicas
 local being_evicted, extend_lease = Units.being_evicted, Units.extend_lease
 local flush_rescore, delete_object = Units.flush_rescore, Units.delete_object
@@ -148,6 +148,7 @@ local function plain_read(call, key, kind)
   if group then -- a group member (or a radix node's key, below): the group is the unit
     gkey, unit = grp_key(R_P, R_tenant, group), group_unit(R_tenant, group)
   elseif node then -- grp_key and group_unit of RADIX_MARK .. node
+    node = node_of(key, node)
     gkey, unit = R_node .. node, R_node_unit .. node
   end
   if gkey then

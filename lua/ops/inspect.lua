@@ -9,7 +9,7 @@ local unit_state, in_memo = Units.unit_state, Units.in_memo
 local retention_state = Retention.retention_state
 
 -- describe. KEYS: P. ARGV: options tenant, key (required).
--- Reply: -704, or {fields (flat HGETALL), effective lease_until, {live segment...}, now, put
+-- Reply: -704, or {fields (flat HGETALL; `node`: the node's hash itself), effective lease_until, {live segment...}, now, put
 -- started (ms; '' for a complete object)}.
 local DESCRIBE_SPEC = { opts = { tenant = 'optional', key = 'required' } }
 
@@ -25,7 +25,11 @@ local function describe(P, args)
     if r.live then live[#live + 1] = r.seg end
   end
   local started = o.status ~= 'complete' and put_started(P, tenant, key, o, nil)
-  return { redis.call('HGETALL', okey), lease_of(P, tenant, key, o), live, now_ms(P), started and S(started) or '' }
+  local flat = redis.call('HGETALL', okey)
+  for i = 1, #flat, 2 do
+    if flat[i] == 'node' then flat[i + 1] = o.node end -- the hash itself (its field says where it is)
+  end
+  return { flat, lease_of(P, tenant, key, o), live, now_ms(P), started and S(started) or '' }
 end
 
 -- unit_state. KEYS: P. ARGV: unit ("o:<tenant>:<key>" | "g:<tenant>:<group>").

@@ -39,7 +39,7 @@ local alloc_extent, mount_of = Alloc.alloc_extent, Alloc.mount_of
 local slice_size, host_key = Alloc.slice_size, Alloc.host_key
 local hold_until, release_held = Alloc.hold_until, Alloc.release_held
 local obj_key, obj_id, load_object, put_started = Object.obj_key, Object.obj_id, Object.load_object, Object.put_started
-local replicas_of, encode_reps = Object.replicas_of, Object.encode_reps
+local replicas_of, encode_reps, node_field = Object.replicas_of, Object.encode_reps, Object.node_field
 local guarantee_room, start_guarantee = Guarantee.guarantee_room, Guarantee.start_guarantee
 local group_draining, being_evicted = Units.group_draining, Units.being_evicted
 local join_group, delete_object = Units.join_group, Units.delete_object
@@ -272,7 +272,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   if a.hard_pin == '1' then fields[#fields + 1] = 'hard_pin'; fields[#fields + 1] = '1' end
   if a.pin_ttl then fields[#fields + 1] = 'soft_pin_ttl'; fields[#fields + 1] = S(a.pin_ttl) end
   if a.group then fields[#fields + 1] = node and 'ugroup' or 'group'; fields[#fields + 1] = a.group end
-  if node then fields[#fields + 1] = 'node'; fields[#fields + 1] = node end
+  if node then fields[#fields + 1] = 'node'; fields[#fields + 1] = node_field(key, node) end -- (20_object.lua)
   if prefix then fields[#fields + 1] = 'prefix'; fields[#fields + 1] = prefix end
   if guaranteed_until then fields[#fields + 1] = 'guaranteed_until'; fields[#fields + 1] = S(guaranteed_until) end
   if guaranteed_until or a.hard_pin == '1' then fields[#fields + 1] = 'special'; fields[#fields + 1] = '1' end -- the read mark

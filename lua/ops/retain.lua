@@ -30,7 +30,7 @@ local valid_name, register = Base.valid_name, Base.register
 local grp_key, MAX_KEYS_PER_CALL = Object.grp_key, Object.MAX_KEYS_PER_CALL
 local obj_key, RADIX_MARK = Object.obj_key, Object.RADIX_MARK
 local agg_key, MAX_GROUP_NODES = Units.agg_key, Units.MAX_GROUP_NODES
-local object_call = Object.object_call
+local object_call, node_of = Object.object_call, Object.node_of
 local TIERS, group_unit, place_group = Units.TIERS, Units.group_unit, Units.place_group
 local unit_state, place_group_nodes, indexed_members = Units.unit_state, Units.place_group_nodes, Units.indexed_members
 local RETENTION_INDEX, RETAINED_TENANTS = Retention.RETENTION_INDEX, Retention.RETAINED_TENANTS
@@ -195,6 +195,7 @@ local function fsck_indexed(P, args)
   local members = 0
   for _, k in ipairs(cand) do
     local o = redis.call('HMGET', obj_key(P, tenant, k), 'ugroup', 'node')
+    o[2] = o[2] and node_of(k, o[2])
     if o[1] == group and o[2] then
       redis.call('ZADD', ikey, 0, k)
       node(o[2])

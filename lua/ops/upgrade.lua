@@ -1,26 +1,35 @@
 -- upgrade_objects: rewrite objects of an older layout in this library's (Master.connect runs it
 -- over every object of a store whose schema_version is older; mooncake_redis/upgrade.py).
---   Layout 1 -> 5: the replica fields rep:<segment> become the one field reps; layout 2 -> 5: an
---   object that needs the read mark (special, lua/lib/20_object.lua) gets it; layout 3 -> 5: a
---   complete object's status "complete" goes (a complete object has none); layout 4 -> 5: see
---   relisted below. An object already in layout 5, or gone, is left alone. Objects of older
---   layouts stay readable meanwhile (load_object reads both replica layouts and both ways of
---   saying complete; an object without reps takes the general read).
+--   Layout 1 -> 6: the replica fields rep:<segment> become the one field reps; layout 2 -> 6: an
+--   object that needs the read mark (special, lua/lib/20_object.lua) gets it; layout 3 -> 6: a
+--   complete object's status "complete" goes (a complete object has none); layouts 4 and 5 -> 6:
+--   see relisted and renamed_node below. An object already in layout 6, or gone, is left alone.
+--   Objects of older layouts stay readable meanwhile (load_object reads both replica layouts and
+--   both ways of saying complete, and a node field as the hash itself; an object without reps
+--   takes the general read).
 -- KEYS: P. ARGV: object ids "<tenant>:<key>" (at most MAX_KEYS_PER_CALL).
 -- Reply: the number of objects rewritten.
 
 local K, E, fail, register = Base.K, Base.E, Base.fail, Base.register
 local load_object, decode_reps, write_reps = Object.load_object, Object.decode_reps, Object.write_reps
 local needs_read_mark, grp_members_key = Object.needs_read_mark, Object.grp_members_key
-local member_of, key_of = Object.member_of, Object.key_of
+local member_of, key_of, node_field, node_of = Object.member_of, Object.key_of, Object.node_field, Object.node_of
 local MAX_KEYS_PER_CALL = Object.MAX_KEYS_PER_CALL
+
+-- Layout 5 -> 6: a radix key's `node` field, the hash as it is, says where the hash sits in the
+-- key (Object.node_field). A field already in that form (written by this library while the
+-- upgrade runs) reads back as itself. Whether it was rewritten.
+local function renamed_node(okey, key)
+  local raw = redis.call('HGET', okey, 'node')
+  if not raw or node_field(key, node_of(key, raw)) == raw then return false end
+  redis.call('HSET', okey, 'node', node_field(key, raw))
+  return true
+end
 
 -- Layout 4 -> 5: a radix node's key listed as it is, which the member form reads as another key
 -- (one that starts with '=' or '\': Object.member_of), is listed again in the member form.
 -- Whether it was.
-local function relisted(P, id, group)
-  local colon = string.find(id, ':', 1, true)
-  local tenant, key = string.sub(id, 1, colon - 1), string.sub(id, colon + 1)
+local function relisted(P, tenant, key, group)
   if key_of(group, key) == key then return false end
   local mkey = grp_members_key(P, tenant, group)
   if redis.call('SREM', mkey, key) == 0 then return false end
@@ -43,7 +52,12 @@ local function upgrade_objects(P, args)
       changed = true
     end
     if o and o.status == 'complete' and redis.call('HDEL', okey, 'status') == 1 then changed = true end
-    if o and o.node and relisted(P, id, o.group) then changed = true end
+    if o and o.node then
+      local colon = string.find(id, ':', 1, true)
+      local tenant, key = string.sub(id, 1, colon - 1), string.sub(id, colon + 1)
+      if relisted(P, tenant, key, o.group) then changed = true end
+      if renamed_node(okey, key) then changed = true end
+    end
     if changed then done = done + 1 end
   end
   return done

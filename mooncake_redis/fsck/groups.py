@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..keys import CLOCK_FIELD
-from ..layout import in_progress
+from ..layout import in_progress, node_of
 from .base import (
     _UNIT_RE,
     ERROR,
@@ -68,7 +68,7 @@ class Groups(Checker):
             return
         group = h.get(b"group")
         if group is None and h.get(b"node") is not None:
-            group = RADIX_MARK + h[b"node"]
+            group = RADIX_MARK + node_of(obj.key, h[b"node"])
         if group is not None:
             ps.groups[(obj.tenant, group)].add(obj.key)
 
@@ -144,6 +144,8 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
         cand |= keys_in(res[3])
     now, g, mset, st, agg, g_agg = audit.clock(res), res[2], keys_in(res[3]), res[4], res[5], res[6]
     due, rows = res[7][0] == 1, res[8:]
+    if node is not None:  # the field says where the node's hash sits in the key
+        rows = [[row[0] and node_of(key, row[0]), *row[1:]] for key, row in zip(order, rows)]
     members = {k: row for k, row in zip(order, rows) if row[0] == member_value}
     action = Group(shard, tenant, group, tuple(sorted(members)))
     out: list[Finding] = []

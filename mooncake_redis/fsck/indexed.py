@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from ..layout import node_of
 from .base import ERROR, Action, Checker, Finding, Kind, ObjectRead, _d, _Pass
 from .objects import snapshot
 
@@ -52,7 +53,8 @@ class IndexedMembers(Checker):
         h = obj.h
         if isinstance(h, Exception) or h.get(b"ugroup") is None:
             return
-        ps.indexed[(obj.tenant, h[b"ugroup"])][obj.key] = h.get(b"node")
+        node = h.get(b"node")
+        ps.indexed[(obj.tenant, h[b"ugroup"])][obj.key] = node_of(obj.key, node) if node is not None else None
 
     def shard(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
         k = audit.keys(shard)
@@ -105,7 +107,7 @@ def check_indexed(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set
     stored, stored_nodes = set(res[0]), {n: int(s) for n, s in res[1]}
     node_side = {n: int(s) for n, s in zip(order, res[2:2 + len(order)]) if s is not None}
     flagged = {n for n, f in zip(order, res[2 + len(order):2 + 2 * len(order)]) if f == b"1"}
-    rows = res[2 + 2 * len(order):]
+    rows = [[row[0], row[1] and node_of(key, row[1])] for key, row in zip(cand, res[2 + 2 * len(order):])]
     members = {key: row[1] for key, row in zip(cand, rows) if row[0] == group and row[1]}
     want = dict(Counter(members.values()))
     action = Indexed(shard, tenant, group, tuple(sorted(members)), tuple(sorted(nodes)))
