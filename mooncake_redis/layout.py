@@ -22,6 +22,7 @@ def stored_status(fields: dict[bytes, bytes]) -> bytes:
     """An object's status from its fields (see in_progress)."""
     return fields.get(STATUS_FIELD, COMPLETE)
 
+
 _NODE_AT = re.compile(rb"=(\d+):(\d+)")
 
 

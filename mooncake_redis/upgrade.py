@@ -5,8 +5,8 @@ Schema 2 keeps an object's memory replicas in one field (`reps`, mooncake_redis.
 marks an object that has (or had) a guarantee, hard pin, task reference, soft pin or disk replica
 (`special`: such an object takes the general read); in schema 4 a complete object has no
 `status` field (only a put in progress has one); in schema 5 a radix node's key set holds its
-keys relative to the node's hash (a key of an older store that starts with `=` or a backslash is
-listed again); in schema 6 a radix key's `node` field says where the node's hash sits in the key
+keys with the node's hash taken out (an older store's entries are listed again in that form); in
+schema 6 a radix key's `node` field says where the node's hash sits in the key
 (`=<n>:<length>`). `mc_upgrade_objects` rewrites older objects,
 which stay readable meanwhile, so the upgrade needs no pause of the engines."""
 from __future__ import annotations

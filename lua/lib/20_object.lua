@@ -74,8 +74,7 @@ end
 -- they are. Engines put a page's hash in every key ("<hash>_0_k", "<tag>_<model>_<hash>_0_k",
 -- "<model>@...@<hash>"): members of a few bytes keep the set a listpack (set-max-listpack-value,
 -- 64 bytes), where whole keys (66 bytes and more) make it a hashtable, about 200 B a node more.
--- Schema 5 (an older store's members that this form would read as other keys are rewritten:
--- lua/ops/upgrade.lua).
+-- Schema 5 (an older store's members are listed again in this form: lua/ops/upgrade.lua).
 local EQ, BS = 61, 92 -- '=', '\'
 local function member_of(group, key)
   local h = radix_hash(group)

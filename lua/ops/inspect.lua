@@ -9,8 +9,8 @@ local unit_state, in_memo = Units.unit_state, Units.in_memo
 local retention_state = Retention.retention_state
 
 -- describe. KEYS: P. ARGV: options tenant, key (required).
--- Reply: -704, or {fields (flat HGETALL; `node`: the node's hash itself), effective lease_until, {live segment...}, now, put
--- started (ms; '' for a complete object)}.
+-- Reply: -704, or {fields (flat HGETALL; `node`: the node's hash itself), effective lease_until,
+-- {live segment...}, now, put started (ms; '' for a complete object)}.
 local DESCRIBE_SPEC = { opts = { tenant = 'optional', key = 'required' } }
 
 local function describe(P, args)

@@ -13,7 +13,7 @@
 local K, E, fail, register = Base.K, Base.E, Base.fail, Base.register
 local load_object, decode_reps, write_reps = Object.load_object, Object.decode_reps, Object.write_reps
 local needs_read_mark, grp_members_key = Object.needs_read_mark, Object.grp_members_key
-local member_of, key_of, node_field, node_of = Object.member_of, Object.key_of, Object.node_field, Object.node_of
+local member_of, node_field, node_of = Object.member_of, Object.node_field, Object.node_of
 local MAX_KEYS_PER_CALL = Object.MAX_KEYS_PER_CALL
 
 -- Layout 5 -> 6: a radix key's `node` field, the hash as it is, says where the hash sits in the
@@ -26,11 +26,11 @@ local function renamed_node(okey, key)
   return true
 end
 
--- Layout 4 -> 5: a radix node's key listed as it is, which the member form reads as another key
--- (one that starts with '=' or '\': Object.member_of), is listed again in the member form.
--- Whether it was.
+-- Layout 4 -> 5: a radix node's key listed as it is goes into the member form (Object.member_of),
+-- unless the two are the same: the set shrinks, and no old entry is read as another key (one that
+-- starts with '=' or '\'). Whether it was relisted.
 local function relisted(P, tenant, key, group)
-  if key_of(group, key) == key then return false end
+  if member_of(group, key) == key then return false end
   local mkey = grp_members_key(P, tenant, group)
   if redis.call('SREM', mkey, key) == 0 then return false end
   redis.call('SADD', mkey, member_of(group, key))

@@ -101,8 +101,8 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
         member_field, member_value = "node", node
 
     def read_members(pipe: Any) -> None:
-        """The member set's keys: a radix node's from the functions (its set holds them relative to
-        the node's hash, lua/lib/20_object.lua), a group's as they are."""
+        """The member set's keys: a radix node's from the functions (its set holds them with the
+        node's hash taken out, lua/lib/20_object.lua), a group's as they are."""
         if node is None:
             pipe.smembers(mkey)
         else:
