@@ -8,8 +8,10 @@ first), one call per key; with the index each key is `<hash64>_0` of its own nod
 pages (each page's parent is the page before it, the first a root), so a put registers its node
 under its parent. Then n keys are put again, filling the segment, and eviction steps
 (mc_evict, 64 units a step) take the store to its target: with the index, each chain from its
-leaf up. A warm-up round runs untimed; a figure is the instructions per call (per unit evicted)
-of the timed round, minus an empty window's, and the redis.calls made.
+leaf up. The same puts and removes in calls of 32 keys (batch_put_start with each key's parent,
+batch_put_end, batch_remove) give the batch figures, per key. A warm-up round runs untimed; a
+figure is the instructions per call (per key of a batch, per unit evicted) of the timed round,
+minus an empty window's, and the redis.calls made.
 
     python -m mooncake_redis.bench.writes [--n 400] [--radix]
 """
@@ -24,6 +26,7 @@ from mooncake_redis import MasterConfig, ReplicateConfig
 from . import instructions as bi
 
 CHAIN = 8
+BATCH = 32  # keys per batched call (CHUNK_OF's for put_start and remove: one FCALL each)
 
 
 def _pages(tag: str, n: int, radix: bool) -> list[tuple[str, ReplicateConfig | None]]:
@@ -39,7 +42,8 @@ def _pages(tag: str, n: int, radix: bool) -> list[tuple[str, ReplicateConfig | N
 
 
 def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] = print) -> dict[str, dict]:
-    """Instructions per call and redis.calls of put_start, put_end and remove, and per unit evicted."""
+    """Instructions per call (per key of a batch) and redis.calls of put_start, put_end and remove,
+    one key a call and in batches, and per unit evicted."""
     with contextlib.ExitStack() as stack:
         config = MasterConfig(namespace=bi.NAMESPACE, shards=1, enable_radix_tree=radix,
                               eviction_high_watermark_ratio=0.5, eviction_ratio=0.25)
@@ -63,7 +67,31 @@ def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] =
                     m.remove(k)
             return {"put_start": put_starts, "put_end": put_ends, "remove": removes}
 
-        for run in steps(_pages("a", max(CHAIN, bi.WARMUP), radix)).values():
+        def batches(pages: list[tuple[str, ReplicateConfig | None]]) -> dict[str, Callable[[], None]]:
+            # the same writes in calls of BATCH keys (a chain's links within one call)
+            keys = [k for k, _ in pages]
+            parents = [c.parent_block_hash if c else None for _, c in pages] if radix else None
+            parts = [(keys[i:i + BATCH], parents[i:i + BATCH] if parents else None) for i in range(0, len(keys), BATCH)]
+
+            def put_starts() -> None:
+                for part, ps in parts:
+                    got = m.batch_put_start(bi.CLIENT, part, [bi.OBJECT_SIZE] * len(part), None, "default", ps)
+                    if any(not isinstance(x, list) for x in got):
+                        raise RuntimeError(f"batch_put_start refused a key: {got}")
+
+            def put_ends() -> None:
+                for part, _ in parts:
+                    if any(c != 0 for c in m.batch_put_end(bi.CLIENT, part)):
+                        raise RuntimeError("batch_put_end refused a key")
+
+            def removes() -> None:
+                for part, _ in reversed(parts):
+                    if any(c != 0 for c in m.batch_remove(part[::-1])):
+                        raise RuntimeError("batch_remove refused a key")
+            return {"batch put_start": put_starts, "batch put_end": put_ends, "batch remove": removes}
+
+        for run in [*steps(_pages("a", max(CHAIN, bi.WARMUP), radix)).values(),
+                    *batches(_pages("e", max(CHAIN, bi.WARMUP), radix)).values()]:
             run()
         out(f"writes, radix index {'on' if radix else 'off'}: n={n} keys"
             f"{f' in chains of {CHAIN}' if radix else ''} (instructions per call)")
@@ -72,9 +100,11 @@ def instructions(n: int = 400, radix: bool = False, out: Callable[[str], None] =
         def figure(name: str, w: bi.Window, units: int) -> None:
             got[name] = {"instructions": w.instructions / units, "redis_calls": sum(w.commands.values()) / units,
                          "commands": {c: v / units for c, v in sorted(w.commands.items())}}
-            out(f"  {name:<12}{w.instructions / units:>12,.0f}   redis.calls {got[name]['redis_calls']:.2f}")
+            out(f"  {name:<16}{w.instructions / units:>12,.0f}   redis.calls {got[name]['redis_calls']:.2f}")
 
         for name, run in steps(_pages("b", n, radix)).items():
+            figure(name, server.window(r, run), n)
+        for name, run in batches(_pages("d", n, radix)).items():
             figure(name, server.window(r, run), n)
         fill = steps(_pages("c", n, radix))
         fill["put_start"]()

@@ -134,10 +134,11 @@ end
 -- the test clock's value there (false: not frozen), the mount epoch and, for the functions that
 -- list it, the held-extent bound (held_due below; nil: not read), and the eviction's note of the
 -- unit it placed last (`placed`, `noting`: lua/lib/30_units.lua), and the seq its same-shard
--- radix links share (`link_seq`: lua/lib/32_radix.lua). Reset at the start of every call
+-- radix links share (`link_seq`: lua/lib/32_radix.lua), and the shard counters' deltas a loop
+-- sums before it writes them (`ledger`: Alloc.with_ledger). Reset at the start of every call
 -- (register), so nothing read in one call is taken for another's.
 local CALL = { shard = nil, clock = false, mounts = false, held_due = nil, now = nil, events = nil,
-  placed = nil, noting = nil, link_seq = nil }
+  placed = nil, noting = nil, link_seq = nil, ledger = nil }
 
 -- TIME in ms, converting its reply with as few strtod calls as it can: the seconds of its last
 -- reply are kept (one string for a second of calls) and the milliseconds (the microseconds but
@@ -533,7 +534,8 @@ local function register(name, names, fn, flags)
       for i = 1, #BINDERS do BINDERS[i]() end
       BINDERS = nil
     end
-    CALL.shard, CALL.now, CALL.events, CALL.held_due, CALL.placed, CALL.noting, CALL.link_seq = nil, nil, nil, nil, nil, nil, nil
+    CALL.shard, CALL.now, CALL.events, CALL.held_due, CALL.placed, CALL.noting, CALL.link_seq, CALL.ledger =
+      nil, nil, nil, nil, nil, nil, nil, nil
     if not wanted then
       wanted = { 'shards' }
       for _, field in ipairs(names) do

@@ -26,11 +26,68 @@ local function free_keys(P, seg)
   return pair[1], pair[2]
 end
 
+-- The shard counters an allocation, a free or an object's end changes: the segment's used
+-- bytes (P:seg:<seg>.used and its P:segs score) and the shard's used_bytes and objects. Written
+-- at once, or, within with_ledger, summed per segment and written when its loop ends: an
+-- eviction step that frees a hundred extents of one segment writes four counters, not four
+-- hundred.
+local CALL = Base.CALL
+local function write_counters(P, segs, order, used, objects)
+  for i = 1, #order do
+    local seg = order[i]
+    local delta = segs[seg]
+    if delta ~= 0 then
+      redis.call('HINCRBY', P .. K.segment .. seg, 'used', S(delta))
+      redis.call('ZINCRBY', P .. K.segments, S(0 - delta), seg)
+    end
+  end
+  if used ~= 0 then redis.call('HINCRBY', P, 'used_bytes', S(used)) end
+  if objects ~= 0 then redis.call('HINCRBY', P, 'objects', S(objects)) end
+end
+
 local function account(P, seg, delta)
+  local l = CALL.ledger
+  if l then
+    local cur = l.segs[seg]
+    if cur == nil then l.order[#l.order + 1] = seg end
+    l.segs[seg], l.used = (cur or 0) + delta, l.used + delta
+    return
+  end
   local d = S(delta)
   redis.call('HINCRBY', P .. K.segment .. seg, 'used', d)
   redis.call('ZINCRBY', P .. K.segments, S(0 - delta), seg)
   redis.call('HINCRBY', P, 'used_bytes', d)
+end
+
+-- An object more (1) or fewer (-1) on the shard.
+local function count_objects(P, delta)
+  local l = CALL.ledger
+  if l then l.objects = l.objects + delta else redis.call('HINCRBY', P, 'objects', delta) end
+end
+
+-- Run fn() with the shard counters' writes summed until it returns (or raises: they are written
+-- before the error goes on, so the counters always match the free lists). For a loop that reads
+-- these counters only through settle_ledger (mc_evict tracks its used bytes itself; put_start
+-- reads P:segs in most_free and host_segments). fn(P, ...): returns its first result (a
+-- function's reply).
+local function with_ledger(P, fn, ...)
+  if CALL.ledger then return (fn(P, ...)) end
+  local l = { segs = {}, order = {}, used = 0, objects = 0 }
+  CALL.ledger = l
+  local ok, result = pcall(fn, P, ...)
+  CALL.ledger = nil
+  write_counters(P, l.segs, l.order, l.used, l.objects)
+  if not ok then error(result, 0) end
+  return result
+end
+
+-- Write what the ledger has summed so far (nothing outside with_ledger): before a read of the
+-- counters within the loop.
+local function settle_ledger(P)
+  local l = CALL.ledger
+  if not l or (#l.order == 0 and l.objects == 0) then return end
+  write_counters(P, l.segs, l.order, l.used, l.objects)
+  l.segs, l.order, l.used, l.objects = {}, {}, 0, 0 -- (the same table: with_ledger holds it)
 end
 
 local function add_free(by_off, by_size, off, len)
@@ -230,6 +287,7 @@ local function release_held(P, now, limit, always)
 end
 
 return {
+  count_objects = count_objects, with_ledger = with_ledger, settle_ledger = settle_ledger,
   free_keys = free_keys, add_free = add_free, alloc_extent = alloc_extent,
   free_extent = free_extent, drop_segment = drop_segment, mount_of = mount_of, slice_size = slice_size,
   host_key = host_key, MAX_HOST_SEGMENTS = MAX_HOST_SEGMENTS,

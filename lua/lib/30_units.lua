@@ -32,7 +32,7 @@
 local K, S, now_ms, valid_tenant = Base.K, Base.S, Base.now_ms, Base.valid_tenant
 local tonumber_, find_, sub_, match_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, find_, sub_, match_ = tonumber, string.find, string.sub, string.match end)
-local free_extent, hold_extent = Alloc.free_extent, Alloc.hold_extent
+local free_extent, hold_extent, count_objects = Alloc.free_extent, Alloc.hold_extent, Alloc.count_objects
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local radix_hash, grp_key = Object.radix_hash, Object.grp_key
 local grp_members_key, load_object, member_of = Object.grp_members_key, Object.load_object, Object.member_of
@@ -697,7 +697,7 @@ local function drop_object(P, tenant, key, okey, o, hold_until, event)
   end
   if o.status ~= 'complete' then redis.call('ZREM', P .. K.processing, obj_id(tenant, key)) end
   redis.call('DEL', okey)
-  redis.call('HINCRBY', P, 'objects', -1)
+  count_objects(P, -1)
   return bytes
 end
 

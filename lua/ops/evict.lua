@@ -20,6 +20,7 @@ local register, FREES = Base.register, Base.FREES
 local DRAINING, sweep_deadlines = Units.DRAINING, Units.sweep_deadlines
 local next_candidate, evict_unit = Evict.next_candidate, Evict.evict_unit
 local sweep_offload_evict = Offload.sweep_offload_evict
+local with_ledger = Alloc.with_ledger
 
 local function evict(P, args, cfg)
   local max_units = int_arg(args[1], 1, 1024)
@@ -37,19 +38,22 @@ local function evict(P, args, cfg)
     return { 'idle', units, objects, bytes, used, target, 0 }
   end
   local queued, state, budget = 0, 'more', max_units
-  while budget > 0 do
-    local at_target = used - waiting <= target and (units + queued > 0 or not put_failed)
-    local unit, tier = next_candidate(P, now, cfg, not draining)
-    if not unit or (at_target and tier ~= DRAINING) then
-      state = at_target and 'target' or 'blocked'
-      break
+  -- the loop tracks the used bytes itself: the shard counters are written once, after it
+  with_ledger(P, function()
+    while budget > 0 do
+      local at_target = used - waiting <= target and (units + queued > 0 or not put_failed)
+      local unit, tier = next_candidate(P, now, cfg, not draining)
+      if not unit or (at_target and tier ~= DRAINING) then
+        state = at_target and 'target' or 'blocked'
+        return
+      end
+      local n, b, spent, q, drains = evict_unit(P, unit, now, budget, cfg)
+      draining = draining or drains -- a group left half evicted goes first from now on
+      budget = budget - spent
+      if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
+      if q then queued, waiting = queued + 1, waiting + q end
     end
-    local n, b, spent, q, drains = evict_unit(P, unit, now, budget, cfg)
-    draining = draining or drains -- a group left half evicted goes first from now on
-    budget = budget - spent
-    if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
-    if q then queued, waiting = queued + 1, waiting + q end
-  end
+  end)
   if redis.call('ZCARD', P .. DRAINING) > 0 then
     state = 'more' -- a group is half evicted: the next step goes on with it
   elseif state == 'more' and used - waiting <= target and units + queued > 0 then

@@ -37,7 +37,8 @@ local valid_name, parse_call, row_of = Base.valid_name, Base.parse_call, Base.ro
 local register = Base.register
 local alloc_extent, mount_of = Alloc.alloc_extent, Alloc.mount_of
 local slice_size, host_key = Alloc.slice_size, Alloc.host_key
-local hold_until, release_held = Alloc.hold_until, Alloc.release_held
+local hold_until, release_held, count_objects = Alloc.hold_until, Alloc.release_held, Alloc.count_objects
+local with_ledger, settle_ledger = Alloc.with_ledger, Alloc.settle_ledger
 local obj_key, obj_id, load_object, put_started = Object.obj_key, Object.obj_id, Object.load_object, Object.put_started
 local replicas_of, encode_reps, node_field = Object.replicas_of, Object.encode_reps, Object.node_field
 local guarantee_room, start_guarantee = Guarantee.guarantee_room, Guarantee.start_guarantee
@@ -112,6 +113,7 @@ local function pairs_of(reply, into, seen)
 end
 
 local function most_free(P, a, cfg)
+  settle_ledger(P) -- the free bytes as the call's allocations and evictions left them
   local n, strategy = SEARCH_EXTRA + a.replica_num, cfg.allocation_strategy
   if strategy == 'most_free' then return redis.call('ZREVRANGE', P .. K.segments, 0, n - 1) end
   local list, free_of = {}, {}
@@ -134,6 +136,7 @@ end
 -- The writer's host's segments (prefer_same_host): {seg, free} most free first, those not
 -- mounted (a stale entry) left out. At most MAX_HOST_SEGMENTS.
 local function host_segments(P, host)
+  settle_ledger(P)
   local names = redis.call('SMEMBERS', host_key(P, host))
   if #names == 0 then return nil end
   local free = redis.call('ZMSCORE', P .. K.segments, unpack(names))
@@ -285,7 +288,7 @@ local function put_one(P, a, row, size, now, cfg, by_free)
   fields[#fields + 1] = encode_reps(got)
   redis.call('HSET', okey, unpack(fields))
   redis.call('ZADD', P .. K.processing, now, obj_id(a.tenant, key))
-  redis.call('HINCRBY', P, 'objects', 1)
+  count_objects(P, 1)
   if guaranteed_until then start_guarantee(P, a.tenant, key, prefix, guaranteed_until, got, size) end
   if a.group and node then
     join_indexed(P, a.tenant, key, a.group, node)
@@ -369,6 +372,15 @@ local function put_args(args, cfg)
   return setmetatable({}, memo.meta)
 end
 
+local function put_rows(P, a, args, now, cfg)
+  local reply = {}
+  for r = 1, a.call.rows do
+    local row = row_of(args, a.call, r)
+    reply[r] = put_one(P, a, row, int_arg(row.size, 1, MAX_INT), now, cfg, a.by_free)
+  end
+  return reply
+end
+
 local function put_start(P, args, cfg)
   local a, err = put_args(args, cfg)
   if not a then return fail(E.INVALID_PARAMS, err) end
@@ -379,12 +391,8 @@ local function put_start(P, args, cfg)
   a.evict_budget, a.mounts = EVICT_PER_CALL, {}
   a.by_free = most_free(P, a, cfg)
   if a.host then a.host_segs = host_segments(P, a.host) end
-  local reply = {}
-  for r = 1, a.call.rows do
-    local row = row_of(args, a.call, r)
-    reply[r] = put_one(P, a, row, int_arg(row.size, 1, MAX_INT), now, cfg, a.by_free)
-  end
-  return reply
+  if a.call.rows == 1 then return put_rows(P, a, args, now, cfg) end
+  return with_ledger(P, put_rows, a, args, now, cfg) -- a batch writes the shard counters once
 end
 
 register('mc_put_start', { 'put_start_discard_timeout', 'put_start_release_timeout',

@@ -9,7 +9,7 @@ Base.on_first_call(function() tonumber_ = tonumber end)
 local E, fail, register, FREES = Base.E, Base.fail, Base.register, Base.FREES
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
 local keys_spec, load_object, lease_of = Object.keys_spec, Object.load_object, Units.lease_of
-local delete_object = Units.delete_object
+local delete_object, with_ledger = Units.delete_object, Alloc.with_ledger
 
 local function remove_one(P, tenant, key, force, now)
   local okey = obj_key(P, tenant, key)
@@ -29,9 +29,9 @@ local function remove(P, args)
   if not call then return err end
   local force = call.opts.force or '0'
   if force ~= '0' and force ~= '1' then return fail(E.INVALID_PARAMS, 'force must be 0 or 1') end
-  return per_row(P, args, call, function(_, tenant, row, now)
-    return remove_one(P, tenant, row.key, force == '1', now)
-  end)
+  local function each(_, tenant, row, now) return remove_one(P, tenant, row.key, force == '1', now) end
+  if call.rows == 1 then return per_row(P, args, call, each) end
+  return with_ledger(P, per_row, args, call, each) -- (no counter read between keys)
 end
 
 register('mc_remove', { 'kv_events_maxlen' }, remove, FREES)
