@@ -1,8 +1,9 @@
-"""The shard counters (each segment's used bytes and its free-bytes score in P:segs, the shard's
-used_bytes and objects) that a batched put_start, a batched remove and an eviction step sum over
-the call and write once at its end (Alloc.with_ledger): after each, they equal what the live
-replicas occupy, as fsck recomputes it, whatever mix of segments, replica counts, refused keys
-and evictions on put the call met."""
+"""What a batch writes once at its end (Alloc.with_ledger): the shard counters (each segment's
+used bytes and its free-bytes score in P:segs, the shard's used_bytes and objects) that a batched
+put_start, a batched remove and an eviction step sum over the call, and the index entries of a
+batched put_end. After each, the counters equal what the live replicas occupy and fsck finds
+nothing, whatever mix of segments, replica counts, refused keys and evictions on put the call
+met."""
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
@@ -117,3 +118,20 @@ def test_a_batched_remove_writes_each_counter_once(valkey_master):
     assert stats["cmdstat_hincrby"]["calls"] == 2 + 2  # each segment's used; used_bytes and objects
     assert stats["cmdstat_zincrby"]["calls"] == 2  # each segment's score in P:segs
     assert m.usage().used_bytes == 0 and m.usage().objects == 0
+
+
+def test_a_batched_put_end_drops_and_places_its_objects_in_one_command_each(valkey_master):
+    """On a real server: a call's worth of put_ends leaves `processing` in one ZREM and enters the
+    ordinary tier in one ZADD (Alloc.defer_zadd, defer_zrem); the objects are then readable and
+    fsck finds every index entry right."""
+    m = valkey_master(shards=1)
+    mount(m, "a", 1 << 20)
+    n = CHUNK_OF["mc_put_end"]
+    keys = [f"{{t}}p{i}" for i in range(n)]
+    assert all(not isinstance(g, ErrorCode) for g in m.batch_put_start(WRITER, keys, [100] * n))
+    m.redis.config_resetstat()
+    assert m.batch_put_end(WRITER, keys) == [ErrorCode.OK] * n
+    stats = m.redis.info("commandstats")
+    assert stats["cmdstat_zrem"]["calls"] == 1 and stats["cmdstat_zadd"]["calls"] == 1, stats
+    assert m.batch_exist_key(keys) == [True] * n
+    assert fsck(m).ok

@@ -65,18 +65,49 @@ local function count_objects(P, delta)
   if l then l.objects = l.objects + delta else redis.call('HINCRBY', P, 'objects', delta) end
 end
 
--- Run fn() with the shard counters' writes summed until it returns (or raises: they are written
--- before the error goes on, so the counters always match the free lists). For a loop that reads
+-- A sorted-set write a batch may leave to its end, when nothing in the call reads the entry
+-- again (put_end's: the processing entry it drops, the tier entry of an object it completes):
+-- within with_ledger one variadic ZADD (ZREM) per key for the whole call, else at once.
+local function defer_z(l, kind, key, a, b)
+  local q = l[kind][key]
+  if not q then
+    q = {}
+    l[kind][key] = q
+    l.zorder[#l.zorder + 1] = key
+  end
+  q[#q + 1] = a
+  if b then q[#q + 1] = b end
+end
+local function defer_zadd(key, score, member)
+  local l = CALL.ledger
+  if l then defer_z(l, 'zadd', key, score, member) else redis.call('ZADD', key, score, member) end
+end
+local function defer_zrem(key, member)
+  local l = CALL.ledger
+  if l then defer_z(l, 'zrem', key, member) else redis.call('ZREM', key, member) end
+end
+local function write_z(l)
+  for i = 1, #l.zorder do
+    local key = l.zorder[i]
+    if l.zrem[key] then redis.call('ZREM', key, unpack(l.zrem[key])) end
+    if l.zadd[key] then redis.call('ZADD', key, unpack(l.zadd[key])) end
+  end
+end
+
+-- Run fn() with the shard counters' writes summed, and the deferred sorted-set writes queued,
+-- until it returns (or raises: they are written before the error goes on, so the counters
+-- always match the free lists). For a loop that reads
 -- these counters only through settle_ledger (mc_evict tracks its used bytes itself; put_start
 -- reads P:segs in most_free and host_segments). fn(P, ...): returns its first result (a
 -- function's reply).
 local function with_ledger(P, fn, ...)
   if CALL.ledger then return (fn(P, ...)) end
-  local l = { segs = {}, order = {}, used = 0, objects = 0 }
+  local l = { segs = {}, order = {}, used = 0, objects = 0, zadd = {}, zrem = {}, zorder = {} }
   CALL.ledger = l
   local ok, result = pcall(fn, P, ...)
   CALL.ledger = nil
   write_counters(P, l.segs, l.order, l.used, l.objects)
+  write_z(l)
   if not ok then error(result, 0) end
   return result
 end
@@ -288,6 +319,7 @@ end
 
 return {
   count_objects = count_objects, with_ledger = with_ledger, settle_ledger = settle_ledger,
+  defer_zadd = defer_zadd, defer_zrem = defer_zrem,
   free_keys = free_keys, add_free = add_free, alloc_extent = alloc_extent,
   free_extent = free_extent, drop_segment = drop_segment, mount_of = mount_of, slice_size = slice_size,
   host_key = host_key, MAX_HOST_SEGMENTS = MAX_HOST_SEGMENTS,

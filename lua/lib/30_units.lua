@@ -33,6 +33,7 @@ local K, S, now_ms, valid_tenant = Base.K, Base.S, Base.now_ms, Base.valid_tenan
 local tonumber_, find_, sub_, match_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, find_, sub_, match_ = tonumber, string.find, string.sub, string.match end)
 local free_extent, hold_extent, count_objects = Alloc.free_extent, Alloc.hold_extent, Alloc.count_objects
+local defer_zadd = Alloc.defer_zadd
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local radix_hash, grp_key = Object.radix_hash, Object.grp_key
 local grp_members_key, load_object, member_of = Object.grp_members_key, Object.load_object, Object.member_of
@@ -306,14 +307,17 @@ local function group_facts(P, tenant, group, g, children, all)
 end
 
 -- Write a unit's index entries as the rule says (entries it should not have are removed from
--- `indexes`, by default every index the unit's kind can be in).
-local function apply_rule(P, unit, entries, now, indexes)
+-- `indexes`, by default every index the unit's kind can be in). `deferred`: the scored entries
+-- may wait for the end of the caller's batch (Alloc.defer_zadd: nothing in the call reads them).
+local function apply_rule(P, unit, entries, now, indexes, deferred)
   for _, index in ipairs(indexes or indexes_of(unit)) do
     local score = entries[index]
     if score == nil then
       redis.call('ZREM', P .. index, unit)
     elseif score == false then
       redis.call('ZADD', P .. index, 'NX', S(now), unit)
+    elseif deferred then
+      defer_zadd(P .. index, S(score), unit)
     else
       redis.call('ZADD', P .. index, S(score), unit)
     end
@@ -360,12 +364,12 @@ local function lease_of(P, tenant, key, o)
 end
 
 -- `out_of_tiers`: the caller knows the unit sits in no tier (its put was in progress), so it has
--- no tier lease to keep.
+-- no tier lease to keep, and its entries may wait for the end of the caller's batch.
 local function place_object(P, tenant, key, o, now, out_of_tiers)
   local unit = object_unit(tenant, key)
   if not out_of_tiers then keep_lease(P, unit, obj_key(P, tenant, key), o) end
   local why, entries = unit_rule(object_facts(o), now)
-  apply_rule(P, unit, entries, now, object_indexes(o))
+  apply_rule(P, unit, entries, now, object_indexes(o), out_of_tiers)
   return why -- '' when the unit sits in a tier
 end
 
