@@ -94,12 +94,11 @@ local function write_z(l)
   end
 end
 
--- Run fn() with the shard counters' writes summed, and the deferred sorted-set writes queued,
--- until it returns (or raises: they are written before the error goes on, so the counters
--- always match the free lists). For a loop that reads
--- these counters only through settle_ledger (mc_evict tracks its used bytes itself; put_start
--- reads P:segs in most_free and host_segments). fn(P, ...): returns its first result (a
--- function's reply).
+-- Run fn(P, ...) with the shard counters' writes summed, and the deferred sorted-set writes
+-- queued, until it returns (or raises: they are written before the error goes on, so the
+-- counters always match the free lists). For a loop that reads these counters only through
+-- settle_ledger (mc_evict tracks its used bytes itself; put_start reads P:segs in most_free and
+-- host_segments). Returns fn's first result (a function's reply).
 local function with_ledger(P, fn, ...)
   if CALL.ledger then return (fn(P, ...)) end
   local l = { segs = {}, order = {}, used = 0, objects = 0, zadd = {}, zrem = {}, zorder = {} }
