@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import WRITER, examples, mount, shard_of_key
+from helpers import WRITER, assert_tiles, examples, free_extents, mount, shard_of_key, slice_of
 from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
 from mooncake_redis.fsck import fsck
 from mooncake_redis.transport import CHUNK_OF
@@ -135,3 +135,68 @@ def test_a_batched_put_end_drops_and_places_its_objects_in_one_command_each(valk
     assert stats["cmdstat_zrem"]["calls"] == 1 and stats["cmdstat_zadd"]["calls"] == 1, stats
     assert m.batch_exist_key(keys) == [True] * n
     assert fsck(m).ok
+
+
+SLICE = 8 << 10  # bytes of each segment's slice on a shard
+batch_op = st.tuples(st.just("put"), st.lists(st.sampled_from([256, 256, 512, 1000]), min_size=1, max_size=24),
+                     st.integers(1, 2))
+remove_op = st.tuples(st.just("remove"), st.lists(st.integers(0, 10 ** 6), min_size=1, max_size=12))
+advance_op = st.tuples(st.just("advance"), st.sampled_from([1, 10 ** 7]))
+
+
+def assert_tiled(m, keys: list[str], segments: tuple[str, ...] = ("a", "b")) -> None:
+    """Per shard and segment: the free extents and the live replicas tile the slice exactly."""
+    used: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for key in keys:
+        try:
+            d = m.describe(key)
+        except MasterError as e:
+            assert e.code == ErrorCode.OBJECT_NOT_FOUND
+            continue
+        for r in d.replicas:
+            used.setdefault((shard_of_key(m, key), r.segment), []).append((r.offset, r.size))
+    for shard in range(m.shards):
+        for seg in segments:
+            lo, length = slice_of(m, SLICE * m.shards, shard)
+            assert_tiles(free_extents(m, shard, seg), used.get((shard, seg), []), lo, length)
+
+
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.one_of(batch_op, batch_op, remove_op, advance_op), min_size=1, max_size=12))
+def test_a_batch_carving_free_extents_leaves_the_free_lists_exact(new_master, ops):
+    """Batched puts take their extents from the one a batch carves, best fit, with no extent
+    handed out twice: after every call the free extents and the live replicas tile each slice,
+    as with puts of one key, through removes in between and evictions on put."""
+    m = new_master()
+    mount(m, "a", SLICE)
+    mount(m, "b", SLICE)
+    keys: list[str] = []
+    for op in ops:
+        if op[0] == "put":
+            new = [f"k{len(keys) + i}" for i in range(len(op[1]))]
+            got = m.batch_put_start(WRITER, new, op[1], ReplicateConfig(replica_num=op[2]))
+            keys += new
+            started = [k for k, g in zip(new, got) if not isinstance(g, ErrorCode)]
+            m.batch_put_end(WRITER, started)
+        elif op[0] == "remove" and keys:
+            m.batch_remove(sorted({keys[i % len(keys)] for i in op[1]}), force=True)
+        elif op[0] == "advance":
+            m.advance_clock(op[1])
+        assert_tiled(m, keys)
+        assert_counters_true(m, keys)
+
+
+def test_a_batch_takes_the_best_fit_not_its_carving(new_master):
+    """A smaller key after a larger one in the same batch goes to the smallest hole that holds it,
+    not to the free extent the larger one was carved from."""
+    m = new_master()
+    mount(m, "a", SLICE)
+    first = fill(m, [300, 100], [1, 1])  # then a 300-byte hole before the 100-byte object
+    hole = m.describe(first[0]).replicas[0].offset
+    m.advance_clock(10 ** 7)
+    m.remove(first[0])
+    keys = ["{t}big", "{t}small", "{t}small2"]
+    got = m.batch_put_start(WRITER, keys, [600, 256, 600])
+    assert got[1][0].offset == hole  # best fit: the hole (300 B), not the rest of the tail
+    assert got[2][0].offset == got[0][0].offset + 600  # and the tail again for the next 600
+    assert_tiled(m, keys + first, ("a",))

@@ -26,6 +26,12 @@ local function free_keys(P, seg)
   return pair[1], pair[2]
 end
 
+local function add_free(by_off, by_size, off, len)
+  local m = S(off)
+  redis.call('ZADD', by_off, off, m)
+  redis.call('ZADD', by_size, len, m)
+end
+
 -- The shard counters an allocation, a free or an object's end changes: the segment's used
 -- bytes (P:seg:<seg>.used and its P:segs score) and the shard's used_bytes and objects. Written
 -- at once, or, within with_ledger, summed per segment and written when its loop ends: an
@@ -94,17 +100,40 @@ local function write_z(l)
   end
 end
 
--- Run fn(P, ...) with the shard counters' writes summed, and the deferred sorted-set writes
--- queued, until it returns (or raises: they are written before the error goes on, so the
+-- A batch's carving (within with_ledger): the free extent of a segment its allocations took
+-- from and has not written back. The free lists still list it by its first offset `orig` with
+-- the length it had; its free part is now [off, off + len). It was found by a best-fit query
+-- for `least` bytes, and no extent of the segment has been freed since (free_extent settles it
+-- first), so for any size from `least` to len no other extent fits better: such allocations
+-- take from it with no command, and the free lists get one update when the call ends.
+local function settle_carve(P, l, seg)
+  local c = l.carve[seg]
+  if not c then return end
+  l.carve[seg] = nil
+  local by_off, by_size = free_keys(P, seg)
+  redis.call('ZREM', by_off, c.orig)
+  redis.call('ZREM', by_size, c.orig)
+  if c.len > 0 then add_free(by_off, by_size, c.off, c.len) end
+end
+
+local function settle_carves(P, l)
+  for i = 1, #l.carved do settle_carve(P, l, l.carved[i]) end
+  l.carved = {}
+end
+
+-- Run fn(P, ...) with the shard counters' writes summed, the deferred sorted-set writes
+-- queued and the free extents it carves kept, until it returns (or raises: they are written before the error goes on, so the
 -- counters always match the free lists). For a loop that reads these counters only through
 -- settle_ledger (mc_evict tracks its used bytes itself; put_start reads P:segs in most_free and
 -- host_segments). Returns fn's first result (a function's reply).
 local function with_ledger(P, fn, ...)
   if CALL.ledger then return (fn(P, ...)) end
-  local l = { segs = {}, order = {}, used = 0, objects = 0, zadd = {}, zrem = {}, zorder = {} }
+  local l = { segs = {}, order = {}, used = 0, objects = 0, zadd = {}, zrem = {}, zorder = {}, carve = {},
+    carved = {} }
   CALL.ledger = l
   local ok, result = pcall(fn, P, ...)
   CALL.ledger = nil
+  settle_carves(P, l)
   write_counters(P, l.segs, l.order, l.used, l.objects)
   write_z(l)
   if not ok then error(result, 0) end
@@ -118,12 +147,6 @@ local function settle_ledger(P)
   if not l or (#l.order == 0 and l.objects == 0) then return end
   write_counters(P, l.segs, l.order, l.used, l.objects)
   l.segs, l.order, l.used, l.objects = {}, {}, 0, 0 -- (the same table: with_ledger holds it)
-end
-
-local function add_free(by_off, by_size, off, len)
-  local m = S(off)
-  redis.call('ZADD', by_off, off, m)
-  redis.call('ZADD', by_size, len, m)
 end
 
 -- Is the segment's slice being unmounted gracefully (field draining_until: lua/ops/segments.lua)?
@@ -159,16 +182,33 @@ local MAX_HOST_SEGMENTS = 64
 local function host_key(P, host) return P .. K.host_segments .. host end
 
 -- Best fit: the smallest free extent that holds `size`; returns the offset or nil (none, or
--- the slice is draining).
+-- the slice is draining). Within a batch (with_ledger) the extent a put carves from stays the
+-- batch's carving (settle_carve) until an allocation it cannot serve, a free, or the call's end.
 local function alloc_extent(P, seg, size)
   if draining(P, seg) then return nil end
+  local l = CALL.ledger
+  local c = l and l.carve[seg]
+  if c then
+    if size >= c.least and size <= c.len then
+      local off = c.off
+      c.off, c.len = off + size, c.len - size
+      account(P, seg, size)
+      return off
+    end
+    settle_carve(P, l, seg) -- the free lists as they are, for the query
+  end
   local by_off, by_size = free_keys(P, seg)
   local hit = redis.call('ZRANGEBYSCORE', by_size, size, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #hit == 0 then return nil end
   local off, len = tonumber_(hit[1]), tonumber_(hit[2])
-  redis.call('ZREM', by_off, hit[1])
-  redis.call('ZREM', by_size, hit[1])
-  if len > size then add_free(by_off, by_size, off + size, len - size) end
+  if l and len > size then
+    l.carve[seg] = { orig = hit[1], off = off + size, len = len - size, least = size }
+    l.carved[#l.carved + 1] = seg
+  else
+    redis.call('ZREM', by_off, hit[1])
+    redis.call('ZREM', by_size, hit[1])
+    if len > size then add_free(by_off, by_size, off + size, len - size) end
+  end
   account(P, seg, size)
   return off
 end
@@ -178,6 +218,8 @@ end
 -- that fsck reports) is left alone and false is returned, so a caller never half-frees, never
 -- subtracts bytes twice, and never makes allocated bytes allocatable again.
 local function free_extent(P, seg, off, size)
+  local l = CALL.ledger
+  if l and l.carve[seg] then settle_carve(P, l, seg) end -- its neighbours as the lists say
   local by_off, by_size = free_keys(P, seg)
   local stop = off + size
   local prev = redis.call('ZREVRANGEBYSCORE', by_off, '(' .. S(off), '-inf', 'LIMIT', 0, 1)[1]
@@ -231,6 +273,8 @@ end
 -- worker removes the dead replicas from the object hashes even if the caller dies first.
 -- Returns false when the segment is not mounted here.
 local function drop_segment(P, name)
+  local l = CALL.ledger
+  if l and l.carve[name] then settle_carve(P, l, name) end
   local skey = P .. K.segment .. name
   local cur = redis.call('HMGET', skey, 'size', 'used', 'host')
   if not cur[1] then return false end
