@@ -38,14 +38,15 @@ end
 -- eviction step that frees a hundred extents of one segment writes four counters, not four
 -- hundred.
 local CALL = Base.CALL
+local function write_segment(P, seg, delta)
+  redis.call('HINCRBY', P .. K.segment .. seg, 'used', S(delta))
+  redis.call('ZINCRBY', P .. K.segments, S(0 - delta), seg)
+end
+
 local function write_counters(P, segs, order, used, objects)
   for i = 1, #order do
     local seg = order[i]
-    local delta = segs[seg]
-    if delta ~= 0 then
-      redis.call('HINCRBY', P .. K.segment .. seg, 'used', S(delta))
-      redis.call('ZINCRBY', P .. K.segments, S(0 - delta), seg)
-    end
+    if segs[seg] ~= 0 then write_segment(P, seg, segs[seg]) end
   end
   if used ~= 0 then redis.call('HINCRBY', P, 'used_bytes', S(used)) end
   if objects ~= 0 then redis.call('HINCRBY', P, 'objects', S(objects)) end
@@ -59,10 +60,8 @@ local function account(P, seg, delta)
     l.segs[seg], l.used = (cur or 0) + delta, l.used + delta
     return
   end
-  local d = S(delta)
-  redis.call('HINCRBY', P .. K.segment .. seg, 'used', d)
-  redis.call('ZINCRBY', P .. K.segments, S(0 - delta), seg)
-  redis.call('HINCRBY', P, 'used_bytes', d)
+  write_segment(P, seg, delta)
+  redis.call('HINCRBY', P, 'used_bytes', S(delta))
 end
 
 -- An object more (1) or fewer (-1) on the shard.
