@@ -48,17 +48,24 @@ def fill(m, sizes: list[int], replicas: list[int]) -> list[str]:
     return keys
 
 
+def stored(m, data, slice_bytes: int, count: st.SearchStrategy, size: st.SearchStrategy) -> list[str]:
+    """Segments a and b of `slice_bytes` a slice, and a drawn number of objects of drawn sizes and
+    1-2 replicas in them, their leases over."""
+    mount(m, "a", slice_bytes)
+    mount(m, "b", slice_bytes)
+    n = data.draw(count)
+    keys = fill(m, data.draw(st.lists(size, min_size=n, max_size=n)),
+                data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n)))
+    m.advance_clock(10 ** 7)
+    return keys
+
+
 @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_batched_remove_leaves_the_counters_true(new_master, data):
     m = new_master()
-    mount(m, "a", 1 << 20)
-    mount(m, "b", 1 << 20)
-    n = data.draw(st.integers(2, 40))
-    sizes = data.draw(st.lists(st.integers(1, 4096), min_size=n, max_size=n))
-    replicas = data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n))
-    keys = fill(m, sizes, replicas)
-    m.advance_clock(10 ** 7)  # every lease over
+    keys = stored(m, data, 1 << 20, st.integers(2, 40), st.integers(1, 4096))
+    n = len(keys)
     leased = data.draw(st.sets(st.sampled_from(keys), max_size=n // 2))
     for key in leased:
         m.get_replica_list(key)  # leased again: refused below, in the same call as the others
@@ -72,13 +79,7 @@ def test_a_batched_remove_leaves_the_counters_true(new_master, data):
 @given(data=st.data())
 def test_an_eviction_step_leaves_the_counters_true(new_master, data):
     m = new_master()
-    mount(m, "a", 64 << 10)
-    mount(m, "b", 64 << 10)
-    n = data.draw(st.integers(4, 60))
-    sizes = data.draw(st.lists(st.integers(512, 2048), min_size=n, max_size=n))
-    replicas = data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n))
-    keys = fill(m, sizes, replicas)
-    m.advance_clock(10 ** 7)
+    keys = stored(m, data, 64 << 10, st.integers(4, 60), st.integers(512, 2048))
     step = m.evict_step(shard_of_key(m, keys[0]), data.draw(st.integers(1, 64)))
     assert step.used_bytes == m.usage().used_bytes
     assert_counters_true(m, keys)
