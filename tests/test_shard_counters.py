@@ -17,7 +17,7 @@ from mooncake_redis.transport import CHUNK_OF
 MASTER_CONFIG = {"eviction_high_watermark_ratio": 0.5, "eviction_ratio": 0.25}
 
 
-def assert_counters_true(m, keys: list[str]) -> None:
+def assert_counters_true(m, keys: list[str], segments: tuple[str, ...] = ("a", "b")) -> None:
     """fsck finds nothing, and the counters add up to the replicas of the keys still stored."""
     report = fsck(m)
     assert report.ok, report.summary()
@@ -35,7 +35,7 @@ def assert_counters_true(m, keys: list[str]) -> None:
     usage = m.usage()
     assert usage.objects == objects
     assert usage.used_bytes == sum(per_segment.values())
-    for seg in ("a", "b"):
+    for seg in segments:
         used, _ = m.segment_usage(seg)
         assert used == per_segment.get(seg, 0), seg
 
@@ -143,6 +143,7 @@ batch_op = st.tuples(st.just("put"), st.lists(st.sampled_from([256, 256, 512, 10
                      st.integers(1, 2))
 remove_op = st.tuples(st.just("remove"), st.lists(st.integers(0, 10 ** 6), min_size=1, max_size=12))
 advance_op = st.tuples(st.just("advance"), st.sampled_from([1, 10 ** 7]))
+evict_op = st.tuples(st.just("evict"), st.integers(1, 64))
 
 
 def assert_tiled(m, keys: list[str], segments: tuple[str, ...] = ("a", "b")) -> None:
@@ -163,11 +164,12 @@ def assert_tiled(m, keys: list[str], segments: tuple[str, ...] = ("a", "b")) -> 
 
 
 @settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st.lists(st.one_of(batch_op, batch_op, remove_op, advance_op), min_size=1, max_size=12))
+@given(ops=st.lists(st.one_of(batch_op, batch_op, remove_op, advance_op, evict_op), min_size=1, max_size=12))
 def test_a_batch_carving_free_extents_leaves_the_free_lists_exact(new_master, ops):
     """Batched puts take their extents from the one a batch carves, best fit, with no extent
-    handed out twice: after every call the free extents and the live replicas tile each slice,
-    as with puts of one key, through removes in between and evictions on put."""
+    handed out twice, and batched removes and eviction steps grow one free extent: after every
+    call the free extents and the live replicas tile each slice (no overlap, no gap, no two free
+    extents side by side), through evictions on put too."""
     m = new_master()
     mount(m, "a", SLICE)
     mount(m, "b", SLICE)
@@ -183,6 +185,9 @@ def test_a_batch_carving_free_extents_leaves_the_free_lists_exact(new_master, op
             m.batch_remove(sorted({keys[i % len(keys)] for i in op[1]}), force=True)
         elif op[0] == "advance":
             m.advance_clock(op[1])
+        elif op[0] == "evict":
+            for shard in range(m.shards):
+                m.evict_step(shard, op[1])
         assert_tiled(m, keys)
         assert_counters_true(m, keys)
 
@@ -201,3 +206,21 @@ def test_a_batch_takes_the_best_fit_not_its_carving(new_master):
     assert got[1][0].offset == hole  # best fit: the hole (300 B), not the rest of the tail
     assert got[2][0].offset == got[0][0].offset + 600  # and the tail again for the next 600
     assert_tiled(m, keys + first, ("a",))
+
+
+def test_batched_removes_in_either_address_order_leave_one_free_extent(new_master):
+    """Frees in rising address order grow the batch's free extent at its end, in falling order at
+    its front, merging with the free extents beside it: what stays allocated and the free extents
+    tile the slice either way, and once all is removed the slice is one free extent again."""
+    m = new_master()
+    mount(m, "a", SLICE)
+    keys = fill(m, [256] * 24, [1] * 24)  # one shard, addresses rising with the index
+    m.advance_clock(10 ** 7)
+    kept = keys[8], keys[17]
+    for batch in (keys[:8], keys[9:17][::-1], keys[18:][::-1]):
+        assert m.batch_remove(batch) == [ErrorCode.OK] * len(batch)
+        assert_tiled(m, keys, ("a",))
+    assert m.batch_remove(list(kept)) == [ErrorCode.OK] * 2
+    shard = shard_of_key(m, keys[0])
+    assert free_extents(m, shard, "a") == [slice_of(m, SLICE * m.shards, shard)]
+    assert_counters_true(m, keys, ("a",))

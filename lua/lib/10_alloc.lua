@@ -1,6 +1,8 @@
 -- Extent allocator, one per (shard, segment). Free extents live in two sorted sets:
 --   P:free:<seg>:by_off   member = offset, score = offset   (neighbour lookup for coalescing)
 --   P:free:<seg>:by_size  member = offset, score = length   (best fit)
+-- (within a batch, the extent it carves or grows is written back when the batch ends:
+-- settle_carve, settle_grown)
 -- Byte accounting is kept in three places that fsck can recompute:
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
 -- and a segment mounted with a host is a member of P:hsegs:<host> while it is mounted.
@@ -115,8 +117,27 @@ local function settle_carve(P, l, seg)
   if c.len > 0 then add_free(by_off, by_size, c.off, c.len) end
 end
 
+-- A batch's growing free extent (within with_ledger): the one its last free on a segment made or
+-- grew. The free lists list it at its offset `orig` (by_off is exact) with the length it had
+-- then (by_size lags); its length is now `len`. A free that starts where it ends grows it with
+-- one query (for the neighbour after), as frees in address order do (LRU eviction of a fill);
+-- an allocation, another free on the segment or the call's end writes its length.
+local function settle_grown(P, l, seg)
+  local g = l.grown[seg]
+  if not g then return end
+  l.grown[seg] = nil
+  local _, by_size = free_keys(P, seg)
+  redis.call('ZADD', by_size, g.len, g.orig)
+end
+
+-- The free lists of `seg` as they are, for a query of them.
+local function settle_segment(P, l, seg)
+  if l.carve[seg] then settle_carve(P, l, seg) end
+  if l.grown[seg] then settle_grown(P, l, seg) end
+end
+
 local function settle_carves(P, l)
-  for i = 1, #l.carved do settle_carve(P, l, l.carved[i]) end
+  for i = 1, #l.carved do settle_segment(P, l, l.carved[i]) end
   l.carved = {}
 end
 
@@ -128,7 +149,7 @@ end
 local function with_ledger(P, fn, ...)
   if CALL.ledger then return (fn(P, ...)) end
   local l = { segs = {}, order = {}, used = 0, objects = 0, zadd = {}, zrem = {}, zorder = {}, carve = {},
-    carved = {} }
+    grown = {}, carved = {} } -- carved: the segments of carve and grown, in order
   CALL.ledger = l
   local ok, result = pcall(fn, P, ...)
   CALL.ledger = nil
@@ -196,6 +217,7 @@ local function alloc_extent(P, seg, size)
     end
     settle_carve(P, l, seg) -- the free lists as they are, for the query
   end
+  if l and l.grown[seg] then settle_grown(P, l, seg) end
   local by_off, by_size = free_keys(P, seg)
   local hit = redis.call('ZRANGEBYSCORE', by_size, size, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #hit == 0 then return nil end
@@ -218,9 +240,39 @@ end
 -- subtracts bytes twice, and never makes allocated bytes allocatable again.
 local function free_extent(P, seg, off, size)
   local l = CALL.ledger
-  if l and l.carve[seg] then settle_carve(P, l, seg) end -- its neighbours as the lists say
   local by_off, by_size = free_keys(P, seg)
   local stop = off + size
+  local g = l and l.grown[seg]
+  if g and g.off + g.len == off then -- it grows the batch's free extent (settle_grown)
+    local nxt = redis.call('ZRANGEBYSCORE', by_off, S(off), S(stop), 'LIMIT', 0, 1)[1]
+    if nxt and (tonumber_(nxt) or -1) < stop then return false end
+    local nlen = nxt and (tonumber_(redis.call('ZSCORE', by_size, nxt)) or 0) or 0
+    account(P, seg, 0 - size)
+    g.len = g.len + size + nlen
+    if nxt then
+      redis.call('ZREM', by_off, nxt)
+      redis.call('ZREM', by_size, nxt)
+    end
+    return true
+  end
+  if g and stop == g.off then -- it grows it from the front (frees in falling address order)
+    if redis.call('ZRANGEBYSCORE', by_off, S(off), '(' .. S(stop), 'LIMIT', 0, 1)[1] then return false end
+    local prev = redis.call('ZREVRANGEBYSCORE', by_off, '(' .. S(off), '-inf', 'LIMIT', 0, 1)[1]
+    local plen = prev and tonumber_(redis.call('ZSCORE', by_size, prev))
+    local poff = plen and tonumber_(prev)
+    if plen and poff + plen > off then return false end
+    account(P, seg, 0 - size)
+    redis.call('ZREM', by_off, g.orig)
+    redis.call('ZREM', by_size, g.orig)
+    if plen and poff + plen == off then
+      g.orig, g.off, g.len = prev, poff, plen + size + g.len
+    else
+      redis.call('ZADD', by_off, off, S(off)) -- (by_size gets it from settle_grown)
+      g.orig, g.off, g.len = S(off), off, size + g.len
+    end
+    return true
+  end
+  if l then settle_segment(P, l, seg) end -- its neighbours as the lists say
   local prev = redis.call('ZREVRANGEBYSCORE', by_off, '(' .. S(off), '-inf', 'LIMIT', 0, 1)[1]
   -- the first free extent starting in [off, stop]: inside the extent is a double free, at stop
   -- it is the next neighbour (a member is its offset, as is its score)
@@ -246,8 +298,17 @@ local function free_extent(P, seg, off, size)
   if plen and poff + plen == off then
     -- merged into the free extent before it, which keeps its offset (its member and by_off
     -- score): only its length grows. Frees in address order (LRU eviction of a fill) mostly
-    -- end here, with one write instead of four.
-    redis.call('ZADD', by_size, stop - poff, prev)
+    -- end here, with one write instead of four (in a batch, none: settle_grown).
+    if l then
+      l.grown[seg] = { orig = prev, off = poff, len = stop - poff }
+      l.carved[#l.carved + 1] = seg
+    else
+      redis.call('ZADD', by_size, stop - poff, prev)
+    end
+  elseif l then
+    redis.call('ZADD', by_off, off, S(off)) -- (by_size gets it from settle_grown)
+    l.grown[seg] = { orig = S(off), off = off, len = stop - off }
+    l.carved[#l.carved + 1] = seg
   else
     add_free(by_off, by_size, off, stop - off)
   end
@@ -273,7 +334,7 @@ end
 -- Returns false when the segment is not mounted here.
 local function drop_segment(P, name)
   local l = CALL.ledger
-  if l and l.carve[name] then settle_carve(P, l, name) end
+  if l then settle_segment(P, l, name) end
   local skey = P .. K.segment .. name
   local cur = redis.call('HMGET', skey, 'size', 'used', 'host')
   if not cur[1] then return false end
