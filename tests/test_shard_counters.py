@@ -17,20 +17,26 @@ from mooncake_redis.transport import CHUNK_OF
 MASTER_CONFIG = {"eviction_high_watermark_ratio": 0.5, "eviction_ratio": 0.25}
 
 
+def still_stored(m, keys: list[str]) -> dict[str, list]:
+    """The keys of `keys` still stored, each with its replicas."""
+    out = {}
+    for key in keys:
+        try:
+            out[key] = m.describe(key).replicas
+        except MasterError as e:
+            assert e.code == ErrorCode.OBJECT_NOT_FOUND
+    return out
+
+
 def assert_counters_true(m, keys: list[str], segments: tuple[str, ...] = ("a", "b")) -> None:
     """fsck finds nothing, and the counters add up to the replicas of the keys still stored."""
     report = fsck(m)
     assert report.ok, report.summary()
     per_segment: dict[str, int] = {}
-    objects = 0
-    for key in keys:
-        try:
-            d = m.describe(key)
-        except MasterError as e:
-            assert e.code == ErrorCode.OBJECT_NOT_FOUND
-            continue
-        objects += 1
-        for r in d.replicas:
+    stored = still_stored(m, keys)
+    objects = len(stored)
+    for replicas in stored.values():
+        for r in replicas:
             per_segment[r.segment] = per_segment.get(r.segment, 0) + r.size
     usage = m.usage()
     assert usage.objects == objects
@@ -149,13 +155,8 @@ evict_op = st.tuples(st.just("evict"), st.integers(1, 64))
 def assert_tiled(m, keys: list[str], segments: tuple[str, ...] = ("a", "b")) -> None:
     """Per shard and segment: the free extents and the live replicas tile the slice exactly."""
     used: dict[tuple[int, str], list[tuple[int, int]]] = {}
-    for key in keys:
-        try:
-            d = m.describe(key)
-        except MasterError as e:
-            assert e.code == ErrorCode.OBJECT_NOT_FOUND
-            continue
-        for r in d.replicas:
+    for key, replicas in still_stored(m, keys).items():
+        for r in replicas:
             used.setdefault((shard_of_key(m, key), r.segment), []).append((r.offset, r.size))
     for shard in range(m.shards):
         for seg in segments:
