@@ -28,7 +28,7 @@ def test_writes_count_every_call_and_a_chained_put_registers_its_node(radix):
     assert (commands.get("sadd", 0) > 0) == radix, commands
     if radix:
         assert got["remove"]["commands"].get("srem", 0) == 1, got["remove"]["commands"]
-    # a batch writes the shard counters once a call, not once a key (Alloc.with_ledger)
+    # a batch writes the shard counters once a call, not once a key (Ledger.with_ledger, lua/lib/05_ledger.lua)
     for name in ("batch put_start", "batch remove"):
         assert got[name]["commands"].get("zincrby", 0) < got[name.split()[1]]["commands"]["zincrby"], name
     # eviction takes whole units: an object's hash each (HGETALL), a node's key set with it

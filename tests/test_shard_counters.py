@@ -1,4 +1,4 @@
-"""What a batch writes once at its end (Alloc.with_ledger): the shard counters (each segment's
+"""What a batch writes once at its end (Ledger.with_ledger, lua/lib/05_ledger.lua): the shard counters (each segment's
 used bytes and its free-bytes score in P:segs, the shard's used_bytes and objects) that a batched
 put_start, a batched remove and an eviction step sum over the call, and the index entries of a
 batched put_end. After each, the counters equal what the live replicas occupy and fsck finds
@@ -129,7 +129,7 @@ def test_a_batched_remove_writes_each_counter_once(valkey_master):
 
 def test_a_batched_put_end_drops_and_places_its_objects_in_one_command_each(valkey_master):
     """On a real server: a call's worth of put_ends leaves `processing` in one ZREM and enters the
-    ordinary tier in one ZADD (Alloc.defer_zadd, defer_zrem); the objects are then readable and
+    ordinary tier in one ZADD (Ledger.defer_zadd, defer_zrem); the objects are then readable and
     fsck finds every index entry right."""
     m = valkey_master(shards=1)
     mount(m, "a", 1 << 20)

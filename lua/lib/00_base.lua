@@ -134,9 +134,9 @@ end
 -- the test clock's value there (false: not frozen), the mount epoch and, for the functions that
 -- list it, the held-extent bound (held_due below; nil: not read), and the eviction's note of the
 -- unit it placed last (`placed`, `noting`: lua/lib/30_units.lua), and the seq its same-shard
--- radix links share (`link_seq`: lua/lib/32_radix.lua), and the shard counters' deltas and
--- sorted-set writes a batch leaves to its end (`ledger`: Alloc.with_ledger). Reset at the start of every call
--- (register), so nothing read in one call is taken for another's.
+-- radix links share (`link_seq`: lua/lib/32_radix.lua), and what a batch leaves to its end
+-- (`ledger`: lua/lib/05_ledger.lua). Reset at the start of every call (register), so nothing
+-- read in one call is taken for another's.
 local CALL = { shard = nil, clock = false, mounts = false, held_due = nil, now = nil, events = nil,
   placed = nil, noting = nil, link_seq = nil, ledger = nil }
 

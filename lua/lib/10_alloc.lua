@@ -2,7 +2,7 @@
 --   P:free:<seg>:by_off   member = offset, score = offset   (neighbour lookup for coalescing)
 --   P:free:<seg>:by_size  member = offset, score = length   (best fit)
 -- (within a batch, the extent it carves or grows is written back when the batch ends:
--- settle_carve, settle_grown)
+-- settle_carve, settle_grown; its counters are the ledger's, lua/lib/05_ledger.lua)
 -- Byte accounting is kept in three places that fsck can recompute:
 --   P:seg:<seg>.used, P:segs (score = free bytes of the segment), P.used_bytes
 -- and a segment mounted with a host is a member of P:hsegs:<host> while it is mounted.
@@ -12,6 +12,7 @@ Base.on_first_call(function() tonumber_, match_, huge_ = tonumber, string.match,
 local K, S, HEAD_CACHE_MAX = Base.K, Base.S, Base.HEAD_CACHE_MAX
 local mount_table, new_mount_epoch = Base.mount_table, Base.new_mount_epoch
 local held_due, set_held_due = Base.held_due, Base.set_held_due
+local CALL, account = Base.CALL, Ledger.account
 
 -- The two keys of a segment's free lists, memoised per shard and segment: every allocation and
 -- free needs them, and building them is three new strings. Bounded like HEAD_CACHE.
@@ -32,73 +33,6 @@ local function add_free(by_off, by_size, off, len)
   local m = S(off)
   redis.call('ZADD', by_off, off, m)
   redis.call('ZADD', by_size, len, m)
-end
-
--- The shard counters an allocation, a free or an object's end changes: the segment's used
--- bytes (P:seg:<seg>.used and its P:segs score) and the shard's used_bytes and objects. Written
--- at once, or, within with_ledger, summed per segment and written when its loop ends: an
--- eviction step that frees a hundred extents of one segment writes four counters, not four
--- hundred.
-local CALL = Base.CALL
-local function write_segment(P, seg, delta)
-  redis.call('HINCRBY', P .. K.segment .. seg, 'used', S(delta))
-  redis.call('ZINCRBY', P .. K.segments, S(0 - delta), seg)
-end
-
-local function write_counters(P, segs, order, used, objects)
-  for i = 1, #order do
-    local seg = order[i]
-    if segs[seg] ~= 0 then write_segment(P, seg, segs[seg]) end
-  end
-  if used ~= 0 then redis.call('HINCRBY', P, 'used_bytes', S(used)) end
-  if objects ~= 0 then redis.call('HINCRBY', P, 'objects', S(objects)) end
-end
-
-local function account(P, seg, delta)
-  local l = CALL.ledger
-  if l then
-    local cur = l.segs[seg]
-    if cur == nil then l.order[#l.order + 1] = seg end
-    l.segs[seg], l.used = (cur or 0) + delta, l.used + delta
-    return
-  end
-  write_segment(P, seg, delta)
-  redis.call('HINCRBY', P, 'used_bytes', S(delta))
-end
-
--- An object more (1) or fewer (-1) on the shard.
-local function count_objects(P, delta)
-  local l = CALL.ledger
-  if l then l.objects = l.objects + delta else redis.call('HINCRBY', P, 'objects', delta) end
-end
-
--- A sorted-set write a batch may leave to its end, when nothing in the call reads the entry
--- again (put_end's: the processing entry it drops, the tier entry of an object it completes):
--- within with_ledger one variadic ZADD (ZREM) per key for the whole call, else at once.
-local function defer_z(l, kind, key, a, b)
-  local q = l[kind][key]
-  if not q then
-    q = {}
-    l[kind][key] = q
-    l.zorder[#l.zorder + 1] = key
-  end
-  q[#q + 1] = a
-  if b then q[#q + 1] = b end
-end
-local function defer_zadd(key, score, member)
-  local l = CALL.ledger
-  if l then defer_z(l, 'zadd', key, score, member) else redis.call('ZADD', key, score, member) end
-end
-local function defer_zrem(key, member)
-  local l = CALL.ledger
-  if l then defer_z(l, 'zrem', key, member) else redis.call('ZREM', key, member) end
-end
-local function write_z(l)
-  for i = 1, #l.zorder do
-    local key = l.zorder[i]
-    if l.zrem[key] then redis.call('ZREM', key, unpack(l.zrem[key])) end
-    if l.zadd[key] then redis.call('ZADD', key, unpack(l.zadd[key])) end
-  end
 end
 
 -- A batch's carving (within with_ledger): the free extent of a segment its allocations took
@@ -136,38 +70,10 @@ local function settle_segment(P, l, seg)
   if l.grown[seg] then settle_grown(P, l, seg) end
 end
 
-local function settle_carves(P, l)
-  for i = 1, #l.carved do settle_segment(P, l, l.carved[i]) end
-  l.carved = {}
-end
-
--- Run fn(P, ...) with the shard counters' writes summed, the deferred sorted-set writes
--- queued and the free extents it carves kept, until it returns (or raises: they are written before the error goes on, so the
--- counters always match the free lists). For a loop that reads these counters only through
--- settle_ledger (mc_evict tracks its used bytes itself; put_start reads P:segs in most_free and
--- host_segments). Returns fn's first result (a function's reply).
-local function with_ledger(P, fn, ...)
-  if CALL.ledger then return (fn(P, ...)) end
-  local l = { segs = {}, order = {}, used = 0, objects = 0, zadd = {}, zrem = {}, zorder = {}, carve = {},
-    grown = {}, carved = {} } -- carved: the segments of carve and grown, in order
-  CALL.ledger = l
-  local ok, result = pcall(fn, P, ...)
-  CALL.ledger = nil
-  settle_carves(P, l)
-  write_counters(P, l.segs, l.order, l.used, l.objects)
-  write_z(l)
-  if not ok then error(result, 0) end
-  return result
-end
-
--- Write what the ledger has summed so far (nothing outside with_ledger): before a read of the
--- counters within the loop.
-local function settle_ledger(P)
-  local l = CALL.ledger
-  if not l or (#l.order == 0 and l.objects == 0) then return end
-  write_counters(P, l.segs, l.order, l.used, l.objects)
-  l.segs, l.order, l.used, l.objects = {}, {}, 0, 0 -- (the same table: with_ledger holds it)
-end
+-- When a ledger ends: every segment with a carving or a grown extent (l.pending, in order).
+Ledger.at_end(function(P, l)
+  for i = 1, #l.pending do settle_segment(P, l, l.pending[i]) end
+end)
 
 -- Is the segment's slice being unmounted gracefully (field draining_until: lua/ops/segments.lua)?
 -- Such a slice takes no new extent. Remembered with the mount ids (a drain's start changes the
@@ -215,16 +121,15 @@ local function alloc_extent(P, seg, size)
       account(P, seg, size)
       return off
     end
-    settle_carve(P, l, seg) -- the free lists as they are, for the query
   end
-  if l and l.grown[seg] then settle_grown(P, l, seg) end
+  if l then settle_segment(P, l, seg) end -- the free lists as they are, for the query
   local by_off, by_size = free_keys(P, seg)
   local hit = redis.call('ZRANGEBYSCORE', by_size, size, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if #hit == 0 then return nil end
   local off, len = tonumber_(hit[1]), tonumber_(hit[2])
   if l and len > size then
     l.carve[seg] = { orig = hit[1], off = off + size, len = len - size, least = size }
-    l.carved[#l.carved + 1] = seg
+    l.pending[#l.pending + 1] = seg
   else
     redis.call('ZREM', by_off, hit[1])
     redis.call('ZREM', by_size, hit[1])
@@ -301,14 +206,14 @@ local function free_extent(P, seg, off, size)
     -- end here, with one write instead of four (in a batch, none: settle_grown).
     if l then
       l.grown[seg] = { orig = prev, off = poff, len = stop - poff }
-      l.carved[#l.carved + 1] = seg
+      l.pending[#l.pending + 1] = seg
     else
       redis.call('ZADD', by_size, stop - poff, prev)
     end
   elseif l then
     redis.call('ZADD', by_off, off, S(off)) -- (by_size gets it from settle_grown)
     l.grown[seg] = { orig = S(off), off = off, len = stop - off }
-    l.carved[#l.carved + 1] = seg
+    l.pending[#l.pending + 1] = seg
   else
     add_free(by_off, by_size, off, stop - off)
   end
@@ -334,7 +239,10 @@ end
 -- Returns false when the segment is not mounted here.
 local function drop_segment(P, name)
   local l = CALL.ledger
-  if l then settle_segment(P, l, name) end
+  if l then -- it reads the segment's counters and drops its free lists
+    settle_segment(P, l, name)
+    Ledger.settle_counters(P)
+  end
   local skey = P .. K.segment .. name
   local cur = redis.call('HMGET', skey, 'size', 'used', 'host')
   if not cur[1] then return false end
@@ -421,8 +329,6 @@ local function release_held(P, now, limit, always)
 end
 
 return {
-  count_objects = count_objects, with_ledger = with_ledger, settle_ledger = settle_ledger,
-  defer_zadd = defer_zadd, defer_zrem = defer_zrem,
   free_keys = free_keys, add_free = add_free, alloc_extent = alloc_extent,
   free_extent = free_extent, drop_segment = drop_segment, mount_of = mount_of, slice_size = slice_size,
   host_key = host_key, MAX_HOST_SEGMENTS = MAX_HOST_SEGMENTS,

@@ -32,8 +32,8 @@
 local K, S, now_ms, valid_tenant = Base.K, Base.S, Base.now_ms, Base.valid_tenant
 local tonumber_, find_, sub_, match_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, find_, sub_, match_ = tonumber, string.find, string.sub, string.match end)
-local free_extent, hold_extent, count_objects = Alloc.free_extent, Alloc.hold_extent, Alloc.count_objects
-local defer_zadd = Alloc.defer_zadd
+local free_extent, hold_extent, count_objects = Alloc.free_extent, Alloc.hold_extent, Ledger.count_objects
+local defer_zadd = Ledger.defer_zadd
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local radix_hash, grp_key = Object.radix_hash, Object.grp_key
 local grp_members_key, load_object, member_of = Object.grp_members_key, Object.load_object, Object.member_of
@@ -308,7 +308,7 @@ end
 
 -- Write a unit's index entries as the rule says (entries it should not have are removed from
 -- `indexes`, by default every index the unit's kind can be in). `deferred`: the scored entries
--- may wait for the end of the caller's batch (Alloc.defer_zadd: nothing in the call reads them).
+-- may wait for the end of the caller's batch (Ledger.defer_zadd: nothing in the call reads them).
 local function apply_rule(P, unit, entries, now, indexes, deferred)
   for _, index in ipairs(indexes or indexes_of(unit)) do
     local score = entries[index]

@@ -20,7 +20,7 @@ local register, FREES = Base.register, Base.FREES
 local DRAINING, sweep_deadlines = Units.DRAINING, Units.sweep_deadlines
 local next_candidate, evict_unit = Evict.next_candidate, Evict.evict_unit
 local sweep_offload_evict = Offload.sweep_offload_evict
-local with_ledger = Alloc.with_ledger
+local with_ledger = Ledger.with_ledger
 
 local function evict(P, args, cfg)
   local max_units = int_arg(args[1], 1, 1024)

@@ -15,7 +15,7 @@ local per_row, keys_spec, load_object = Object.per_row, Object.keys_spec, Object
 local ever_soft_pinned, place_object = Units.ever_soft_pinned, Units.place_object
 local group_member_completed, delete_object = Units.group_member_completed, Units.delete_object
 local enqueue_offload = Offload.enqueue_offload
-local with_ledger, defer_zrem = Alloc.with_ledger, Alloc.defer_zrem
+local with_ledger, defer_zrem = Ledger.with_ledger, Ledger.defer_zrem
 local GROUP_FIELDS = Units.GROUP_FIELDS
 
 -- A radix key's node record as put_end reads it: its unit's fields, then link_pending.
@@ -105,8 +105,8 @@ local function batch_writer_op(P, args, one, cfg, spec)
   local client = call.opts.client_id
   if not valid_name(client, 256) then return fail(E.INVALID_PARAMS, 'client_id must be 1-256 bytes') end
   local function each(_, tenant, row, now) return one(P, tenant, row.key, now, client, cfg, row.checksum) end
-  if call.rows == 1 or one ~= end_one then return per_row(P, args, call, each) end
-  return with_ledger(P, per_row, args, call, each) -- put_end's batch: one ZREM, one ZADD a tier
+  if call.rows == 1 then return per_row(P, args, call, each) end
+  return with_ledger(P, per_row, args, call, each) -- a batch: one ZREM, one ZADD a tier, its frees at once
 end
 
 register('mc_put_end', { 'offload_on_put', 'offload_queue_limit', 'kv_events_maxlen' },

@@ -37,8 +37,8 @@ local valid_name, parse_call, row_of = Base.valid_name, Base.parse_call, Base.ro
 local register = Base.register
 local alloc_extent, mount_of = Alloc.alloc_extent, Alloc.mount_of
 local slice_size, host_key = Alloc.slice_size, Alloc.host_key
-local hold_until, release_held, count_objects = Alloc.hold_until, Alloc.release_held, Alloc.count_objects
-local with_ledger, settle_ledger = Alloc.with_ledger, Alloc.settle_ledger
+local hold_until, release_held, count_objects = Alloc.hold_until, Alloc.release_held, Ledger.count_objects
+local with_ledger, settle_counters = Ledger.with_ledger, Ledger.settle_counters
 local obj_key, obj_id, load_object, put_started = Object.obj_key, Object.obj_id, Object.load_object, Object.put_started
 local replicas_of, encode_reps, node_field = Object.replicas_of, Object.encode_reps, Object.node_field
 local guarantee_room, start_guarantee = Guarantee.guarantee_room, Guarantee.start_guarantee
@@ -113,7 +113,7 @@ local function pairs_of(reply, into, seen)
 end
 
 local function most_free(P, a, cfg)
-  settle_ledger(P) -- the free bytes as the call's allocations and evictions left them
+  settle_counters(P) -- the free bytes as the call's allocations and evictions left them
   local n, strategy = SEARCH_EXTRA + a.replica_num, cfg.allocation_strategy
   if strategy == 'most_free' then return redis.call('ZREVRANGE', P .. K.segments, 0, n - 1) end
   local list, free_of = {}, {}
@@ -136,7 +136,7 @@ end
 -- The writer's host's segments (prefer_same_host): {seg, free} most free first, those not
 -- mounted (a stale entry) left out. At most MAX_HOST_SEGMENTS.
 local function host_segments(P, host)
-  settle_ledger(P)
+  settle_counters(P)
   local names = redis.call('SMEMBERS', host_key(P, host))
   if #names == 0 then return nil end
   local free = redis.call('ZMSCORE', P .. K.segments, unpack(names))

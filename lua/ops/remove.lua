@@ -9,7 +9,7 @@ Base.on_first_call(function() tonumber_ = tonumber end)
 local E, fail, register, FREES = Base.E, Base.fail, Base.register, Base.FREES
 local obj_key, object_call, per_row = Object.obj_key, Object.object_call, Object.per_row
 local keys_spec, load_object, lease_of = Object.keys_spec, Object.load_object, Units.lease_of
-local delete_object, with_ledger = Units.delete_object, Alloc.with_ledger
+local delete_object, with_ledger = Units.delete_object, Ledger.with_ledger
 
 local function remove_one(P, tenant, key, force, now)
   local okey = obj_key(P, tenant, key)
