@@ -7,7 +7,7 @@ import pytest
 from helpers import WRITER, mount, raises_code
 from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
 from mooncake_redis.fsck import fsck
-from test_radix import SMALL, H, alive, radix
+from test_radix import SMALL, H, alive, on_shard, radix
 
 
 @pytest.fixture
@@ -105,3 +105,30 @@ def test_with_the_index_off_parents_are_ignored(new_master):
     keys = [f"{H('a')}_0", f"{H('b')}_0"]
     assert all(isinstance(r, list) for r in m.batch_put_start(WRITER, keys, [SMALL] * 2, parents=[None, H("a")]))
     assert sum(s.nodes for s in m.radix_stats()) == 0
+
+
+def test_an_eviction_step_ranks_the_parent_it_makes_a_candidate(rm):
+    """Within a step, a parent whose last child went is weighed against its tier's head: taken
+    next when it ranks first, else written to its tier before the other unit goes; a step that
+    ends meanwhile leaves it in its tier (fsck checks every node's tier entry)."""
+    m = rm
+    a = [on_shard(m, 0, f"a{i}-") for i in range(3)]  # one shard: the unlinks apply in the step
+    b = [on_shard(m, 0, f"b{i}-") for i in range(3)]
+    ka = put_chain(m, a)
+    m.advance_clock(1_000)
+    kb = put_chain(m, b)
+    m.advance_clock(1_000)
+    m.get_replica_list(ka[1])  # a1's lease is now the newest of all
+    m.advance_clock(m.config.default_kv_lease_ttl + 1_000)
+    # a2 (the oldest) goes, then b2 ranks before a1, whose placement is written first
+    assert m.evict_step(0, 2).units == 2
+    assert [alive(m, k) for k in ka + kb] == [True, True, False, True, True, False]
+    assert m.describe_radix_node(a[1]).why == "" and m.describe_radix_node(b[1]).why == ""
+    assert fsck(m).ok
+    # b1 ranks before a1 and is taken at once, then b0 the same way; a1 waits in its tier
+    assert m.evict_step(0, 2).units == 2
+    assert [alive(m, k) for k in ka + kb] == [True, True, False, False, False, False]
+    assert fsck(m).ok
+    assert m.evict_step(0, 1).units == 1
+    assert [alive(m, k) for k in ka] == [True, False, False]
+    assert m.describe_radix_node(a[0]).why == "" and fsck(m).ok

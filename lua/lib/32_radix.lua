@@ -29,7 +29,8 @@ Base.on_first_call(function() tonumber_, sub_, match_ = tonumber, string.sub, st
 local RADIX_MARK = Object.RADIX_MARK
 local unplace_composite, place_group, MEMO_FIELD = Units.unplace_composite, Units.place_group, Units.MEMO_FIELD
 local place_protected, GROUP_N, NODE_FIELDS = Units.place_protected, Units.GROUP_N, Units.NODE_FIELDS
-local RETIRED_FIELDS = Units.RETIRED_FIELDS
+local RETIRED_FIELDS, group_facts, unit_rule = Units.RETIRED_FIELDS, Units.group_facts, Units.unit_rule
+local apply_composite, TIER_LEVEL = Units.apply_composite, Units.TIER_LEVEL
 
 local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
 
@@ -141,6 +142,48 @@ end
 -- draining 6, the memo N), then its own. (CALL also holds the eviction's note: Evict.evict_unit.)
 local N = GROUP_N
 
+-- An eviction step's placement left pending (CALL.placed.pending, see radix_settle) is written:
+-- the step picks another unit next, places another node, or ends (a ledger's end: at_end).
+local function flush_placed(P)
+  local p = CALL.placed
+  if not (p and p.pending) then return end
+  p.pending = nil
+  p.f.at = apply_composite(P, p.gkey, p.unit, p.entries, p.now, p.f.at)
+end
+Ledger.at_end(flush_placed)
+
+-- The one tier a unit's entries name, when they name nothing else (nil otherwise).
+local function sole_tier(entries)
+  local tier = next(entries)
+  if tier == nil or next(entries, tier) ~= nil or not TIER_LEVEL[tier] then return nil end
+  return tier
+end
+
+-- Place node h's unit (`rec`, `kids`: its record and child count as read). Within an eviction
+-- step (CALL.noting) the node is noted for the next eviction, which is often of it (its last
+-- child just went: Evict.evict_unit); within mc_evict's loop (noting == 'defer') a node whose
+-- one entry is a tier's is not written at all yet: the step's next pick weighs it against the
+-- tier's head (Evict.next_candidate), so a node evicted next costs no ZADD, HSET and ZREM.
+local function place_node(P, tenant, h, nkey, now, rec, kids)
+  local unit = radix_unit(tenant, h)
+  if CALL.noting == 'defer' then
+    local f = group_facts(P, tenant, radix_group(h), rec, kids)
+    local _, entries = unit_rule(f, now)
+    local tier = sole_tier(entries)
+    flush_placed(P)
+    if tier then
+      CALL.placed = { unit = unit, f = f, pending = true, gkey = nkey, entries = entries, now = now, tier = tier,
+        score = entries[tier] }
+      return
+    end
+    f.at = apply_composite(P, nkey, unit, entries, now, f.at)
+    CALL.placed = { unit = unit, f = f }
+    return
+  end
+  local f = place_group(P, tenant, radix_group(h), now, false, rec, kids)
+  if CALL.noting then CALL.placed = { unit = unit, f = f } end
+end
+
 -- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
 -- otherwise its unit is placed as the rule says.
 radix_settle = function(P, tenant, h, now, depth)
@@ -152,11 +195,7 @@ radix_settle = function(P, tenant, h, now, depth)
     return
   end
   if (tonumber_(rec[1]) or 0) > 0 or rec[6] == '1' or kids > 0 then
-    local f = place_group(P, tenant, radix_group(h), now, false, rec, kids)
-    -- an eviction's last step when it unlinked the node's last child: noted for the next one
-    -- (Evict.evict_unit), which is often of this node
-    if CALL.noting then CALL.placed = { unit = radix_unit(tenant, h), f = f } end
-    return
+    return place_node(P, tenant, h, nkey, now, rec, kids)
   end
   redis.call('DEL', nkey)
   unplace_composite(P, radix_unit(tenant, h), rec[N] or nil)
@@ -241,4 +280,5 @@ return {
   shard_index = shard_index, parse_outbox_entry = parse_outbox_entry, radix_settle = radix_settle,
   radix_apply = radix_apply, node_retired = node_retired, radix_check = radix_check,
   radix_register = radix_register, radix_hold = radix_hold, radix_parent_of = radix_parent_of,
+  flush_placed = flush_placed,
 }

@@ -16,7 +16,7 @@ local unplace, unplace_object, unit_rule = Units.unplace, Units.unplace_object, 
 local object_facts, group_facts = Units.object_facts, Units.group_facts
 local apply_rule, apply_composite, place_group = Units.apply_rule, Units.apply_composite, Units.place_group
 local retire_group, drop_object, keep_lease = Units.retire_group, Units.drop_object, Units.keep_lease
-local leave_indexed = Units.leave_indexed
+local leave_indexed, flush_placed = Units.leave_indexed, Radix.flush_placed
 
 -- May units of this tier be evicted under `cfg`? (A tier without a flag always may.)
 -- A flag may be a list of flags, all of which must allow it.
@@ -34,20 +34,29 @@ end
 -- The next unit to evict: a group whose eviction is under way first (unless the caller knows
 -- that none is: `no_draining`), then the least recently leased unleased unit among the allowed
 -- tiers of the first level (TIER_LEVEL) that has one. Returns the unit and its index.
+-- A node placement the last eviction left pending (Radix.place_node) counts as its tier's
+-- entry, first among equal scores; it is written unless it is the unit picked.
 local function next_candidate(P, now, cfg, no_draining)
+  local p = CALL.placed
+  if not (p and p.pending) then p = nil end
   local d = not no_draining and redis.call('ZRANGE', P .. DRAINING, 0, 0)[1]
-  if d then return d, DRAINING end
+  if d then
+    flush_placed(P)
+    return d, DRAINING
+  end
   local best, best_score, best_tier
   for _, tier in ipairs(TIERS) do
     if best and TIER_LEVEL[tier] ~= TIER_LEVEL[best_tier] then break end
     if tier_allowed(tier, cfg) then
       local c = redis.call('ZRANGE', P .. tier, 0, 0, 'WITHSCORES')
-      local score = tonumber_(c[2])
-      if c[1] and score <= now and (not best or score < best_score) then
-        best, best_score, best_tier = c[1], score, tier
+      local unit, score = c[1], tonumber_(c[2])
+      if p and p.tier == tier and (not unit or p.score <= score) then unit, score = p.unit, p.score end
+      if unit and score <= now and (not best or score < best_score) then
+        best, best_score, best_tier = unit, score, tier
       end
     end
   end
+  if p and best ~= p.unit then flush_placed(P) end
   return best, best_tier
 end
 
@@ -161,9 +170,10 @@ local function evict_one(P, unit, now, budget, cfg, noted)
   return 0, 0, 1
 end
 
-local function evict_unit(P, unit, now, budget, cfg)
+-- `defer`: mc_evict's loop, which picks every unit through next_candidate (see Radix.place_node).
+local function evict_unit(P, unit, now, budget, cfg, defer)
   local noted = CALL.placed
-  CALL.placed, CALL.noting = nil, true
+  CALL.placed, CALL.noting = nil, defer and 'defer' or true
   local n, b, spent, queued, drains = evict_one(P, unit, now, budget, cfg, noted)
   CALL.noting = nil
   if CALL.placed and CALL.placed.unit == unit then CALL.placed = nil end

@@ -47,7 +47,7 @@ local function evict(P, args, cfg)
         state = at_target and 'target' or 'blocked'
         return
       end
-      local n, b, spent, q, drains = evict_unit(P, unit, now, budget, cfg)
+      local n, b, spent, q, drains = evict_unit(P, unit, now, budget, cfg, true)
       draining = draining or drains -- a group left half evicted goes first from now on
       budget = budget - spent
       if n > 0 then units, objects, bytes, used = units + 1, objects + n, bytes + b, used - b end
