@@ -60,15 +60,33 @@ local function defer_zadd(key, score, member)
   local l = CALL.ledger
   if l then defer_z(l, 'zadd', key, score, member) else redis.call('ZADD', key, score, member) end
 end
+-- (A member the call added and now removes loses its queued ZADD: the end writes every ZREM of
+-- a key before its ZADD, so a member removed and then added again stays.)
 local function defer_zrem(key, member)
   local l = CALL.ledger
-  if l then defer_z(l, 'zrem', key, member) else redis.call('ZREM', key, member) end
+  if not l then
+    redis.call('ZREM', key, member)
+    return
+  end
+  local q = l.zadd[key]
+  if q then
+    for i = #q, 2, -2 do
+      if q[i] == member then
+        local n = #q
+        for j = i - 1, n - 2 do q[j] = q[j + 2] end
+        q[n], q[n - 1] = nil, nil
+        break
+      end
+    end
+  end
+  defer_z(l, 'zrem', key, member)
 end
 local function write_z(l)
   for i = 1, #l.zorder do
     local key = l.zorder[i]
-    if l.zrem[key] then redis.call('ZREM', key, unpack(l.zrem[key])) end
-    if l.zadd[key] then redis.call('ZADD', key, unpack(l.zadd[key])) end
+    local rem, add = l.zrem[key], l.zadd[key]
+    if rem then redis.call('ZREM', key, unpack(rem)) end
+    if add and #add > 0 then redis.call('ZADD', key, unpack(add)) end
   end
 end
 

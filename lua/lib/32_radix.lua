@@ -24,6 +24,7 @@
 -- (put_end: RADIX_LINK_PENDING) while its link is still in the outbox.
 
 local K, E, S, int_arg, valid_name = Base.K, Base.E, Base.S, Base.int_arg, Base.valid_name
+local defer_zadd, defer_zrem = Ledger.defer_zadd, Ledger.defer_zrem
 local tonumber_, sub_, match_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, sub_, match_ = tonumber, string.sub, string.match end)
 local RADIX_MARK = Object.RADIX_MARK
@@ -37,6 +38,10 @@ local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the r
 local function rnode_key(P, tenant, h) return P .. K.radix_node .. tenant .. ':' .. h end
 local function rkids_key(P, tenant, h) return P .. K.radix_kids .. tenant .. ':' .. h end
 local function radix_group(h) return RADIX_MARK .. h end
+-- The shard's node index (P:rnodes): a batch's entries go in at its end (Ledger), as nothing in
+-- the call reads the index.
+local function index_node(P, tenant, h, now) defer_zadd(P .. K.radix_nodes, S(now), tenant .. ':' .. h) end
+local function unindex_node(P, tenant, h) defer_zrem(P .. K.radix_nodes, tenant .. ':' .. h) end
 local function radix_unit(tenant, h) return 'r:' .. tenant .. ':' .. h end
 local shard_index = Base.shard_number -- (memoised per shard key: a match is three new strings)
 local CALL = Base.CALL
@@ -91,7 +96,7 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth, at_once)
     local rec = redis.call('HMGET', nkey, 'created', 'draining', MEMO_FIELD)
     if not rec[1] then -- a parent not known yet starts as a shell (no entries)
       redis.call('HSET', nkey, 'created', S(now), MEMO_FIELD, '')
-      redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. ph)
+      index_node(P, tenant, ph, now)
       rec[3] = ''
     end
     -- with a child the parent is no candidate: its entries go
@@ -129,7 +134,7 @@ end
 -- Node h is gone (its record deleted, its unit unplaced): it leaves the shard's node list, and
 -- its parent forgets it (`parent`, `pshard`, `link_pending` as its record held them).
 local function node_dropped(P, tenant, h, parent, pshard, link_pending, now, depth)
-  redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
+  unindex_node(P, tenant, h)
   if not parent then return end
   pshard = tonumber_(pshard) or shard_index(P)
   if link_pending then -- its link never reached the parent: take it back
@@ -191,7 +196,7 @@ radix_settle = function(P, tenant, h, now, depth)
   local rec = redis.call('HMGET', nkey, unpack(NODE_FIELDS))
   local kids = redis.call('ZCARD', rkids_key(P, tenant, h))
   if not rec[N + 4] and not rec[1] then -- no such node
-    redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
+    unindex_node(P, tenant, h)
     return
   end
   if (tonumber_(rec[1]) or 0) > 0 or rec[6] == '1' or kids > 0 then
@@ -247,7 +252,7 @@ local function radix_register(P, tenant, h, ph, pshard, now, rec, defer)
   local link = ph and not rec[2]
   local fields
   if not rec[1] then -- a new node: no keys yet, so no entries (its memo says so)
-    redis.call('ZADD', P .. K.radix_nodes, S(now), tenant .. ':' .. h)
+    index_node(P, tenant, h, now)
     fields = { 'created', S(now), MEMO_FIELD, '' }
   end
   if link then
