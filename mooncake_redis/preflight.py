@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 DRYRUN_ARGS = {
     "DEL": "K", "EXISTS": "K", "GET": "K", "SET": "K v", "INCR": "K", "INCRBY": "K 1",
     "HDEL": "K f", "HGET": "K f", "HGETALL": "K", "HINCRBY": "K f 1", "HMGET": "K f", "HSET": "K f v",
+    "HSETNX": "K f v", "HKEYS": "K", "HSCAN": "K 0",
     "SADD": "K m", "SREM": "K m", "SCARD": "K", "SMEMBERS": "K", "SRANDMEMBER": "K 1", "SISMEMBER": "K m",
     "ZADD": "K 1 m", "ZCARD": "K", "ZCOUNT": "K 0 1", "ZINCRBY": "K 1 m", "ZRANGE": "K 0 1",
     "ZRANGEBYSCORE": "K 0 1", "ZREM": "K m", "ZREVRANGE": "K 0 1", "ZREVRANGEBYSCORE": "K 1 0",

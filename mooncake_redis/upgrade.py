@@ -7,8 +7,10 @@ marks an object that has (or had) a guarantee, hard pin, task reference, soft pi
 `status` field (only a put in progress has one); in schema 5 a radix node's key set holds its
 keys with the node's hash taken out (an older store's entries are listed again in that form); in
 schema 6 a radix key's `node` field says where the node's hash sits in the key
-(`=<n>:<length>`). `mc_upgrade_objects` rewrites older objects,
-which stay readable meanwhile, so the upgrade needs no pause of the engines."""
+(`=<n>:<length>`); in schema 7 a radix node's keys are fields of its record (each object's
+moves out of the node's set, which goes with its last). `mc_upgrade_objects` rewrites older
+objects, which stay readable meanwhile (a node's set is read beside its record until then), so
+the upgrade needs no pause of the engines."""
 from __future__ import annotations
 
 import logging

@@ -22,15 +22,16 @@ def test_writes_count_every_call_and_a_chained_put_registers_its_node(radix):
     for name, fig in got.items():
         assert fig["instructions"] > 0 and fig["redis_calls"] > 0, name
         assert any(line.strip().startswith(name + " ") for line in lines[1:]), name
-    # with the index, a put of a page names its node: the node's key set takes it (SADD), and a
-    # remove takes it out again (SREM)
+    # with the index, a put of a page names its node: the node's record takes it as a field (no
+    # set: schema 7), and a remove takes it out again (HDEL)
     commands = got["put_start"]["commands"]
-    assert (commands.get("sadd", 0) > 0) == radix, commands
+    # (a new node's record and its first key in one HSET, beside the object's)
+    assert commands.get("sadd", 0) == 0 and commands["hset"] == (2 if radix else 1), commands
     if radix:
-        assert got["remove"]["commands"].get("srem", 0) == 1, got["remove"]["commands"]
+        assert got["remove"]["commands"].get("hdel", 0) >= 1 and "srem" not in got["remove"]["commands"]
     # a batch writes the shard counters once a call, not once a key (Ledger.with_ledger, lua/lib/05_ledger.lua)
     for name in ("batch put_start", "batch remove"):
         assert got[name]["commands"].get("zincrby", 0) < got[name.split()[1]]["commands"]["zincrby"], name
     # eviction takes whole units: an object's hash each (HGETALL), a node's key set with it
     assert got["evict"]["commands"].get("hgetall", 0) >= 1, got["evict"]["commands"]
-    assert (got["evict"]["commands"].get("srandmember", 0) > 0) == radix, got["evict"]["commands"]
+    assert (got["evict"]["commands"].get("hrandfield", 0) > 0) == radix, got["evict"]["commands"]

@@ -37,8 +37,8 @@ local SCALAR_FIELDS = { reps = true, special = true, repl_kind = true, repl_clie
   guaranteed_until = true, task_refs = true, soft_pin_action = true, soft_pin_ttl = true }
 local function obj_id(tenant, key) return tenant .. ':' .. key end
 -- A radix node is the second composite unit (lua/lib/32_radix.lua). Its keys are kept by the
--- group machinery under the internal group name RADIX_MARK .. <prefix hash>, whose record and
--- member set are P:rnode:<tenant>:<hash> and P:rkeys:<tenant>:<hash>; an object registered under
+-- group machinery under the internal group name RADIX_MARK .. <prefix hash>, whose record is
+-- P:rnode:<tenant>:<hash>, its members fields of it (lua/lib/22_members.lua); an object registered under
 -- a node has the field `node` = <hash>, which load_object turns into that group name. User group
 -- ids never start with a NUL byte (put_start and retain_groups refuse them).
 local RADIX_MARK = '\0r:'
@@ -67,14 +67,13 @@ local function grp_members_key(P, tenant, group)
   if h then return P .. K.radix_keys .. tenant .. ':' .. h end
   return P .. K.group_members .. tenant .. ':' .. group
 end
--- A member set holds a group's keys as they are, and a radix node's with the node's hash taken
--- out: a key that contains the hash as '=' <n> ':' and the key without it (n: the bytes before
--- it), shortened to '=' and the rest when the key starts with the hash and the rest does not
--- start with a digit; another key that starts with '=' or '\' as '\' and the key; the others as
--- they are. Engines put a page's hash in every key ("<hash>_0_k", "<tag>_<model>_<hash>_0_k",
--- "<model>@...@<hash>"): members of a few bytes keep the set a listpack (set-max-listpack-value,
--- 64 bytes), where whole keys (66 bytes and more) make it a hashtable, about 200 B a node more.
--- Schema 5 (an older store's members are listed again in this form: lua/ops/upgrade.lua).
+-- A group's members are its keys as they are, a radix node's its keys with the node's hash
+-- taken out: a key that contains the hash as '=' <n> ':' and the key without it (n: the bytes
+-- before it), shortened to '=' and the rest when the key starts with the hash and the rest does
+-- not start with a digit; another key as '\' and the key. Engines put a page's hash in every key
+-- ("<hash>_0_k", "<tag>_<model>_<hash>_0_k", "<model>@...@<hash>"): members of a few bytes.
+-- Schema 5 took the hash out (in a set then); schema 7 marks every other key too, so that a
+-- member never reads as a field of the node's record, where it lives now (lua/lib/22_members.lua).
 local EQ, BS = 61, 92 -- '=', '\'
 local function member_of(group, key)
   local h = radix_hash(group)
@@ -88,9 +87,7 @@ local function member_of(group, key)
   elseif at then
     return '=' .. (at - 1) .. ':' .. sub_(key, 1, at - 1) .. sub_(key, at + #h)
   end
-  local b = byte_(key, 1)
-  if b == EQ or b == BS then return '\\' .. key end
-  return key
+  return '\\' .. key -- (always marked: a node's record holds its members beside its own fields, schema 7)
 end
 local function key_of(group, member)
   local h = radix_hash(group)

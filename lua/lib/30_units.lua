@@ -37,6 +37,7 @@ local defer_zadd = Ledger.defer_zadd
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
 local radix_hash, grp_key = Object.radix_hash, Object.grp_key
 local grp_members_key, load_object, member_of = Object.grp_members_key, Object.load_object, Object.member_of
+local add_member, remove_members = Members.add_member, Members.remove_members
 local replicas_of = Object.replicas_of
 local forget_guarantee = Guarantee.forget_guarantee
 local is_disk_only, drop_disk_replicas = Disk.is_disk_only, Disk.drop_disk_replicas
@@ -282,7 +283,7 @@ NODE_FIELDS[GROUP_N + 1], NODE_FIELDS[GROUP_N + 2], NODE_FIELDS[GROUP_N + 3], NO
 local function group_facts(P, tenant, group, g, children, all)
   local h = radix_hash(group)
   g = g or redis.call('HMGET', grp_key(P, tenant, group), unpack(h and NODE_FIELDS or GROUP_FIELDS))
-  local f = { empty = (tonumber_(g[1]) or 0) <= 0, processing = tonumber_(g[2]) or 0,
+  local f = { members = tonumber_(g[1]) or 0, empty = (tonumber_(g[1]) or 0) <= 0, processing = tonumber_(g[2]) or 0,
     hard_pinned = tonumber_(g[3]) or 0, lease_until = tonumber_(g[4]) or 0, task_refs = tonumber_(g[5]) or 0,
     draining = g[6] == '1', retained_until = tonumber_(g[7]) or 0, at = g[9] or nil } -- at: the memo
   if h then -- a node with a live child stays; a retained key's group ranks its node as retained
@@ -585,10 +586,8 @@ end
 -- `fresh`: the group is a radix node created in this call, its record not written yet: the
 -- field/value pairs to write with the counters (Radix.radix_register).
 local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now, fresh)
-  if redis.call('SADD', grp_members_key(P, tenant, group), member_of(group, key)) == 0 then
-    if fresh then redis.call('HSET', grp_key(P, tenant, group), unpack(fresh)) end
-    return
-  end
+  -- (a node created in this call has no members: its first goes into the record's one HSET)
+  if not fresh and add_member(P, tenant, group, member_of(group, key)) == 0 then return end
   local gkey, unit = grp_key(P, tenant, group), group_unit(tenant, group)
   if guaranteed_until then redis.call('ZADD', agg_key(P, 'guarantee', unit), S(guaranteed_until), key) end
   -- the new member is in progress: the rule protects the group. The first member finds no
@@ -597,6 +596,7 @@ local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now
     local first = fresh or { MEMO_FIELD, '' } -- (a new node's fields carry the memo)
     first[#first + 1], first[#first + 2], first[#first + 3], first[#first + 4] = 'members', '1', 'processing', '1'
     if hard_pin == '1' then first[#first + 1], first[#first + 2] = 'hard_pinned', '1' end
+    if fresh then first[#first + 1], first[#first + 2] = member_of(group, key), '' end
     redis.call('HSET', gkey, unpack(first))
     return
   end
@@ -637,16 +637,19 @@ end
 -- more than the counters, e.g. a retention declared ahead of members, stays). A radix node then
 -- goes too unless it has children (Radix.node_retired, lua/lib/32_radix.lua).
 local RETIRED_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining', MEMO_FIELD }
--- `f`: the group's facts, if read in this call and still current (a radix node's then spare a read).
-local function retire_group(P, tenant, group, now, f)
+-- `f`: the group's facts, if read in this call and still current (a radix node's then spare a read);
+-- `members`: the members just dropped and not removed yet (an eviction's last: a node's record
+-- keeps them while it has children).
+local function retire_group(P, tenant, group, now, f, members)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
-  local gone = { grp_members_key(P, tenant, group) } -- the keys that go with the members
+  -- the keys that go with the members (a node's: a member set an older layout left)
+  local gone = { grp_members_key(P, tenant, group) }
   for _, kind in ipairs(AGG_KINDS) do gone[#gone + 1] = agg_key(P, kind, unit) end
   local h = radix_hash(group)
   if h then
     gone[#gone + 1] = agg_key(P, 'groups', unit)
-    return Radix.node_retired(P, tenant, h, now or now_ms(P), gone, f)
+    return Radix.node_retired(P, tenant, h, now or now_ms(P), gone, f, members)
   end
   unplace_composite(P, unit, redis.call('HGET', gkey, MEMO_FIELD) or nil)
   redis.call('DEL', unpack(gone))
@@ -656,7 +659,7 @@ end
 local function leave_group(P, tenant, key, o, now)
   local group = o.group
   if o.ugroup and o.node then leave_indexed(P, tenant, key, o.ugroup, o.node) end
-  if redis.call('SREM', grp_members_key(P, tenant, group), member_of(group, key)) == 0 then return end
+  if remove_members(P, tenant, group, { member_of(group, key) }) == 0 then return end
   local gkey = grp_key(P, tenant, group)
   if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then -- the counters and aggregates go with it
     return retire_group(P, tenant, group, now)

@@ -4,7 +4,8 @@
 --                            link_pending (seq of a link to a parent on another shard not yet
 --                            delivered), and the composite unit's counters (members,
 --                            processing, hard_pinned, lease_until, task_refs, draining: 30_units)
---   P:rkeys:<tenant>:<hash>  set of its registered keys (their objects carry node = <hash>)
+--                            and its keys, one field each (lua/lib/22_members.lua; their objects
+--                            carry `node`, where the hash sits in the key)
 --   P:rkids:<tenant>:<hash>  zset child hash -> seq of the link that added it
 --   P:rnodes                 zset "<tenant>:<hash>" -> created, every node of the shard
 --   P:routbox                zset entry -> ms written: deferred halves of cross-shard steps
@@ -208,9 +209,9 @@ radix_settle = function(P, tenant, h, now, depth)
 end
 
 -- Node h's keys are gone (retire_group, lua/lib/30_units.lua, with `gone`: the keys that go
--- with them): its unit is unplaced; it stays, without its unit's counters, while it has
--- children, else it goes.
-local function node_retired(P, tenant, h, now, gone, f)
+-- with them, and `members`: those still in its record): its unit is unplaced; it stays, without
+-- its unit's counters and members, while it has children, else it goes.
+local function node_retired(P, tenant, h, now, gone, f, members)
   local nkey = rnode_key(P, tenant, h)
   if not (f and f.node) then -- (facts read with the node's fields, in this call, serve as they are)
     local rec = redis.call('HMGET', nkey, MEMO_FIELD, 'parent', 'parent_shard', 'link_pending')
@@ -220,7 +221,12 @@ local function node_retired(P, tenant, h, now, gone, f)
   unplace_composite(P, radix_unit(tenant, h), f.at)
   if f.children > 0 then
     redis.call('DEL', unpack(gone))
-    redis.call('HDEL', nkey, unpack(RETIRED_FIELDS))
+    local fields = RETIRED_FIELDS
+    if members and #members > 0 then
+      fields = { unpack(RETIRED_FIELDS) }
+      for i = 1, #members do fields[#fields + 1] = members[i] end
+    end
+    redis.call('HDEL', nkey, unpack(fields))
     return
   end
   gone[#gone + 1] = nkey

@@ -8,7 +8,8 @@ local tonumber_, match_, max_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, match_, max_ = tonumber, string.match, math.max end)
 local S, CALL = Base.S, Base.CALL
 local obj_key, RADIX_MARK, grp_key = Object.obj_key, Object.RADIX_MARK, Object.grp_key
-local grp_members_key, load_object, key_of = Object.grp_members_key, Object.load_object, Object.key_of
+local load_object, key_of = Object.load_object, Object.key_of
+local some_members, remove_members = Members.some_members, Members.remove_members
 local live_disk_replicas, shed_memory = Disk.live_disk_replicas, Disk.shed_memory
 local DRAINING, TIERS, TIER_LEVEL = Units.DRAINING, Units.TIERS, Units.TIER_LEVEL
 local TIER_ALLOW, object_unit, group_unit = Units.TIER_ALLOW, Units.object_unit, Units.group_unit
@@ -102,12 +103,12 @@ end
 
 -- Evict a group: decide (re-checking the rule), mark it draining when it has more members than
 -- the budget (a group dropped within one call needs no mark), then drop up to `budget` members a
--- call; the group retires with its last member. One SRANDMEMBER of budget + 1 members tells
--- both whether the group outlasts this call and which members go.
+-- call; the group retires with its last member. One read of budget + 1 members
+-- (Members.some_members) tells both whether the group outlasts this call and which members go.
 -- Returns objects and bytes freed, the budget spent (at least 1), nil (nothing queued for
 -- offload) and whether the group is left draining.
 local function evict_group(P, tenant, group, now, budget, cfg, noted)
-  local unit, gkey, mkey = group_unit(tenant, group), grp_key(P, tenant, group), grp_members_key(P, tenant, group)
+  local unit, gkey = group_unit(tenant, group), grp_key(P, tenant, group)
   local f = noted and noted.unit == unit and noted.f or group_facts(P, tenant, group)
   if not f.draining then
     local why, entries = unit_rule(f, now)
@@ -117,7 +118,7 @@ local function evict_group(P, tenant, group, now, budget, cfg, noted)
       return 0, 0, 1
     end
   end
-  local keys = redis.call('SRANDMEMBER', mkey, budget + 1)
+  local keys = some_members(P, tenant, group, budget + 1, f.members or 0)
   local last = #keys <= budget -- every member goes in this call
   if not last then
     keys[#keys] = nil
@@ -141,11 +142,11 @@ local function evict_group(P, tenant, group, now, budget, cfg, noted)
       bytes = bytes + drop_object(P, tenant, key, okey, o, nil, 'evicted')
       objects = objects + 1
     end
-    if not last then redis.call('SREM', mkey, member) end -- (the last call's retire_group drops the set)
   end
-  if last then
-    retire_group(P, tenant, group, now, f)
+  if last then -- (retire_group drops a group's set, a node's record or its members)
+    retire_group(P, tenant, group, now, f, keys)
   else
+    remove_members(P, tenant, group, keys)
     redis.call('HINCRBY', gkey, 'members', S(0 - #keys))
   end
   return objects, bytes, max_(#keys, 1), nil, not last

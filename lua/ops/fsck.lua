@@ -11,7 +11,8 @@ local int_arg, now_ms, valid_tenant = Base.int_arg, Base.now_ms, Base.valid_tena
 local valid_name, register = Base.valid_name, Base.register
 local free_keys, add_free = Alloc.free_keys, Alloc.add_free
 local obj_key, obj_id, RADIX_MARK = Object.obj_key, Object.obj_id, Object.RADIX_MARK
-local grp_key, grp_members_key = Object.grp_key, Object.grp_members_key
+local grp_key, grp_members_key, radix_hash = Object.grp_key, Object.grp_members_key, Object.radix_hash
+local add_member, remove_members, all_members = Members.add_member, Members.remove_members, Members.all_members
 local member_of, keys_of, node_of = Object.member_of, Object.keys_of, Object.node_of
 local load_object, decode_reps, needs_read_mark = Object.load_object, Object.decode_reps, Object.needs_read_mark
 local in_progress = Object.in_progress
@@ -335,13 +336,14 @@ local function fsck_group(P, args)
   if not valid_tenant(tenant) or not valid_name(group, 259) or not max then -- 259: a radix node's internal name
     return fail(E.INVALID_PARAMS, 'expected tenant, group, max_members (1-' .. FSCK_MAX_GROUP .. '), key...')
   end
-  local mkey, gkey = grp_members_key(P, tenant, group), grp_key(P, tenant, group)
-  if redis.call('SCARD', mkey) + #args - 3 > max then
+  local gkey = grp_key(P, tenant, group)
+  local listed = all_members(P, tenant, group)
+  if #listed + #args - 3 > max then
     return fail(E.INVALID_PARAMS, 'group ' .. group .. ' has more than ' .. S(max) .. ' candidate members')
   end
   local seen, cand = {}, {}
   local function add(k) if not seen[k] then seen[k] = true; cand[#cand + 1] = k end end
-  for _, k in ipairs(keys_of(group, redis.call('SMEMBERS', mkey))) do add(k) end
+  for _, k in ipairs(keys_of(group, listed)) do add(k) end
   for i = 4, #args do add(args[i]) end
   table.sort(cand)
   local members, processing, hard, refs = 0, 0, 0, 0
@@ -361,12 +363,14 @@ local function fsck_group(P, args)
       end
       if o[3] == '1' then hard = hard + 1 end
       refs = refs + (tonumber(o[5]) or 0)
-      redis.call('SADD', mkey, member_of(group, k))
+      add_member(P, tenant, group, member_of(group, k))
       unplace(P, object_unit(tenant, k))
     else
-      redis.call('SREM', mkey, member_of(group, k))
+      remove_members(P, tenant, group, { member_of(group, k) })
     end
   end
+  -- a node's member set of an older layout: its members are in the record now
+  if radix_hash(group) then redis.call('DEL', grp_members_key(P, tenant, group)) end
   if members == 0 then
     unplace(P, group_unit(tenant, group)) -- every index, whatever the memo says
     retire_group(P, tenant, group, now_ms(P))

@@ -10,7 +10,7 @@
 local K, E, fail, MAX_INT, int_arg = Base.K, Base.E, Base.fail, Base.MAX_INT, Base.int_arg
 local now_ms, valid_tenant, valid_name = Base.now_ms, Base.valid_tenant, Base.valid_name
 local row_of, register, FREES = Base.row_of, Base.register, Base.FREES
-local grp_members_key, MAX_KEYS_PER_CALL, keys_of = Object.grp_members_key, Object.MAX_KEYS_PER_CALL, Object.keys_of
+local MAX_KEYS_PER_CALL, keys_of, all_members = Object.MAX_KEYS_PER_CALL, Object.keys_of, Members.all_members
 local object_call, per_row = Object.object_call, Object.per_row
 local unit_state = Units.unit_state
 local rnode_key, rkids_key, radix_group = Radix.rnode_key, Radix.rkids_key, Radix.radix_group
@@ -46,7 +46,7 @@ register('mc_radix_nodes', {}, function(P, args)
   local reply = {}
   for r = 1, call.rows do
     local h = row_of(args, call, r).node
-    reply[r] = { keys_of(radix_group(h), redis.call('SMEMBERS', grp_members_key(P, call.tenant, radix_group(h)))),
+    reply[r] = { keys_of(radix_group(h), all_members(P, call.tenant, radix_group(h))),
       redis.call('ZRANGE', rkids_key(P, call.tenant, h), 0, -1) }
   end
   return reply
@@ -65,7 +65,7 @@ register('mc_radix_describe', {}, function(P, args)
   if not rec[2] then return E.OBJECT_NOT_FOUND end
   local why = unit_state(P, radix_unit(tenant, h), now_ms(P))
   return { rec[1] or '', redis.call('ZRANGE', rkids_key(P, tenant, h), 0, -1),
-    keys_of(radix_group(h), redis.call('SMEMBERS', grp_members_key(P, tenant, radix_group(h)))), rec[2], rec[3] or '',
+    keys_of(radix_group(h), all_members(P, tenant, radix_group(h))), rec[2], rec[3] or '',
     why }
 end, { 'no-writes' })
 
