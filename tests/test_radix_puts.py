@@ -1,5 +1,6 @@
-"""Radix puts in progress side by side (several writers, put_start and put_end apart) with
-evict-on-put, eviction steps, outbox drains, revokes, removes and reconciliation between them:
+"""Radix puts in progress side by side (several writers, put_start and put_end apart, one key a
+call or a chain in one batch) with evict-on-put, eviction steps, outbox drains, revokes, removes
+and reconciliation between them:
 after every call fsck finds the index and every node's counters true. (Evict-on-put for a key
 of node N may evict N's last child, which drops N when it has no keys of its own, or N itself:
 the put holds N and registers it again.)"""
@@ -29,6 +30,9 @@ def parent_of(n: int) -> str | None:
 
 op_st = st.one_of(
     st.tuples(st.just("start"), st.integers(0, 2), st.integers(0, N_NODES - 1), st.integers(0, 1), st.integers(1, 16)),
+    # a chain in one call: node n, its first child, that one's first child... (each key's parent
+    # the one before it, the first's its own parent), keys of j KiB
+    st.tuples(st.just("batch"), st.integers(0, 2), st.integers(0, N_NODES - 1), st.integers(0, 1), st.integers(1, 8)),
     st.tuples(st.just("end"), st.integers(0, 2), st.integers(0, 7)),
     st.tuples(st.just("revoke"), st.integers(0, 2)),
     st.tuples(st.just("get"), st.integers(0, N_NODES - 1), st.integers(0, 1)),
@@ -46,6 +50,15 @@ def apply(m, op, pending: dict[int, list[str]]) -> None:
         key = f"{node(n)}_{j}"
         m.put_start(f"w{w}", key, kib * KIB, ReplicateConfig(parent_block_hash=parent_of(n)))
         pending[w].append(key)
+    elif kind == "batch":
+        _, w, n, j, kib = op
+        chain = [n]
+        while 2 * chain[-1] + 1 < N_NODES:
+            chain.append(2 * chain[-1] + 1)
+        keys = [f"{node(c)}_{j}" for c in chain]
+        parents = [parent_of(c) for c in chain]
+        got = m.batch_put_start(f"w{w}", keys, [kib * KIB] * len(keys), parents=parents)
+        pending[w] += [k for k, r in zip(keys, got) if isinstance(r, list)]
     elif kind == "end" and pending[op[1]]:
         keys = pending[op[1]]
         m.put_end(f"w{op[1]}", keys.pop(op[2] % len(keys)))

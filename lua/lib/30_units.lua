@@ -29,7 +29,7 @@
 -- no task references, and the group takes no new members (NO_AVAILABLE_HANDLE) until the last
 -- member is dropped and the group retires.
 
-local K, S, now_ms, valid_tenant = Base.K, Base.S, Base.now_ms, Base.valid_tenant
+local K, S, now_ms, valid_tenant, CALL = Base.K, Base.S, Base.now_ms, Base.valid_tenant, Base.CALL
 local tonumber_, find_, sub_, match_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, find_, sub_, match_ = tonumber, string.find, string.sub, string.match end)
 local free_extent, hold_extent, count_objects = Alloc.free_extent, Alloc.hold_extent, Ledger.count_objects
@@ -188,11 +188,19 @@ local function unplace_composite(P, unit, at)
   end
 end
 
+-- Was node record `nkey` written by this call as a new node's, with its first key in progress,
+-- and not placed since? Then it is protected (processing), not draining and has no entries (its
+-- memo is empty): a link to it needs no read of its record (Radix.radix_apply). Every write of
+-- a memo (apply_composite, place_protected) and a node's settling or retiring ends this.
+local function fresh_node(nkey) return CALL.fresh_nodes ~= nil and CALL.fresh_nodes[nkey] == true end
+local function unfresh(nkey) if CALL.fresh_nodes then CALL.fresh_nodes[nkey] = nil end end
+
 -- Write a composite unit's entries as the rule says and keep its memo (record `gkey`, memo as
 -- read `at`, nil: any index). A memo that would say nothing more than its absence is not written,
 -- so a placement never creates a record. `fields`: more field/value pairs of the record to
 -- write in the same HSET.
 local function apply_composite(P, gkey, unit, entries, now, at, fields)
+  if CALL.fresh_nodes then CALL.fresh_nodes[gkey] = nil end -- (its memo may change: Units.fresh_node)
   local code, listed = '', at ~= nil and memo_list(at)
   for i = 1, #INDEXES do
     local index = INDEXES[i]
@@ -220,6 +228,7 @@ end
 -- has no entries unless it is draining: its entries go by its memo `at` (as read; nil: every
 -- index), its facts unread.
 local function place_protected(P, gkey, unit, at, draining, now)
+  if CALL.fresh_nodes then CALL.fresh_nodes[gkey] = nil end
   if draining then return apply_composite(P, gkey, unit, { [DRAINING] = false }, now, at) end
   if at == '' then return end
   unplace_composite(P, unit, at)
@@ -598,6 +607,10 @@ local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now
     if hard_pin == '1' then first[#first + 1], first[#first + 2] = 'hard_pinned', '1' end
     if fresh then first[#first + 1], first[#first + 2] = member_of(group, key), '' end
     redis.call('HSET', gkey, unpack(first))
+    if fresh then
+      CALL.fresh_nodes = CALL.fresh_nodes or {}
+      CALL.fresh_nodes[gkey] = true
+    end
     return
   end
   redis.call('HINCRBY', gkey, 'processing', 1)
@@ -776,7 +789,7 @@ return {
   object_unit = object_unit, object_unit_prefix = object_unit_prefix, node_unit_prefix = node_unit_prefix, group_unit = group_unit, agg_key = agg_key,
   ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
   MEMO_FIELD = MEMO_FIELD, in_memo = in_memo, unplace_composite = unplace_composite, apply_composite = apply_composite,
-  place_protected = place_protected, GROUP_FIELDS = GROUP_FIELDS, GROUP_N = GROUP_N, NODE_FIELDS = NODE_FIELDS,
+  place_protected = place_protected, fresh_node = fresh_node, unfresh = unfresh, GROUP_FIELDS = GROUP_FIELDS, GROUP_N = GROUP_N, NODE_FIELDS = NODE_FIELDS,
   RETIRED_FIELDS = RETIRED_FIELDS,
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,

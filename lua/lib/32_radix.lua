@@ -33,6 +33,7 @@ local unplace_composite, place_group, MEMO_FIELD = Units.unplace_composite, Unit
 local place_protected, GROUP_N, NODE_FIELDS = Units.place_protected, Units.GROUP_N, Units.NODE_FIELDS
 local RETIRED_FIELDS, group_facts, unit_rule = Units.RETIRED_FIELDS, Units.group_facts, Units.unit_rule
 local apply_composite, TIER_LEVEL = Units.apply_composite, Units.TIER_LEVEL
+local fresh_node, unfresh = Units.fresh_node, Units.unfresh
 
 local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
 
@@ -94,6 +95,7 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth, at_once)
     if cur and cur >= seq then return end
     if redis.call('ZADD', kids, S(seq), h) == 0 then return end -- (it was listed: only its seq moved)
     local nkey = rnode_key(P, tenant, ph)
+    if at_once and fresh_node(nkey) then return end -- (a page's parent put in this call: protected already)
     local rec = redis.call('HMGET', nkey, 'created', 'draining', MEMO_FIELD)
     if not rec[1] then -- a parent not known yet starts as a shell (no entries)
       redis.call('HSET', nkey, 'created', S(now), MEMO_FIELD, '')
@@ -194,6 +196,7 @@ end
 -- otherwise its unit is placed as the rule says.
 radix_settle = function(P, tenant, h, now, depth)
   local nkey = rnode_key(P, tenant, h)
+  unfresh(nkey)
   local rec = redis.call('HMGET', nkey, unpack(NODE_FIELDS))
   local kids = redis.call('ZCARD', rkids_key(P, tenant, h))
   if not rec[N + 4] and not rec[1] then -- no such node
@@ -213,6 +216,7 @@ end
 -- its unit's counters and members, while it has children, else it goes.
 local function node_retired(P, tenant, h, now, gone, f, members)
   local nkey = rnode_key(P, tenant, h)
+  unfresh(nkey)
   if not (f and f.node) then -- (facts read with the node's fields, in this call, serve as they are)
     local rec = redis.call('HMGET', nkey, MEMO_FIELD, 'parent', 'parent_shard', 'link_pending')
     f = { at = rec[1] or nil, parent = rec[2] or nil, parent_shard = rec[3] or nil, link_pending = rec[4] or nil,
