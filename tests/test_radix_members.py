@@ -108,6 +108,13 @@ def test_an_entry_that_names_another_object_evicts_only_the_entry(new_master):
     assert m.describe(other).size == SMALL
 
 
+def connect_as_schema(m: Master, url: str, schema: int) -> Master:
+    """Mark every shard of m's store as of `schema` and connect again (which upgrades it)."""
+    for shard in range(m.shards):
+        m.redis.hset(shard_keys(m, shard).config, SCHEMA_FIELD, schema)
+    return Master.connect(url, MasterConfig(shards=m.shards, enable_radix_tree=True, radix_key_pattern=PATTERN))
+
+
 def test_a_schema_4_store_is_relisted_by_connect(valkey):
     m = make_master("valkey", valkey, shards=2, enable_radix_tree=True, radix_key_pattern=PATTERN)
     try:
@@ -121,9 +128,7 @@ def test_a_schema_4_store_is_relisted_by_connect(valkey):
         m.redis.sadd(mkey, *keys)  # as a schema 4 store listed them
         for k in keys:  # and named their node
             m.redis.hset(shard_keys(m, m.transport.shard_of(k.encode())).object("default", k), "node", h)
-        for shard in range(m.shards):
-            m.redis.hset(shard_keys(m, shard).config, SCHEMA_FIELD, 4)
-        again = Master.connect(valkey.url, MasterConfig(shards=2, enable_radix_tree=True, radix_key_pattern=PATTERN))
+        again = connect_as_schema(m, valkey.url, 4)
         try:
             # every entry in the member form, in the node's record
             assert node_members(again, h) == {b"=_0", b"=3:=a:", b"=3:\\b:"} and not again.redis.exists(mkey)
@@ -189,9 +194,7 @@ def test_a_schema_6_store_is_moved_into_the_records_by_connect(valkey):
         for k in keys:
             put(m, k, SMALL)
         legacy(m, h, node_members(m, h))
-        for shard in range(m.shards):
-            m.redis.hset(shard_keys(m, shard).config, SCHEMA_FIELD, 6)
-        again = Master.connect(valkey.url, MasterConfig(shards=2, enable_radix_tree=True, radix_key_pattern=PATTERN))
+        again = connect_as_schema(m, valkey.url, 6)
         try:
             assert node_members(again, h) == {b"=_0", b"=3:=a:", b"=2:c:_0_k"}
             assert not again.redis.exists(node_set(again, h))

@@ -1,7 +1,7 @@
 -- The members of a composite unit. A group's keys are the set P:grpm:<tenant>:<group>; a radix
 -- node's (schema 7) are fields of its record P:rnode:<tenant>:<hash>, one a key in the member
 -- form (Object.member_of: '=' or '\' first, which no other field of the record has), with an
--- empty value: no key of its own, about 140 B a node less than a set. A node's set
+-- empty value: no key of its own, about 120 B a node less than a set. A node's set
 -- P:rkeys:<tenant>:<hash> left by an older layout is read too, until mc_upgrade_objects has
 -- moved its members into the record (lua/ops/upgrade.lua).
 
@@ -76,6 +76,6 @@ local function all_members(P, tenant, group)
 end
 
 return {
-  is_member_field = is_member_field, add_member = add_member, remove_members = remove_members,
+  add_member = add_member, remove_members = remove_members,
   some_members = some_members, all_members = all_members,
 }

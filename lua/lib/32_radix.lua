@@ -150,7 +150,7 @@ end
 -- draining 6, the memo N), then its own. (CALL also holds the eviction's note: Evict.evict_unit.)
 local N = GROUP_N
 
--- An eviction step's placement left pending (CALL.placed.pending, see radix_settle) is written:
+-- An eviction step's placement left pending (CALL.placed.pending, see place_node) is written:
 -- the step picks another unit next, places another node, or ends (a ledger's end: at_end).
 local function flush_placed(P)
   local p = CALL.placed
