@@ -112,7 +112,10 @@ def check_group(audit: Any, shard: int, tenant: bytes, group: bytes, keys: set) 
         return set(reply) if node is None else set(reply[0][0])
 
     subject = _d(tenant + b":" + group)
-    if audit.r.scard(mkey) + len(keys) > GROUP_MAX_MEMBERS:
+    # (a node's keys are fields of its record, schema 7: its length bounds them; the set an older
+    # layout left counts too)
+    listed_n = audit.r.scard(mkey) + (audit.r.hlen(gkey) if node is not None else 0)
+    if listed_n + len(keys) > GROUP_MAX_MEMBERS:
         audit.unverify(shard, f"group {subject} has more than {GROUP_MAX_MEMBERS} candidate members: not checked")
         return []
     listed = snapshot(audit, shard, read_members)[0]
