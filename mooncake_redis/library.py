@@ -34,10 +34,11 @@ LIBRARY_PROTOCOL = 3
 # The store's layout (keys and fields), written as `schema_version` into every shard's config
 # hash by Master.connect; a package refuses a store of a newer schema. Stores written before the
 # field existed have schema 1.
-SCHEMA_VERSION = 7  # 2: an object's memory replicas in one field (mooncake_redis/layout.py); 3: the read mark;
+SCHEMA_VERSION = 8  # 2: an object's memory replicas in one field (mooncake_redis/layout.py); 3: the read mark;
 # 4: a complete object has no status field; 5: a radix node's key set holds keys without its hash;
 # 6: a radix key's `node` field says where the hash sits in the key; 7: a radix node's keys are
-# fields of its record (no set)
+# fields of its record (no set); 8: a radix node may list a child in its record (kid)
+OBJECTS_SCHEMA = 7  # the newest schema whose objects mc_upgrade_objects rewrites (8 rewrites none)
 SCHEMA_FIELD = "schema_version"
 
 

@@ -17,7 +17,7 @@ from .errors import ErrorCode, MasterError
 from .events import EventsApi
 from .groups import GroupsApi
 from .keys import HELD_DUE_FIELD, ShardKeys, compile_key_pattern
-from .library import SCHEMA_VERSION, check_schema, load, stored_config
+from .library import OBJECTS_SCHEMA, check_schema, load, stored_config
 from .maintenance import EVICT_STEP_UNITS, MaintenanceApi
 from .objects import ObjectsApi
 from .offload import OffloadApi
@@ -98,7 +98,7 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
                               f"connect with the store's key_profile, or without a config")
         load(client)
         master = cls(client, config)
-        if stored and stored_schema(stored) < SCHEMA_VERSION:  # older objects first, then the new version
+        if stored and stored_schema(stored) < OBJECTS_SCHEMA:  # older objects first, then the new version
             upgrade_objects(master.transport)
         wanted = {k.encode(): v.encode() for k, v in stored_config(config).items()}
         if any(stored.get(k) != v for k, v in wanted.items()):  # new store, new settings or new fields

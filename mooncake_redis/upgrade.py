@@ -8,9 +8,11 @@ marks an object that has (or had) a guarantee, hard pin, task reference, soft pi
 keys with the node's hash taken out (an older store's entries are listed again in that form); in
 schema 6 a radix key's `node` field says where the node's hash sits in the key
 (`=<n>:<length>`); in schema 7 a radix node's keys are fields of its record (each object's
-moves out of the node's set, which goes with its last). `mc_upgrade_objects` rewrites older
-objects, which stay readable meanwhile (a node's set is read beside its record until then), so
-the upgrade needs no pause of the engines."""
+moves out of the node's set, which goes with its last); in schema 8 a radix node may list a
+child in its record (`kid`, `kid_seq`: the first child the call that created it linked), which
+needs no rewrite (a store of schema 7 skips the object pass). `mc_upgrade_objects` rewrites
+older objects, which stay readable meanwhile (a node's set is read beside its record until
+then), so the upgrade needs no pause of the engines."""
 from __future__ import annotations
 
 import logging

@@ -7,6 +7,7 @@ import pytest
 from helpers import WRITER, mount, raises_code
 from mooncake_redis import ErrorCode, MasterError, ReplicateConfig
 from mooncake_redis.fsck import fsck
+from mooncake_redis.keys import node_shard
 from test_radix import SMALL, H, alive, on_shard, radix
 
 
@@ -132,3 +133,98 @@ def test_an_eviction_step_ranks_the_parent_it_makes_a_candidate(rm):
     assert m.evict_step(0, 1).units == 1
     assert [alive(m, k) for k in ka] == [True, False, False]
     assert m.describe_radix_node(a[0]).why == "" and fsck(m).ok
+
+
+def kids_zset(m, h: str) -> bytes:
+    return m.transport.keys[node_shard(h.encode(), m.shards)].radix_kids("default", h)
+
+
+def record(m, h: str) -> bytes:
+    return m.transport.keys[node_shard(h.encode(), m.shards)].radix_node("default", h)
+
+
+def test_a_chain_put_in_one_call_lists_each_child_in_its_parents_record(rm):
+    """A parent the same call created lists its first child in its record (no zset); a child
+    added later goes into the zset beside it; readers, removes and eviction see both."""
+    m = rm
+    hs = [on_shard(m, 0, f"r{i}-") for i in range(3)]  # one shard: the links apply in the call
+    keys = put_chain(m, hs)
+    for parent, child in zip(hs, hs[1:]):
+        assert m.redis.hget(record(m, parent), "kid") == child.encode()
+        assert not m.redis.exists(kids_zset(m, parent))
+    assert m.describe_radix_node(hs[0]).children == [hs[1].encode()]
+    assert len(m.get_subtree_keys(hs[0], 4)) == 3
+    other = on_shard(m, 0, "other-")
+    put_chain(m, [other], first_parent=hs[0])  # a second child of hs[0], in a later call
+    assert sorted(m.describe_radix_node(hs[0]).children) == sorted([hs[1].encode(), other.encode()])
+    assert m.redis.zrange(kids_zset(m, hs[0]), 0, -1) == [other.encode()]
+    assert fsck(m).ok
+    m.remove(keys[2])  # the leaf: hs[1] lists no child now, and is a candidate
+    assert m.redis.hget(record(m, hs[1]), "kid") is None
+    assert m.describe_radix_node(hs[1]).why == ""
+    m.remove(keys[1])  # hs[0] keeps the other child
+    assert m.describe_radix_node(hs[0]).children == [other.encode()]
+    assert m.describe_radix_node(hs[0]).why == "has_children"
+    assert fsck(m).ok
+    m.advance_clock(20_000)
+    m.run_eviction()
+    assert not alive(m, keys[0]) and not alive(m, f"{other}_0") and fsck(m).ok
+
+
+def test_a_chain_longer_than_a_calls_cascade_evicts_leaf_first(rm):
+    """Unlinks past MAX_CASCADE (32) of one call go through the outbox, also to a parent that
+    lists its child in its record."""
+    m = rm
+    hs = [on_shard(m, 0, f"long{i}-") for i in range(40)]
+    keys = []
+    for i in range(0, len(hs), 20):  # two calls: the second's first page links to a parent of the first
+        keys += put_chain(m, hs[i:i + 20], first_parent=hs[i - 1] if i else None)
+    m.advance_clock(20_000)
+    for _ in range(len(hs)):
+        m.evict_step(0, 64)
+        m.drain_radix_outbox()
+        gone = [k for k in keys if not alive(m, k)]
+        assert gone == keys[len(keys) - len(gone):]  # always a tail of the chain
+    assert not any(alive(m, k) for k in keys) and fsck(m).ok
+
+
+def test_shells_listing_their_child_in_the_record_go_with_it(rm):
+    """Parents whose keys were removed stay as shells while the child their record lists lives;
+    when it goes, they go, a call's cascade at a time (past 32, through the outbox)."""
+    m = rm
+    hs = [on_shard(m, 0, f"shell{i}-") for i in range(40)]
+    keys = put_chain(m, hs[:20]) + put_chain(m, hs[20:], first_parent=hs[19])
+    other = on_shard(m, 0, "second-")
+    put_chain(m, [other], first_parent=hs[5])  # hs[5]'s second child, in its zset
+    for k in keys[:-1]:
+        m.remove(k)
+    m.remove(f"{other}_0")  # hs[5] settles: no keys, but the child its record lists
+    assert all(m.describe_radix_node(h).shell for h in hs[:-1])
+    assert fsck(m).ok
+    m.remove(keys[-1])
+    m.drain_radix_outbox()
+    for h in hs:
+        with raises_code(ErrorCode.OBJECT_NOT_FOUND):
+            m.describe_radix_node(h)
+    assert all(s.nodes == 0 for s in m.radix_stats()) and fsck(m).ok
+
+
+def test_a_chain_registered_in_one_call_lists_each_child_in_its_parents_record(rm):
+    m = rm
+    hs = [on_shard(m, 0, f"reg{i}-") for i in range(4)]
+    assert m.batch_register_radix_nodes([(h, hs[i - 1] if i else None) for i, h in enumerate(hs)]) == [ErrorCode.OK] * 4
+    for parent, child in zip(hs, hs[1:]):
+        assert m.redis.hget(record(m, parent), "kid") == child.encode()
+        assert not m.redis.exists(kids_zset(m, parent))
+        assert m.describe_radix_node(parent).children == [child.encode()]
+    keys = [f"{h}_0" for h in hs]
+    for k in keys:
+        m.put_start(WRITER, k, SMALL)
+        m.put_end(WRITER, k)
+    m.advance_clock(20_000)
+    gone = []
+    for _ in range(len(hs)):
+        m.evict_step(0, 1)
+        gone = [k for k in keys if not alive(m, k)]
+        assert gone == keys[len(keys) - len(gone):]
+    assert gone == keys and fsck(m).ok

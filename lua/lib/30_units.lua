@@ -188,11 +188,16 @@ local function unplace_composite(P, unit, at)
   end
 end
 
--- Was node record `nkey` written by this call as a new node's, with its first key in progress,
--- and not placed since? Then it is protected (processing), not draining and has no entries (its
--- memo is empty): a link to it needs no read of its record (Radix.radix_apply). Every write of
--- a memo (apply_composite, place_protected) and a node's settling or retiring ends this.
+-- Was node record `nkey` written by this call for a new node (its first key's put, or its
+-- registration), and neither placed nor linked to since? Then it exists, is not draining, has
+-- no entries (its memo is empty) and no child: a link to it needs no read of its record
+-- (Radix.radix_apply). Every write of a memo (apply_composite, place_protected), a node's
+-- settling or retiring, and its first link end this.
 local function fresh_node(nkey) return CALL.fresh_nodes ~= nil and CALL.fresh_nodes[nkey] == true end
+local function new_node(nkey)
+  CALL.fresh_nodes = CALL.fresh_nodes or {}
+  CALL.fresh_nodes[nkey] = true
+end
 local function unfresh(nkey) if CALL.fresh_nodes then CALL.fresh_nodes[nkey] = nil end end
 
 -- Write a composite unit's entries as the rule says and keep its memo (record `gkey`, memo as
@@ -275,18 +280,19 @@ local function object_facts(o)
 end
 
 -- The fields of a composite unit's record its facts are made of; a radix node's record is read
--- with its own after them (NODE_FIELDS: parent, parent_shard, link_pending, created at
--- GROUP_N + 1 to + 4), so that one read serves its placement and its settling.
+-- with its own after them (NODE_FIELDS: kid, the child its record lists (lua/lib/32_radix.lua),
+-- then parent, parent_shard, link_pending, created at GROUP_N + 1 to + 5), so that one read
+-- serves its placement and its settling.
 local GROUP_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining',
   'retained_until', 'grouped', MEMO_FIELD }
 local GROUP_N = #GROUP_FIELDS
 local NODE_FIELDS = {}
 for i = 1, GROUP_N do NODE_FIELDS[i] = GROUP_FIELDS[i] end
-NODE_FIELDS[GROUP_N + 1], NODE_FIELDS[GROUP_N + 2], NODE_FIELDS[GROUP_N + 3], NODE_FIELDS[GROUP_N + 4] =
-  'parent', 'parent_shard', 'link_pending', 'created'
+NODE_FIELDS[GROUP_N + 1], NODE_FIELDS[GROUP_N + 2], NODE_FIELDS[GROUP_N + 3], NODE_FIELDS[GROUP_N + 4],
+  NODE_FIELDS[GROUP_N + 5] = 'kid', 'parent', 'parent_shard', 'link_pending', 'created'
 
--- `g`, `children`: the record's GROUP_FIELDS (a radix node's NODE_FIELDS) and a node's child
--- count as just read (nil: read them). The members' deadlines (the aggregates) count only for
+-- `g`, `children`: the record's GROUP_FIELDS (a radix node's NODE_FIELDS, or at least its
+-- GROUP_FIELDS and kid) and a node's child count as just read (nil: read them). The members' deadlines (the aggregates) count only for
 -- a unit nothing else protects (unit_rule), so they are read only then, unless `all` (the
 -- audit's view). A node's facts carry its own fields too (f.node: read with them).
 local function group_facts(P, tenant, group, g, children, all)
@@ -296,11 +302,14 @@ local function group_facts(P, tenant, group, g, children, all)
     hard_pinned = tonumber_(g[3]) or 0, lease_until = tonumber_(g[4]) or 0, task_refs = tonumber_(g[5]) or 0,
     draining = g[6] == '1', retained_until = tonumber_(g[7]) or 0, at = g[9] or nil } -- at: the memo
   if h then -- a node with a live child stays; a retained key's group ranks its node as retained
-    if #g >= GROUP_N + 4 then
-      f.node, f.parent, f.parent_shard, f.link_pending = true, g[GROUP_N + 1] or nil, g[GROUP_N + 2] or nil,
-        g[GROUP_N + 3] or nil
+    if #g >= GROUP_N + 5 then
+      f.node, f.parent, f.parent_shard, f.link_pending = true, g[GROUP_N + 2] or nil, g[GROUP_N + 3] or nil,
+        g[GROUP_N + 4] or nil
     end
-    f.children = children or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
+    local kid = g[GROUP_N + 1]
+    if #g <= GROUP_N then kid = redis.call('HGET', grp_key(P, tenant, group), 'kid') end
+    -- a child its record lists is a live child; else its children's zset says
+    f.children = children or (kid and 1) or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
     f.retained_until = g[8] and node_retention(P, tenant, h) or 0 -- (never grouped: no groups to read)
   end
   f.soft_pin, f.guarantee = 0, 0
@@ -607,10 +616,7 @@ local function join_group(P, tenant, key, group, hard_pin, guaranteed_until, now
     if hard_pin == '1' then first[#first + 1], first[#first + 2] = 'hard_pinned', '1' end
     if fresh then first[#first + 1], first[#first + 2] = member_of(group, key), '' end
     redis.call('HSET', gkey, unpack(first))
-    if fresh then
-      CALL.fresh_nodes = CALL.fresh_nodes or {}
-      CALL.fresh_nodes[gkey] = true
-    end
+    if fresh then new_node(gkey) end
     return
   end
   redis.call('HINCRBY', gkey, 'processing', 1)
@@ -789,7 +795,7 @@ return {
   object_unit = object_unit, object_unit_prefix = object_unit_prefix, node_unit_prefix = node_unit_prefix, group_unit = group_unit, agg_key = agg_key,
   ever_soft_pinned = ever_soft_pinned, unplace = unplace, unplace_object = unplace_object,
   MEMO_FIELD = MEMO_FIELD, in_memo = in_memo, unplace_composite = unplace_composite, apply_composite = apply_composite,
-  place_protected = place_protected, fresh_node = fresh_node, unfresh = unfresh, GROUP_FIELDS = GROUP_FIELDS, GROUP_N = GROUP_N, NODE_FIELDS = NODE_FIELDS,
+  place_protected = place_protected, fresh_node = fresh_node, new_node = new_node, unfresh = unfresh, GROUP_FIELDS = GROUP_FIELDS, GROUP_N = GROUP_N, NODE_FIELDS = NODE_FIELDS,
   RETIRED_FIELDS = RETIRED_FIELDS,
   unit_rule = unit_rule, object_facts = object_facts, group_facts = group_facts,
   apply_rule = apply_rule, place_object = place_object, place_group = place_group,

@@ -6,7 +6,9 @@
 --                            processing, hard_pinned, lease_until, task_refs, draining: 30_units)
 --                            and its keys, one field each (lua/lib/22_members.lua; their objects
 --                            carry `node`, where the hash sits in the key)
---   P:rkids:<tenant>:<hash>  zset child hash -> seq of the link that added it
+--                            and kid / kid_seq: its first child and the seq of that link, when
+--                            the call that created the node linked it (a chain put in one batch)
+--   P:rkids:<tenant>:<hash>  zset child hash -> seq of the link that added it: its other children
 --   P:rnodes                 zset "<tenant>:<hash>" -> created, every node of the shard
 --   P:routbox                zset entry -> ms written: deferred halves of cross-shard steps
 -- The node's keys are one eviction unit, "r:<tenant>:<hash>" (evicted all together, ranked by
@@ -33,7 +35,12 @@ local unplace_composite, place_group, MEMO_FIELD = Units.unplace_composite, Unit
 local place_protected, GROUP_N, NODE_FIELDS = Units.place_protected, Units.GROUP_N, Units.NODE_FIELDS
 local RETIRED_FIELDS, group_facts, unit_rule = Units.RETIRED_FIELDS, Units.group_facts, Units.unit_rule
 local apply_composite, TIER_LEVEL = Units.apply_composite, Units.TIER_LEVEL
-local fresh_node, unfresh = Units.fresh_node, Units.unfresh
+local fresh_node, new_node, unfresh = Units.fresh_node, Units.new_node, Units.unfresh
+
+-- A node's record as radix_settle reads it (NODE_FIELDS): its unit's fields (members 1,
+-- draining 6, the memo N), then its own (kid N + 1, parent N + 2, parent_shard, link_pending,
+-- created N + 5). (CALL also holds the eviction's note: Evict.evict_unit.)
+local N = GROUP_N
 
 local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the rest go to the outbox
 
@@ -81,22 +88,38 @@ local radix_settle -- (defined below; radix_apply and it call each other)
 
 -- The parent's half of a link or unlink, on the parent's shard. An unlink with no seq is the
 -- child's own shard's, in the call that drops the child: whatever link the parent holds goes.
--- `at_once`: a link the child's shard makes in the same call (see below).
+-- `at_once`: a link the child's shard makes in the same call (see below). A parent this call
+-- created (a chain of pages put in one batch) lists its first child in its record (kid,
+-- kid_seq): no zset of its own; any other child goes into P:rkids.
 local function radix_apply(P, op, seq, tenant, ph, h, now, depth, at_once)
-  local kids = rkids_key(P, tenant, ph)
+  local kids, nkey = rkids_key(P, tenant, ph), rnode_key(P, tenant, ph)
   if not seq then
-    if redis.call('ZREM', kids, h) == 1 then radix_settle(P, tenant, ph, now, depth) end
+    local rec = redis.call('HMGET', nkey, unpack(NODE_FIELDS)) -- (read once: radix_settle takes it)
+    if rec[N + 1] == h then
+      redis.call('HDEL', nkey, 'kid', 'kid_seq')
+      rec[N + 1] = false
+      radix_settle(P, tenant, ph, now, depth, rec)
+    elseif redis.call('ZREM', kids, h) == 1 then
+      radix_settle(P, tenant, ph, now, depth, rec)
+    end
     return
   end
-  -- (a link made at once carries the newest seq of the child's shard, so no later step about
-  -- the child can be listed: it needs no look first)
-  local cur = not at_once and tonumber_(redis.call('ZSCORE', kids, h))
   if op == 'link' then
+    if at_once and fresh_node(nkey) then -- a node this call created, childless: no read
+      redis.call('HSET', nkey, 'kid', h, 'kid_seq', S(seq))
+      unfresh(nkey) -- (a second child reads the record)
+      return
+    end
+    local rec = redis.call('HMGET', nkey, 'created', 'draining', MEMO_FIELD, 'kid', 'kid_seq')
+    if rec[4] == h then -- listed in the record: only its seq may move
+      if tonumber_(rec[5]) < seq then redis.call('HSET', nkey, 'kid_seq', S(seq)) end
+      return
+    end
+    -- (a link made at once carries the newest seq of the child's shard, so no later step about
+    -- the child can be listed: it needs no look first)
+    local cur = not at_once and tonumber_(redis.call('ZSCORE', kids, h))
     if cur and cur >= seq then return end
     if redis.call('ZADD', kids, S(seq), h) == 0 then return end -- (it was listed: only its seq moved)
-    local nkey = rnode_key(P, tenant, ph)
-    if at_once and fresh_node(nkey) then return end -- (a page's parent put in this call: protected already)
-    local rec = redis.call('HMGET', nkey, 'created', 'draining', MEMO_FIELD)
     if not rec[1] then -- a parent not known yet starts as a shell (no entries)
       redis.call('HSET', nkey, 'created', S(now), MEMO_FIELD, '')
       index_node(P, tenant, ph, now)
@@ -104,10 +127,32 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth, at_once)
     end
     -- with a child the parent is no candidate: its entries go
     place_protected(P, nkey, radix_unit(tenant, ph), rec[3] or nil, rec[2] == '1', now)
-  elseif cur and cur <= seq then
+    return
+  end
+  local rec = redis.call('HMGET', nkey, 'kid', 'kid_seq')
+  if rec[1] == h then
+    if tonumber_(rec[2]) <= seq then
+      redis.call('HDEL', nkey, 'kid', 'kid_seq')
+      radix_settle(P, tenant, ph, now, depth)
+    end
+    return
+  end
+  local cur = tonumber_(redis.call('ZSCORE', kids, h))
+  if cur and cur <= seq then
     redis.call('ZREM', kids, h)
     radix_settle(P, tenant, ph, now, depth)
   end
+end
+
+-- The children of node h: the one its record lists, then its zset's.
+local function children_of(P, tenant, h)
+  local out = redis.call('ZRANGE', rkids_key(P, tenant, h), 0, -1)
+  local kid = redis.call('HGET', rnode_key(P, tenant, h), 'kid')
+  if kid then
+    for i = #out, 1, -1 do out[i + 1] = out[i] end
+    out[1] = kid
+  end
+  return out
 end
 
 -- Tell the parent (here or on its shard) that child h is gone.
@@ -146,9 +191,6 @@ local function node_dropped(P, tenant, h, parent, pshard, link_pending, now, dep
   radix_unlink_up(P, tenant, h, parent, pshard, now, depth)
 end
 
--- A node's record as radix_settle reads it (NODE_FIELDS): its unit's fields (members 1,
--- draining 6, the memo N), then its own. (CALL also holds the eviction's note: Evict.evict_unit.)
-local N = GROUP_N
 
 -- An eviction step's placement left pending (CALL.placed.pending, see place_node) is written:
 -- the step picks another unit next, places another node, or ends (a ledger's end: at_end).
@@ -194,12 +236,13 @@ end
 
 -- Node h's keys or children changed: a node with neither goes (and its parent forgets it);
 -- otherwise its unit is placed as the rule says.
-radix_settle = function(P, tenant, h, now, depth)
+-- (`rec`: its NODE_FIELDS as read in this call, if still current.)
+radix_settle = function(P, tenant, h, now, depth, rec)
   local nkey = rnode_key(P, tenant, h)
   unfresh(nkey)
-  local rec = redis.call('HMGET', nkey, unpack(NODE_FIELDS))
-  local kids = redis.call('ZCARD', rkids_key(P, tenant, h))
-  if not rec[N + 4] and not rec[1] then -- no such node
+  rec = rec or redis.call('HMGET', nkey, unpack(NODE_FIELDS))
+  local kids = rec[N + 1] and 1 or redis.call('ZCARD', rkids_key(P, tenant, h))
+  if not rec[N + 5] and not rec[1] then -- no such node
     unindex_node(P, tenant, h)
     return
   end
@@ -208,7 +251,7 @@ radix_settle = function(P, tenant, h, now, depth)
   end
   redis.call('DEL', nkey)
   unplace_composite(P, radix_unit(tenant, h), rec[N] or nil)
-  node_dropped(P, tenant, h, rec[N + 1], rec[N + 2], rec[N + 3], now, depth or 0)
+  node_dropped(P, tenant, h, rec[N + 2], rec[N + 3], rec[N + 4], now, depth or 0)
 end
 
 -- Node h's keys are gone (retire_group, lua/lib/30_units.lua, with `gone`: the keys that go
@@ -218,9 +261,9 @@ local function node_retired(P, tenant, h, now, gone, f, members)
   local nkey = rnode_key(P, tenant, h)
   unfresh(nkey)
   if not (f and f.node) then -- (facts read with the node's fields, in this call, serve as they are)
-    local rec = redis.call('HMGET', nkey, MEMO_FIELD, 'parent', 'parent_shard', 'link_pending')
+    local rec = redis.call('HMGET', nkey, MEMO_FIELD, 'parent', 'parent_shard', 'link_pending', 'kid')
     f = { at = rec[1] or nil, parent = rec[2] or nil, parent_shard = rec[3] or nil, link_pending = rec[4] or nil,
-      children = redis.call('ZCARD', rkids_key(P, tenant, h)) }
+      children = rec[5] and 1 or redis.call('ZCARD', rkids_key(P, tenant, h)) }
   end
   unplace_composite(P, radix_unit(tenant, h), f.at)
   if f.children > 0 then
@@ -274,6 +317,7 @@ local function radix_register(P, tenant, h, ph, pshard, now, rec, defer)
   end
   if defer and not rec[1] then return fields end
   if fields then redis.call('HSET', nkey, unpack(fields)) end
+  if not rec[1] then new_node(nkey) end
   return not rec[1]
 end
 
@@ -295,5 +339,5 @@ return {
   shard_index = shard_index, parse_outbox_entry = parse_outbox_entry, radix_settle = radix_settle,
   radix_apply = radix_apply, node_retired = node_retired, radix_check = radix_check,
   radix_register = radix_register, radix_hold = radix_hold, radix_parent_of = radix_parent_of,
-  flush_placed = flush_placed,
+  flush_placed = flush_placed, children_of = children_of,
 }

@@ -18,10 +18,11 @@ local enqueue_offload = Offload.enqueue_offload
 local with_ledger, defer_zrem = Ledger.with_ledger, Ledger.defer_zrem
 local GROUP_FIELDS = Units.GROUP_FIELDS
 
--- A radix key's node record as put_end reads it: its unit's fields, then link_pending.
+-- A radix key's node record as put_end reads it: its unit's fields, its listed child (kid, as
+-- Units.group_facts reads it), then link_pending.
 local NODE_END_FIELDS = {}
 for i = 1, #GROUP_FIELDS do NODE_END_FIELDS[i] = GROUP_FIELDS[i] end
-NODE_END_FIELDS[#GROUP_FIELDS + 1] = 'link_pending'
+NODE_END_FIELDS[#GROUP_FIELDS + 1], NODE_END_FIELDS[#GROUP_FIELDS + 2] = 'kid', 'link_pending'
 
 local function check_writer(o, client)
   if not o then return E.OBJECT_NOT_FOUND end

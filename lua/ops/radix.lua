@@ -17,7 +17,7 @@ local rnode_key, rkids_key, radix_group = Radix.rnode_key, Radix.rkids_key, Radi
 local radix_unit, shard_index = Radix.radix_unit, Radix.shard_index
 local parse_outbox_entry, radix_settle = Radix.parse_outbox_entry, Radix.radix_settle
 local radix_apply, radix_check = Radix.radix_apply, Radix.radix_check
-local radix_register, radix_parent_of = Radix.radix_register, Radix.radix_parent_of
+local radix_register, radix_parent_of, children_of = Radix.radix_register, Radix.radix_parent_of, Radix.children_of
 
 local REGISTER_SPEC = { opts = { tenant = 'optional' },
   fields = { node = 'required', parent = 'optional', parent_shard = 'optional' }, max_rows = MAX_KEYS_PER_CALL }
@@ -46,8 +46,7 @@ register('mc_radix_nodes', {}, function(P, args)
   local reply = {}
   for r = 1, call.rows do
     local h = row_of(args, call, r).node
-    reply[r] = { keys_of(radix_group(h), all_members(P, call.tenant, radix_group(h))),
-      redis.call('ZRANGE', rkids_key(P, call.tenant, h), 0, -1) }
+    reply[r] = { keys_of(radix_group(h), all_members(P, call.tenant, radix_group(h))), children_of(P, call.tenant, h) }
   end
   return reply
 end, { 'no-writes' })
@@ -64,7 +63,7 @@ register('mc_radix_describe', {}, function(P, args)
   local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'parent', 'created', 'link_pending')
   if not rec[2] then return E.OBJECT_NOT_FOUND end
   local why = unit_state(P, radix_unit(tenant, h), now_ms(P))
-  return { rec[1] or '', redis.call('ZRANGE', rkids_key(P, tenant, h), 0, -1),
+  return { rec[1] or '', children_of(P, tenant, h),
     keys_of(radix_group(h), all_members(P, tenant, radix_group(h))), rec[2], rec[3] or '',
     why }
 end, { 'no-writes' })
@@ -148,12 +147,13 @@ register('mc_radix_reconcile', {}, function(P, args, cfg)
     seen = seen + 1
     local tenant, h = string.match(id, '^([^:]+):(.+)$')
     local nkey = tenant and rnode_key(P, tenant, h)
-    local rec = nkey and redis.call('HMGET', nkey, 'created', 'members', 'draining')
+    local rec = nkey and redis.call('HMGET', nkey, 'created', 'members', 'draining', 'kid')
     if not rec or not rec[1] then
       redis.call('ZREM', P .. K.radix_nodes, id)
       dropped = dropped + 1
     else
       local kids = cfg.shards > 1 and redis.call('ZRANGE', rkids_key(P, tenant, h), 0, RECONCILE_KIDS - 1) or {}
+      if rec[4] and cfg.shards > 1 then kids[#kids + 1] = rec[4] end -- (the child its record lists)
       for _, kid in ipairs(kids) do
         checks = checks + 1
         if redis.call('HGET', rnode_key(P, tenant, kid), 'parent') ~= h then -- not a live child here
@@ -162,7 +162,7 @@ register('mc_radix_reconcile', {}, function(P, args, cfg)
           remote[#remote + 1] = kid
         end
       end
-      if not rec[2] and rec[3] ~= '1' and tonumber(rec[1]) + grace <= now
+      if not rec[2] and rec[3] ~= '1' and not rec[4] and tonumber(rec[1]) + grace <= now
         and redis.call('ZCARD', rkids_key(P, tenant, h)) == 0 then
         radix_settle(P, tenant, h, now, 0)
         dropped = dropped + 1
@@ -184,8 +184,9 @@ register('mc_radix_stats', {}, function(P, args)
   for _, id in ipairs(ids) do
     local tenant, h = string.match(id, '^([^:]+):(.+)$')
     if tenant then
-      if (tonumber(redis.call('HGET', rnode_key(P, tenant, h), 'members')) or 0) == 0 then shells = shells + 1 end
-      if redis.call('EXISTS', rkids_key(P, tenant, h)) == 0 then leaves = leaves + 1 end
+      local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'members', 'kid')
+      if (tonumber(rec[1]) or 0) == 0 then shells = shells + 1 end
+      if not rec[2] and redis.call('EXISTS', rkids_key(P, tenant, h)) == 0 then leaves = leaves + 1 end
     end
   end
   return { #ids < max and 0 or cursor + #ids, #ids, shells, leaves, redis.call('ZCARD', P .. K.radix_outbox) }

@@ -177,11 +177,15 @@ def radix_findings(audit: Any, shard: int) -> list[Finding]:
         rec, kids = pipe.execute()
         if not rec:
             continue
+        if b"kid" in rec:  # the child its record lists (lua/lib/32_radix.lua)
+            kids = [rec[b"kid"], *kids]
         subject = (tenant + b":" + h).decode(errors="replace")
         parent = rec.get(b"parent")
         if parent is not None and b"link_pending" not in rec:
             pk = audit.keys(node_shard(parent, shards))
-            if r.zscore(pk.radix_kids(tenant, parent), h) is None:
+            listed = (r.hget(pk.radix_node(tenant, parent), "kid") == h
+                      or r.zscore(pk.radix_kids(tenant, parent), h) is not None)
+            if not listed:
                 out.append(audit.finding("radix_child_unlisted", shard, subject,
                                          f"listed by parent {parent.decode(errors='replace')}",
                                          "not listed", RadixLink(shard, tenant, h, parent)))
