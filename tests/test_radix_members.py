@@ -115,14 +115,20 @@ def connect_as_schema(m: Master, url: str, schema: int) -> Master:
     return Master.connect(url, MasterConfig(shards=m.shards, enable_radix_tree=True, radix_key_pattern=PATTERN))
 
 
-def test_a_schema_4_store_is_relisted_by_connect(valkey):
+def store_of(valkey, keys: list[str]) -> Master:
+    """A store of two shards on Valkey holding `keys`, complete."""
     m = make_master("valkey", valkey, shards=2, enable_radix_tree=True, radix_key_pattern=PATTERN)
+    mount(m, "seg", 64 * 1024)
+    for k in keys:
+        put(m, k, SMALL)
+    return m
+
+
+def test_a_schema_4_store_is_relisted_by_connect(valkey):
+    h = H("a")
+    keys = [f"{h}_0", f"=a:{h}", f"\\b:{h}"]
+    m = store_of(valkey, keys)
     try:
-        mount(m, "seg", 64 * 1024)
-        h = H("a")
-        keys = [f"{h}_0", f"=a:{h}", f"\\b:{h}"]
-        for k in keys:
-            put(m, k, SMALL)
         mkey = node_set(m, h)
         m.redis.delete(mkey)
         m.redis.sadd(mkey, *keys)  # as a schema 4 store listed them
@@ -186,13 +192,10 @@ def test_a_nodes_set_of_an_older_layout_is_read_beside_its_record(new_master):
 
 
 def test_a_schema_6_store_is_moved_into_the_records_by_connect(valkey):
-    m = make_master("valkey", valkey, shards=2, enable_radix_tree=True, radix_key_pattern=PATTERN)
+    h = H("a")
+    keys = [f"{h}_0", f"=a:{h}", f"c:{h}_0_k"]
+    m = store_of(valkey, keys)
     try:
-        mount(m, "seg", 64 * 1024)
-        h = H("a")
-        keys = [f"{h}_0", f"=a:{h}", f"c:{h}_0_k"]
-        for k in keys:
-            put(m, k, SMALL)
         legacy(m, h, node_members(m, h))
         again = connect_as_schema(m, valkey.url, 6)
         try:

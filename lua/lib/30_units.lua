@@ -292,9 +292,10 @@ NODE_FIELDS[GROUP_N + 1], NODE_FIELDS[GROUP_N + 2], NODE_FIELDS[GROUP_N + 3], NO
   NODE_FIELDS[GROUP_N + 5] = 'kid', 'parent', 'parent_shard', 'link_pending', 'created'
 
 -- `g`, `children`: the record's GROUP_FIELDS (a radix node's NODE_FIELDS, or at least its
--- GROUP_FIELDS and kid) and a node's child count as just read (nil: read them). The members' deadlines (the aggregates) count only for
--- a unit nothing else protects (unit_rule), so they are read only then, unless `all` (the
--- audit's view). A node's facts carry its own fields too (f.node: read with them).
+-- GROUP_FIELDS and kid) and a node's child count as just read (nil: read them). The members'
+-- deadlines (the aggregates) count only for a unit nothing else protects (unit_rule), so they
+-- are read only then, unless `all` (the audit's view). A node's facts carry its own fields too
+-- (f.node: read with them).
 local function group_facts(P, tenant, group, g, children, all)
   local h = radix_hash(group)
   g = g or redis.call('HMGET', grp_key(P, tenant, group), unpack(h and NODE_FIELDS or GROUP_FIELDS))

@@ -112,7 +112,7 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth, at_once)
     end
     local rec = redis.call('HMGET', nkey, 'created', 'draining', MEMO_FIELD, 'kid', 'kid_seq')
     if rec[4] == h then -- listed in the record: only its seq may move
-      if tonumber_(rec[5]) < seq then redis.call('HSET', nkey, 'kid_seq', S(seq)) end
+      if (tonumber_(rec[5]) or 0) < seq then redis.call('HSET', nkey, 'kid_seq', S(seq)) end
       return
     end
     -- (a link made at once carries the newest seq of the child's shard, so no later step about
@@ -131,7 +131,7 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth, at_once)
   end
   local rec = redis.call('HMGET', nkey, 'kid', 'kid_seq')
   if rec[1] == h then
-    if tonumber_(rec[2]) <= seq then
+    if (tonumber_(rec[2]) or 0) <= seq then
       redis.call('HDEL', nkey, 'kid', 'kid_seq')
       radix_settle(P, tenant, ph, now, depth)
     end
@@ -190,7 +190,6 @@ local function node_dropped(P, tenant, h, parent, pshard, link_pending, now, dep
   end
   radix_unlink_up(P, tenant, h, parent, pshard, now, depth)
 end
-
 
 -- An eviction step's placement left pending (CALL.placed.pending, see place_node) is written:
 -- the step picks another unit next, places another node, or ends (a ledger's end: at_end).
