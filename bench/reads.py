@@ -12,7 +12,7 @@ reads with the radix index off or on, and memory per complete object.
 * memory (`--memory`, with `--radix` the index on, keys as above): a private valkey-server (no
   valgrind), N complete objects of one replica put in batches of 500, used_memory after minus
   before, divided by N, and `MEMORY USAGE` per object of each family of keys (`obj`, `rnode`,
-  `rkeys`, ..., and a shard's one-key structures by name: its tiers, `rnodes`).
+  `rkids`, ..., and a shard's one-key structures by name: its tiers, `routbox`).
 
     python -m mooncake_redis.bench.reads [--n 400] [--radix [--keys-per-node 1]]
         [--memory [--objects 50000] [--key-format F]]

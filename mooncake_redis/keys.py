@@ -71,7 +71,7 @@ K: dict[str, str] = {
     "guaranteed": ":guaranteed", "guaranteed_tenants": ":gtenants", "guarantee_prefix": ":gpfx:",
     "metrics": ":metrics",  # Python only: the workers' counters (not master state)
     # the radix index (lua/lib/32_radix.lua)
-    "radix_node": ":rnode:", "radix_keys": ":rkeys:", "radix_kids": ":rkids:", "radix_nodes": ":rnodes",
+    "radix_node": ":rnode:", "radix_keys": ":rkeys:", "radix_kids": ":rkids:",
     "radix_outbox": ":routbox",
     # group retention: its tiers, its deadline index, its per-tenant counts
     "tier_retained": ":evict:retained", "tier_soft_retained": ":evict:soft_retained",
@@ -138,8 +138,7 @@ class ShardKeys:
         self.retained_tenants = P + _KB["retained_tenants"]
         self.tiers = tuple(getattr(self, attr) for _, attr in TIERS)  # eviction candidates, in eviction order
         self.unit_indexes += (self.tier_retained, self.tier_soft_retained)
-        # the radix index: every node of the shard, the outbox of cross-shard steps
-        self.radix_nodes = P + _KB["radix_nodes"]
+        # the radix index: the outbox of cross-shard steps
         self.radix_outbox = P + _KB["radix_outbox"]
         # SSD offload
         self.disks = P + _KB["disks"]

@@ -29,16 +29,18 @@ LIBRARY_NAME = "mooncake"
 # change a process of the previous build cannot use. A process never replaces a library of a
 # newer protocol (a rolling upgrade must not downgrade it); protocol 1 replied to mc_version
 # with the bare version, later ones with {version, protocol}; protocol 3 added `revoked` to
-# mc_discard_puts' reply and `queued` to mc_evict's.
-LIBRARY_PROTOCOL = 3
+# mc_discard_puts' reply and `queued` to mc_evict's; protocol 4 gave mc_radix_reconcile and
+# mc_radix_stats node ids (the caller's SCAN) in place of a cursor into the node index.
+LIBRARY_PROTOCOL = 4
 # The store's layout (keys and fields), written as `schema_version` into every shard's config
 # hash by Master.connect; a package refuses a store of a newer schema. Stores written before the
 # field existed have schema 1.
-SCHEMA_VERSION = 8  # 2: an object's memory replicas in one field (mooncake_redis/layout.py); 3: the read mark;
+SCHEMA_VERSION = 9  # 2: an object's memory replicas in one field (mooncake_redis/layout.py); 3: the read mark;
 # 4: a complete object has no status field; 5: a radix node's key set holds keys without its hash;
 # 6: a radix key's `node` field says where the hash sits in the key; 7: a radix node's keys are
-# fields of its record (no set); 8: a radix node may list a child in its record (kid)
-OBJECTS_SCHEMA = 7  # the newest schema whose objects mc_upgrade_objects rewrites (8 rewrites none)
+# fields of its record (no set); 8: a radix node may list a child in its record (kid); 9: no
+# index of a shard's radix nodes (P:rnodes): walks SCAN their records
+OBJECTS_SCHEMA = 7  # the newest schema whose objects mc_upgrade_objects rewrites (8, 9 rewrite none)
 SCHEMA_FIELD = "schema_version"
 
 

@@ -28,7 +28,7 @@ from .replication import ReplicationApi
 from .segments import SegmentsApi
 from .task_queue import TaskQueueApi
 from .transport import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, Shards, client_from_url, run
-from .upgrade import stored_schema, upgrade_objects
+from .upgrade import NODE_INDEX_GONE, drop_node_index, stored_schema, upgrade_objects
 from .upsert import UpsertApi
 
 __all__ = ["Master", "EVICT_STEP_UNITS"]  # EVICT_STEP_UNITS: the default of evict_step and the worker
@@ -100,6 +100,8 @@ class Master(ObjectsApi, SegmentsApi, MaintenanceApi, ClockApi, GroupsApi, Offlo
         master = cls(client, config)
         if stored and stored_schema(stored) < OBJECTS_SCHEMA:  # older objects first, then the new version
             upgrade_objects(master.transport)
+        if stored and stored_schema(stored) < NODE_INDEX_GONE:
+            drop_node_index(master.transport)
         wanted = {k.encode(): v.encode() for k, v in stored_config(config).items()}
         if any(stored.get(k) != v for k, v in wanted.items()):  # new store, new settings or new fields
             master._write_config(new_store=not stored)

@@ -22,6 +22,8 @@ from .keys import node_shard, prefix_of
 MAX_HASH = 256           # bytes of a prefix hash
 OUTBOX_STEP = 256        # outbox entries a drain takes per call
 RECONCILE_STEP = 64      # nodes a reconciliation call looks at (and at most 256 children)
+RECONCILE_SCAN = 512     # keys a reconciliation step's SCAN looks at (COUNT): a worker pass's share
+STATS_STEP = 10_000      # node records a stats call counts (and the SCAN COUNT of radix_stats)
 DEFAULT_GRACE_MS = 60_000  # an empty node (no keys, no children) is dropped after this long
 MAX_SUBTREE_DEPTH = 64
 MAX_SUBTREE_NODES = 65_536
@@ -181,19 +183,28 @@ class RadixApi(ApiBase):
                              bool(pending), why.decode())
 
     def radix_stats(self) -> list[RadixShardStats]:
-        """Per shard: nodes, shells (no keys), leaves (no children) and outbox entries (a walk of
-        the shard's node index in bounded calls)."""
+        """Per shard: nodes, shells (no keys), leaves (no children) and outbox entries (a SCAN walk
+        of the shard's node records, counted in bounded calls; as with any SCAN, a node may count
+        twice while the server resizes its key table)."""
         out = []
         for shard in range(self.shards):
             cursor, nodes, shells, leaves, outbox = 0, 0, 0, 0, 0
             while True:
-                nxt, n, s, lv, outbox = self.transport.call("mc_radix_stats", shard, cursor, 10_000)
-                nodes, shells, leaves = nodes + n, shells + s, leaves + lv
-                if nxt == 0:
+                cursor, ids = self._node_ids(shard, cursor, STATS_STEP)
+                for i in range(0, max(len(ids), 1), STATS_STEP):
+                    n, s, lv, outbox = self.transport.call("mc_radix_stats", shard, *ids[i:i + STATS_STEP])
+                    nodes, shells, leaves = nodes + n, shells + s, leaves + lv
+                if cursor == 0:
                     break
-                cursor = nxt
             out.append(RadixShardStats(shard, nodes, shells, leaves, outbox))
         return out
+
+    def _node_ids(self, shard: int, cursor: int, count: int) -> tuple[int, list[bytes]]:
+        """One SCAN step over `shard`'s node records (P:rnode:*): (next cursor, 0 when the walk is
+        done; the ids "<tenant>:<hash>" of the records found)."""
+        prefix = self.transport.keys[shard].prefix("radix_node")
+        nxt, keys = self.transport.scan_step(shard, cursor, prefix + b"*", count)
+        return nxt, [k[len(prefix):] for k in keys]
 
     # ---- cross-shard steps ----------------------------------------------------------------
     def drain_radix_outbox(self, shards: Any = None, max_entries: int = 4 * OUTBOX_STEP) -> int:
@@ -217,19 +228,33 @@ class RadixApi(ApiBase):
         return done
 
     def reconcile_radix(self, shard: int, grace_ms: int = DEFAULT_GRACE_MS, cursor: int = 0,
-                        max_nodes: int = RECONCILE_STEP) -> tuple[int, int, int]:
-        """One bounded reconciliation step on `shard` from `cursor`: drops empty nodes older than
-        grace_ms and unlinks children that are gone (probed on their own shard). Returns
-        (next cursor, 0 when the walk is done; nodes dropped; phantom children removed)."""
-        nxt, dropped, remote = self.transport.call("mc_radix_reconcile", shard, cursor, max_nodes, grace_ms)
+                        scan_count: int = RECONCILE_SCAN) -> tuple[int, int, int]:
+        """One bounded reconciliation step on `shard` from `cursor` (a SCAN of about scan_count
+        keys for node records, then calls of at most RECONCILE_STEP nodes each): drops empty
+        nodes older than grace_ms and unlinks children that are gone (probed on their own shard).
+        Returns (next cursor, 0 when the walk is done; nodes dropped; phantom children removed)."""
+        nxt, ids = self._node_ids(shard, cursor, scan_count)
+        dropped = phantoms = 0
+        while ids:
+            seen, d, remote = self.transport.call("mc_radix_reconcile", shard, grace_ms, *ids[:RECONCILE_STEP])
+            ids = ids[int(seen):]
+            dropped += int(d)
+            phantoms += self._unlink_phantoms(shard, remote)
+        return nxt, dropped, phantoms
+
+    def _unlink_phantoms(self, shard: int, remote: list) -> int:
+        """Probe the children a reconciliation call found not alive on `shard` on their own
+        shards, and unlink those gone there: how many were unlinked."""
         triples = [(remote[i], remote[i + 1], remote[i + 2]) for i in range(0, len(remote), 3)]
+        if not triples:
+            return 0
         probes = self.transport.run([self.transport.command("mc_radix_probe", self.node_shard(kid), tenant, kid, parent)
-                                     for tenant, parent, kid in triples]) if triples else []
+                                     for tenant, parent, kid in triples])
         unlinks = [b"unlink %d %d %s %d %s%s" % (seq, shard, tenant, len(parent), parent, kid)
                    for (tenant, parent, kid), (alive, seq) in zip(triples, probes) if not alive]
         if unlinks:
             self.transport.call("mc_radix_apply", shard, *unlinks)
-        return int(nxt), int(dropped), len(unlinks)
+        return len(unlinks)
 
     def reconcile_radix_all(self, grace_ms: int = DEFAULT_GRACE_MS) -> tuple[int, int]:
         """Drain every outbox, then a full reconciliation walk of every shard: (dropped, phantoms)."""

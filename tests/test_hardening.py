@@ -212,7 +212,7 @@ FUNCTIONS = ["mc_mount_segment", "mc_unmount_segment", "mc_sweep_replicas", "mc_
 FUNCTIONS += ["mc_retain_groups", "mc_describe_group", "mc_retention_usage", "mc_retention_members", "mc_fsck_retention",
               "mc_fsck_retention_counts"]
 FUNCTIONS += ["mc_radix_register", "mc_radix_nodes", "mc_radix_describe", "mc_radix_outbox", "mc_radix_apply",
-              "mc_radix_ack", "mc_radix_probe", "mc_radix_reconcile", "mc_radix_stats", "mc_fsck_radix_index"]
+              "mc_radix_ack", "mc_radix_probe", "mc_radix_reconcile", "mc_radix_stats"]
 FUNCTIONS += ["mc_mount_local_disk", "mc_unmount_local_disk", "mc_report_ssd_capacity", "mc_offload_heartbeat",
               "mc_offload_done", "mc_offload_sweep", "mc_fsck_offload_task", "mc_fsck_offload_inflight"]
 FUNCTIONS += ["mc_disk_removal_heartbeat", "mc_disk_removal_ack", "mc_disk_referenced", "mc_fsck_disk_used"]

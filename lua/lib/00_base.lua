@@ -23,7 +23,7 @@ local K = {
   -- the radix index (lua/lib/32_radix.lua): node records, their keys and children, every node
   -- of the shard, and the outbox of cross-shard steps
   radix_node = ':rnode:', radix_keys = ':rkeys:', radix_kids = ':rkids:',
-  radix_nodes = ':rnodes', radix_outbox = ':routbox',
+  radix_outbox = ':routbox',
   -- SSD offload (lua/lib/27_disk.lua, 45_offload.lua): local disk segments, queues, tasks in flight,
   -- files to remove
   disk = ':disk:', disks = ':disks', offload_queue = ':offq:', offload_overflow = ':offover:',

@@ -9,7 +9,6 @@
 --                            and kid / kid_seq: its first child and the seq of that link, when
 --                            the call that created the node linked it (a chain put in one batch)
 --   P:rkids:<tenant>:<hash>  zset child hash -> seq of the link that added it: its other children
---   P:rnodes                 zset "<tenant>:<hash>" -> created, every node of the shard
 --   P:routbox                zset entry -> ms written: deferred halves of cross-shard steps
 -- The node's keys are one eviction unit, "r:<tenant>:<hash>" (evicted all together, ranked by
 -- the latest lease of its keys); unit_rule protects a node with a live child ('has_children'),
@@ -27,7 +26,6 @@
 -- (put_end: RADIX_LINK_PENDING) while its link is still in the outbox.
 
 local K, E, S, int_arg, valid_name = Base.K, Base.E, Base.S, Base.int_arg, Base.valid_name
-local defer_zadd, defer_zrem = Ledger.defer_zadd, Ledger.defer_zrem
 local tonumber_, sub_, match_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() tonumber_, sub_, match_ = tonumber, string.sub, string.match end)
 local RADIX_MARK = Object.RADIX_MARK
@@ -47,10 +45,6 @@ local MAX_CASCADE = 32 -- same-shard unlinks one call follows up the tree; the r
 local function rnode_key(P, tenant, h) return P .. K.radix_node .. tenant .. ':' .. h end
 local function rkids_key(P, tenant, h) return P .. K.radix_kids .. tenant .. ':' .. h end
 local function radix_group(h) return RADIX_MARK .. h end
--- The shard's node index (P:rnodes): a batch's entries go in at its end (Ledger), as nothing in
--- the call reads the index.
-local function index_node(P, tenant, h, now) defer_zadd(P .. K.radix_nodes, S(now), tenant .. ':' .. h) end
-local function unindex_node(P, tenant, h) defer_zrem(P .. K.radix_nodes, tenant .. ':' .. h) end
 local function radix_unit(tenant, h) return 'r:' .. tenant .. ':' .. h end
 local shard_index = Base.shard_number -- (memoised per shard key: a match is three new strings)
 local CALL = Base.CALL
@@ -122,7 +116,6 @@ local function radix_apply(P, op, seq, tenant, ph, h, now, depth, at_once)
     if redis.call('ZADD', kids, S(seq), h) == 0 then return end -- (it was listed: only its seq moved)
     if not rec[1] then -- a parent not known yet starts as a shell (no entries)
       redis.call('HSET', nkey, 'created', S(now), MEMO_FIELD, '')
-      index_node(P, tenant, ph, now)
       rec[3] = ''
     end
     -- with a child the parent is no candidate: its entries go
@@ -179,10 +172,9 @@ local function radix_link(P, tenant, h, ph, pshard, now)
   return seq
 end
 
--- Node h is gone (its record deleted, its unit unplaced): it leaves the shard's node list, and
--- its parent forgets it (`parent`, `pshard`, `link_pending` as its record held them).
+-- Node h is gone (its record deleted, its unit unplaced): its parent forgets it (`parent`,
+-- `pshard`, `link_pending` as its record held them).
 local function node_dropped(P, tenant, h, parent, pshard, link_pending, now, depth)
-  unindex_node(P, tenant, h)
   if not parent then return end
   pshard = tonumber_(pshard) or shard_index(P)
   if link_pending then -- its link never reached the parent: take it back
@@ -241,10 +233,7 @@ radix_settle = function(P, tenant, h, now, depth, rec)
   unfresh(nkey)
   rec = rec or redis.call('HMGET', nkey, unpack(NODE_FIELDS))
   local kids = rec[N + 1] and 1 or redis.call('ZCARD', rkids_key(P, tenant, h))
-  if not rec[N + 5] and not rec[1] then -- no such node
-    unindex_node(P, tenant, h)
-    return
-  end
+  if not rec[N + 5] and not rec[1] then return end -- no such node
   if (tonumber_(rec[1]) or 0) > 0 or rec[6] == '1' or kids > 0 then
     return place_node(P, tenant, h, nkey, now, rec, kids)
   end
@@ -304,7 +293,6 @@ local function radix_register(P, tenant, h, ph, pshard, now, rec, defer)
   local link = ph and not rec[2]
   local fields
   if not rec[1] then -- a new node: no keys yet, so no entries (its memo says so)
-    index_node(P, tenant, h, now)
     fields = { 'created', S(now), MEMO_FIELD, '' }
   end
   if link then

@@ -126,32 +126,47 @@ register('mc_radix_probe', {}, function(P, args)
   return { alive, tonumber(redis.call('HGET', P, 'radix_seq')) or 0 }
 end, { 'no-writes' })
 
--- mc_radix_reconcile. KEYS: P. ARGV: cursor (rank in P:rnodes to start at), max nodes (1-1024),
---   grace_ms. For each node (at most RECONCILE_CHECKS children looked at a call, at most
---   RECONCILE_KIDS per node): a node with neither keys nor children whose record is older than
---   grace_ms goes (its parent forgets it); children listed that are not alive here are returned.
---   Reply: {next cursor (0 when the walk is done), nodes dropped, {tenant, parent, child, ...}
---   children not alive on this shard (the caller probes them on their shard, mc_radix_probe).
+-- A node's id in the calls that walk the shard's nodes: "<tenant>:<hash>", the tail of its
+-- record's key (the caller finds the records with SCAN MATCH P:rnode:*). nil when malformed.
+local function node_of_id(id)
+  local tenant, h = string.match(id, '^([^:]+):(.+)$')
+  if tenant and valid_tenant(tenant) and valid_name(h, 256) then return tenant, h end
+end
+
+-- The count of node ids in ARGV from index `from` (min-max of them), or nil when one is malformed.
+local function node_ids(args, from, min, max)
+  local n = #args - from + 1
+  if n < min or n > max then return nil end
+  for i = from, #args do
+    if not node_of_id(args[i]) then return nil end
+  end
+  return n
+end
+
+-- mc_radix_reconcile. KEYS: P. ARGV: grace_ms, node id... (1-1024, "<tenant>:<hash>"). For each
+--   node in turn (at most RECONCILE_CHECKS children looked at a call, at most RECONCILE_KIDS per
+--   node): a node with neither keys nor children whose record is older than grace_ms goes (its
+--   parent forgets it); children listed that are not alive here are returned. A node whose
+--   record is gone is skipped. Reply: {nodes looked at (the caller passes the rest again),
+--   nodes dropped, {tenant, parent, child, ...} children not alive on this shard (the caller
+--   probes them on their shard, mc_radix_probe)}.
 --   A store of one shard has no phantom child but by drift (a link and its child are written
 --   in one call there), which fsck finds and repairs: its walk looks at no children.
 local RECONCILE_KIDS = 16   -- children looked at per node and call
 local RECONCILE_CHECKS = 256 -- children looked at per call: the walk stops early past it
 register('mc_radix_reconcile', {}, function(P, args, cfg)
-  local cursor, max, grace = int_arg(args[1], 0, MAX_INT), int_arg(args[2], 1, 1024), int_arg(args[3], 0, MAX_INT)
-  if not cursor or not max or not grace then return fail(E.INVALID_PARAMS, 'expected cursor, max (1-1024), grace_ms') end
+  local grace = int_arg(args[1], 0, MAX_INT)
+  if not grace or not node_ids(args, 2, 1, 1024) then
+    return fail(E.INVALID_PARAMS, 'expected grace_ms, node ids (1-1024, <tenant>:<hash>)')
+  end
   local now = now_ms(P)
-  local ids = redis.call('ZRANGE', P .. K.radix_nodes, cursor, cursor + max - 1)
   local dropped, remote, checks, seen = 0, {}, 0, 0
-  for _, id in ipairs(ids) do
+  for i = 2, #args do
     if checks >= RECONCILE_CHECKS then break end
     seen = seen + 1
-    local tenant, h = string.match(id, '^([^:]+):(.+)$')
-    local nkey = tenant and rnode_key(P, tenant, h)
-    local rec = nkey and redis.call('HMGET', nkey, 'created', 'members', 'draining', 'kid')
-    if not rec or not rec[1] then
-      redis.call('ZREM', P .. K.radix_nodes, id)
-      dropped = dropped + 1
-    else
+    local tenant, h = node_of_id(args[i])
+    local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'created', 'members', 'draining', 'kid')
+    if rec[1] then
       local kids = cfg.shards > 1 and redis.call('ZRANGE', rkids_key(P, tenant, h), 0, RECONCILE_KIDS - 1) or {}
       if rec[4] and cfg.shards > 1 then kids[#kids + 1] = rec[4] end -- (the child its record lists)
       for _, kid in ipairs(kids) do
@@ -169,39 +184,25 @@ register('mc_radix_reconcile', {}, function(P, args, cfg)
       end
     end
   end
-  local next_cursor = (#ids < max and seen == #ids) and 0 or cursor + seen - dropped
-  return { next_cursor, dropped, remote }
+  return { seen, dropped, remote }
 end)
 
--- mc_radix_stats (read-only). KEYS: P. ARGV: cursor, max (1-10000). Counts over up to max nodes
---   of P:rnodes from rank cursor: {next cursor (0: done), nodes, shells (no keys), leaves (no
---   children), outbox entries}.
+-- mc_radix_stats (read-only). KEYS: P. ARGV: node id... (0-10000, "<tenant>:<hash>"). Counts
+--   over the nodes whose records exist: {nodes, shells (no keys), leaves (no children), outbox
+--   entries of the shard}.
 register('mc_radix_stats', {}, function(P, args)
-  local cursor, max = int_arg(args[1], 0, MAX_INT), int_arg(args[2], 1, 10000)
-  if not cursor or not max then return fail(E.INVALID_PARAMS, 'expected cursor, max (1-10000)') end
-  local ids = redis.call('ZRANGE', P .. K.radix_nodes, cursor, cursor + max - 1)
-  local shells, leaves = 0, 0
-  for _, id in ipairs(ids) do
-    local tenant, h = string.match(id, '^([^:]+):(.+)$')
-    if tenant then
-      local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'members', 'kid')
-      if (tonumber(rec[1]) or 0) == 0 then shells = shells + 1 end
-      if not rec[2] and redis.call('EXISTS', rkids_key(P, tenant, h)) == 0 then leaves = leaves + 1 end
+  if not node_ids(args, 1, 0, 10000) then
+    return fail(E.INVALID_PARAMS, 'expected node ids (0-10000, <tenant>:<hash>)')
+  end
+  local nodes, shells, leaves = 0, 0, 0
+  for _, id in ipairs(args) do
+    local tenant, h = node_of_id(id)
+    local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'created', 'members', 'kid')
+    if rec[1] then
+      nodes = nodes + 1
+      if (tonumber(rec[2]) or 0) == 0 then shells = shells + 1 end
+      if not rec[3] and redis.call('EXISTS', rkids_key(P, tenant, h)) == 0 then leaves = leaves + 1 end
     end
   end
-  return { #ids < max and 0 or cursor + #ids, #ids, shells, leaves, redis.call('ZCARD', P .. K.radix_outbox) }
+  return { nodes, shells, leaves, redis.call('ZCARD', P .. K.radix_outbox) }
 end, { 'no-writes' })
-
--- mc_fsck_radix_index. KEYS: P. ARGV: tenant, node. P:rnodes lists the node iff its record
---   exists (with the record's created time). Reply: 1 if the node exists, else 0.
-register('mc_fsck_radix_index', {}, function(P, args)
-  local tenant, h = args[1], args[2]
-  if not valid_tenant(tenant) or not valid_name(h, 256) then return fail(E.INVALID_PARAMS, 'expected tenant, node') end
-  local created = redis.call('HGET', rnode_key(P, tenant, h), 'created')
-  if created then
-    redis.call('ZADD', P .. K.radix_nodes, created, tenant .. ':' .. h)
-    return 1
-  end
-  redis.call('ZREM', P .. K.radix_nodes, tenant .. ':' .. h)
-  return 0
-end)

@@ -40,15 +40,21 @@ class _Audit:
         self.report = FsckReport(shards=master.shards)
         self.checked = 0          # objects read so far (progress), across passes
         self.rebuild_plans: dict[tuple[int, bytes], tuple] = {}
+        self.radix_shards: dict[int, bool] = {}  # radix_present, per shard
 
     # ---- helpers -----------------------------------------------------------------------
     def keys(self, shard: int) -> ShardKeys:
         return self.t.keys[shard]
 
     def radix_present(self, shard: int) -> bool:
-        """Is there a radix index to audit on this shard? (Its SCANs are skipped otherwise.)"""
-        k = self.keys(shard)
-        return bool(self.master.config.enable_radix_tree or self.r.exists(k.radix_nodes, k.radix_outbox))
+        """Is there a radix index to audit on this shard? (Its SCANs are skipped otherwise.) With
+        the index off, a SCAN that stops at the first node record tells (once a shard)."""
+        if shard not in self.radix_shards:
+            k = self.keys(shard)
+            self.radix_shards[shard] = bool(
+                self.master.config.enable_radix_tree or self.r.exists(k.radix_outbox)
+                or next(self.scan(shard, k.prefix("radix_node") + b"*"), None) is not None)
+        return self.radix_shards[shard]
 
     def finding(self, kind: str, shard: int, subject: str, expected: Any, found: Any,
                 action: Action | None = None, note: str = "") -> Finding:

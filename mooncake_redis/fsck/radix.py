@@ -1,6 +1,5 @@
 """fsck of the radix index (lua/lib/32_radix.lua), shard by shard:
 
-- P:rnodes lists exactly the node records of the shard (radix_index);
 - a node with a parent is listed among that parent's children, on the parent's shard, unless
   its link is still in the outbox (radix_child_unlisted: the unsafe direction, a parent that
   may be evicted under a live child);
@@ -32,18 +31,6 @@ from .base import (
     Kind,
     _Pass,
 )
-
-
-@dataclass(frozen=True)
-class RadixIndex(Action):
-    """List (or unlist) a node in P:rnodes as its record says (mc_fsck_radix_index)."""
-    tenant: bytes
-    node: bytes
-    order = 1
-
-    def apply(self, audit: Any) -> tuple[bool, str]:
-        audit.fcall("mc_fsck_radix_index", self.shard, self.tenant, self.node)
-        return True, ""
 
 
 @dataclass(frozen=True)
@@ -110,7 +97,6 @@ def _deliver(audit: Any, op: bytes, seq: int, pshard: int, tenant: bytes, parent
 
 
 KINDS: dict[str, Kind] = {
-    "radix_index": Kind(ERROR, True, "P:rnodes differs from the shard's node records"),
     "radix_child_unlisted": Kind(CRITICAL, True, "a node's parent does not list it (and no link is pending): the "
                                                  "parent could be evicted under it"),
     "radix_phantom_child": Kind(WARNING, True, "a node lists a child that is gone or has another parent (protected "
@@ -123,7 +109,7 @@ KINDS: dict[str, Kind] = {
 class Radix(Checker):
     name = "radix"
     kinds = KINDS
-    actions = (RadixIndex, RadixLink, RadixUnlink, RadixOutbox, RadixEmpty)
+    actions = (RadixLink, RadixUnlink, RadixOutbox, RadixEmpty)
 
     def shard(self, audit: Any, shard: int, ps: _Pass) -> list[Finding]:
         return radix_findings(audit, shard) if audit.radix_present(shard) else []
@@ -160,15 +146,6 @@ def radix_findings(audit: Any, shard: int) -> list[Finding]:
     k, r, shards = audit.keys(shard), audit.r, audit.t.count
     out = []
     records = _records(audit, shard)
-    indexed = set()
-    for member, _ in r.zscan_iter(k.radix_nodes, count=SCAN_COUNT):
-        tenant, _, h = member.partition(b":")
-        indexed.add((tenant, h))
-    for tenant, h in sorted(records ^ indexed):
-        out.append(audit.finding("radix_index", shard, (tenant + b":" + h).decode(errors="replace"),
-                                 "listed" if (tenant, h) in records else "absent",
-                                 "absent" if (tenant, h) in records else "listed",
-                                 RadixIndex(shard, tenant, h)))
     now = int(audit.t.call("mc_now", shard))
     for tenant, h in sorted(records):
         pipe = audit.t.pipeline(shard, transaction=False)
@@ -203,7 +180,7 @@ def radix_findings(audit: Any, shard: int) -> list[Finding]:
                                      RadixEmpty(shard)))
     for entry, _ in r.zscan_iter(k.radix_outbox, count=SCAN_COUNT):
         try:
-            op, _, pshard, tenant, parent, _ = parse_outbox_entry(entry)
+            op, _, pshard, _, parent, _ = parse_outbox_entry(entry)
             ok = op in ("link", "unlink") and pshard == node_shard(parent, shards)
         except ValueError:
             ok = False

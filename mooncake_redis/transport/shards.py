@@ -97,11 +97,17 @@ class Shards:
         each non-empty batch. As with any SCAN, a key may come twice."""
         cursor = 0
         while True:
-            cursor, batch = run(self.node(shard), [("SCAN", cursor, "MATCH", match, "COUNT", count)])[0]
+            cursor, batch = self.scan_step(shard, cursor, match, count)
             if batch:
                 yield batch
-            if int(cursor) == 0:
+            if cursor == 0:
                 return
+
+    def scan_step(self, shard: int, cursor: int, match: bytes, count: int = SCAN_COUNT) -> tuple[int, list[bytes]]:
+        """One SCAN step over `shard`'s server from `cursor`: (next cursor, 0 when the walk is
+        done; the keys matching `match` it found, maybe none)."""
+        nxt, batch = run(self.node(shard), [("SCAN", cursor, "MATCH", match, "COUNT", count)])[0]
+        return int(nxt), list(batch)
 
     def scan_objects(self, shard: int, tenant_glob: str = "*") -> Iterator[tuple[str, list[bytes]]]:
         """SCAN one shard's object keys in steps; yields (tenant, [user key]) batches."""
