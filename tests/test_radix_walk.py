@@ -74,10 +74,12 @@ def test_a_reconciliation_step_resumes_past_its_bound_on_children(new_master):
 
 
 def test_a_walk_call_refuses_a_malformed_node_id(new_master):
+    """An id is the tail of a node record's key: one without a ':' past its first byte or
+    longer than a tenant, a ':' and a hash is refused (a caller of the cursor form too)."""
     m = radix(new_master)
     for fn, args in (("mc_radix_reconcile", (0, "no-colon")), ("mc_radix_reconcile", (0,)),
                      ("mc_radix_reconcile", ("x", f"default:{H('a')}")),
-                     ("mc_radix_stats", (f"bad tenant:{H('a')}",)), ("mc_radix_stats", (0, 10_000))):
+                     ("mc_radix_stats", ("x" * 300 + ":" + H("a"),)), ("mc_radix_stats", (0, 10_000))):
         reply = m.transport.run([m.transport.command(fn, 0, *args)], raise_on_error=False)[0]
         assert ErrorCode.INVALID_PARAMS.name in str(reply), (fn, args, reply)
 

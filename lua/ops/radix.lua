@@ -13,7 +13,7 @@ local row_of, register, FREES = Base.row_of, Base.register, Base.FREES
 local MAX_KEYS_PER_CALL, keys_of, all_members = Object.MAX_KEYS_PER_CALL, Object.keys_of, Members.all_members
 local object_call, per_row = Object.object_call, Object.per_row
 local unit_state = Units.unit_state
-local rnode_key, rkids_key, radix_group = Radix.rnode_key, Radix.rkids_key, Radix.radix_group
+local rnode_key, radix_group = Radix.rnode_key, Radix.radix_group
 local radix_unit, shard_index = Radix.radix_unit, Radix.shard_index
 local parse_outbox_entry, radix_settle = Radix.parse_outbox_entry, Radix.radix_settle
 local radix_apply, radix_check = Radix.radix_apply, Radix.radix_check
@@ -127,18 +127,22 @@ register('mc_radix_probe', {}, function(P, args)
 end, { 'no-writes' })
 
 -- A node's id in the calls that walk the shard's nodes: "<tenant>:<hash>", the tail of its
--- record's key (the caller finds the records with SCAN MATCH P:rnode:*). nil when malformed.
+-- record's key (the caller finds the records with SCAN MATCH P:rnode:*), so the record's key is
+-- P:rnode: .. id whatever the id holds. It is split (and checked) only for a node the call acts
+-- on: tenant, hash, or nil when malformed.
 local function node_of_id(id)
   local tenant, h = string.match(id, '^([^:]+):(.+)$')
   if tenant and valid_tenant(tenant) and valid_name(h, 256) then return tenant, h end
 end
 
--- The count of node ids in ARGV from index `from` (min-max of them), or nil when one is malformed.
+-- The count of node ids in ARGV from index `from` (min-max of them), or nil when one has no
+-- ':' past its first byte or is longer than a tenant, a ':' and a hash.
 local function node_ids(args, from, min, max)
   local n = #args - from + 1
   if n < min or n > max then return nil end
   for i = from, #args do
-    if not node_of_id(args[i]) then return nil end
+    local id = args[i]
+    if #id > 321 or not string.find(id, ':', 2, true) then return nil end
   end
   return n
 end
@@ -161,14 +165,17 @@ register('mc_radix_reconcile', {}, function(P, args, cfg)
   end
   local now = now_ms(P)
   local dropped, remote, checks, seen = 0, {}, 0, 0
+  local node_prefix, kids_prefix = P .. K.radix_node, P .. K.radix_kids
   for i = 2, #args do
     if checks >= RECONCILE_CHECKS then break end
     seen = seen + 1
-    local tenant, h = node_of_id(args[i])
-    local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'created', 'members', 'draining', 'kid')
-    if rec[1] then
-      local kids = cfg.shards > 1 and redis.call('ZRANGE', rkids_key(P, tenant, h), 0, RECONCILE_KIDS - 1) or {}
-      if rec[4] and cfg.shards > 1 then kids[#kids + 1] = rec[4] end -- (the child its record lists)
+    local id = args[i]
+    local rec = redis.call('HMGET', node_prefix .. id, 'created', 'members', 'draining', 'kid')
+    local tenant, h
+    if rec[1] and cfg.shards > 1 then tenant, h = node_of_id(id) end
+    if tenant then
+      local kids = redis.call('ZRANGE', kids_prefix .. id, 0, RECONCILE_KIDS - 1)
+      if rec[4] then kids[#kids + 1] = rec[4] end -- (the child its record lists)
       for _, kid in ipairs(kids) do
         checks = checks + 1
         if redis.call('HGET', rnode_key(P, tenant, kid), 'parent') ~= h then -- not a live child here
@@ -177,8 +184,11 @@ register('mc_radix_reconcile', {}, function(P, args, cfg)
           remote[#remote + 1] = kid
         end
       end
-      if not rec[2] and rec[3] ~= '1' and not rec[4] and tonumber(rec[1]) + grace <= now
-        and redis.call('ZCARD', rkids_key(P, tenant, h)) == 0 then
+    end
+    if rec[1] and not rec[2] and rec[3] ~= '1' and not rec[4] and tonumber(rec[1]) + grace <= now
+      and redis.call('ZCARD', kids_prefix .. id) == 0 then
+      if not tenant then tenant, h = node_of_id(id) end
+      if tenant then
         radix_settle(P, tenant, h, now, 0)
         dropped = dropped + 1
       end
@@ -195,13 +205,13 @@ register('mc_radix_stats', {}, function(P, args)
     return fail(E.INVALID_PARAMS, 'expected node ids (0-10000, <tenant>:<hash>)')
   end
   local nodes, shells, leaves = 0, 0, 0
+  local node_prefix, kids_prefix = P .. K.radix_node, P .. K.radix_kids
   for _, id in ipairs(args) do
-    local tenant, h = node_of_id(id)
-    local rec = redis.call('HMGET', rnode_key(P, tenant, h), 'created', 'members', 'kid')
+    local rec = redis.call('HMGET', node_prefix .. id, 'created', 'members', 'kid')
     if rec[1] then
       nodes = nodes + 1
       if (tonumber(rec[2]) or 0) == 0 then shells = shells + 1 end
-      if not rec[3] and redis.call('EXISTS', rkids_key(P, tenant, h)) == 0 then leaves = leaves + 1 end
+      if not rec[3] and redis.call('EXISTS', kids_prefix .. id) == 0 then leaves = leaves + 1 end
     end
   end
   return { nodes, shells, leaves, redis.call('ZCARD', P .. K.radix_outbox) }
