@@ -16,6 +16,8 @@ from mooncake_redis.library import SCHEMA_FIELD, SCHEMA_VERSION
 from mooncake_redis.radix import RECONCILE_STEP
 from mooncake_redis.upgrade import BATCH, NODE_INDEX
 
+pytestmark = pytest.mark.cluster  # (a cluster's node holds several shards: each walk SCANs its own)
+
 SMALL = 100
 
 
