@@ -37,6 +37,9 @@ op_st = st.one_of(
     st.tuples(st.just("revoke"), st.integers(0, 2)),
     st.tuples(st.just("get"), st.integers(0, N_NODES - 1), st.integers(0, 1)),
     st.tuples(st.just("remove"), st.integers(0, N_NODES - 1), st.integers(0, 1)),
+    # a chain's keys j removed in one call, leaf first (each parent's placement waits for the
+    # batch's end unless its own last key goes next), then maybe its keys 1 - j root first
+    st.tuples(st.just("batch_remove"), st.integers(0, N_NODES - 1), st.integers(0, 1), st.booleans()),
     st.tuples(st.just("evict"), st.integers(0, 3), st.integers(1, 3)),
     st.tuples(st.just("drain"), st.integers(0, 3)),
     st.tuples(st.just("reconcile"),),
@@ -68,6 +71,13 @@ def apply(m, op, pending: dict[int, list[str]]) -> None:
         m.get_replica_list(f"{node(op[1])}_{op[2]}")
     elif kind == "remove":
         m.remove(f"{node(op[1])}_{op[2]}")
+    elif kind == "batch_remove":
+        _, n, j, both = op
+        chain = [n]
+        while 2 * chain[-1] + 1 < N_NODES:
+            chain.append(2 * chain[-1] + 1)
+        keys = [f"{node(c)}_{j}" for c in reversed(chain)] + ([f"{node(c)}_{1 - j}" for c in chain] if both else [])
+        m.batch_remove(keys)
     elif kind == "evict" and op[1] < m.shards:
         m.evict_step(op[1], op[2])
     elif kind == "drain" and op[1] < m.shards:

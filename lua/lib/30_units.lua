@@ -676,10 +676,30 @@ local function retire_group(P, tenant, group, now, f, members)
   redis.call('HDEL', gkey, unpack(RETIRED_FIELDS))
 end
 
+-- A radix node's last key leaves (its member field present, its record counting one member):
+-- one read of the record, then the node retires with the member (no HDEL and HINCRBY of a
+-- record about to go). nil when the key is not its record's last member: the general path.
+local LAST_KEY_FIELDS = { 'members', MEMO_FIELD, 'parent', 'parent_shard', 'link_pending', 'kid' }
+local function leave_node_as_last(P, tenant, group, member, h, now)
+  local gkey = grp_key(P, tenant, group)
+  local rec = redis.call('HMGET', gkey, member, unpack(LAST_KEY_FIELDS))
+  if not rec[1] or (tonumber_(rec[2]) or 0) > 1 then return nil end
+  local f = { node = true, at = rec[3] or nil, parent = rec[4] or nil, parent_shard = rec[5] or nil,
+    link_pending = rec[6] or nil, children = rec[7] and 1 or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h) }
+  local placed = CALL.placed
+  if placed and placed.pending and placed.gkey == gkey then CALL.placed = nil end -- (never written: nothing to undo)
+  retire_group(P, tenant, group, now, f, { member })
+  return true
+end
+
 local function leave_group(P, tenant, key, o, now)
   local group = o.group
   if o.ugroup and o.node then leave_indexed(P, tenant, key, o.ugroup, o.node) end
-  if remove_members(P, tenant, group, { member_of(group, key) }) == 0 then return end
+  local member, h = member_of(group, key), radix_hash(group)
+  if h and leave_node_as_last(P, tenant, group, member, h, now) then return end
+  local placed = CALL.placed -- a batched remove's pending placement of this node is written first
+  if placed and placed.pending and placed.gkey == grp_key(P, tenant, group) then Radix.flush_placed(P) end
+  if remove_members(P, tenant, group, { member }) == 0 then return end
   local gkey = grp_key(P, tenant, group)
   if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then -- the counters and aggregates go with it
     return retire_group(P, tenant, group, now)

@@ -31,6 +31,10 @@ local function remove(P, args)
   if force ~= '0' and force ~= '1' then return fail(E.INVALID_PARAMS, 'force must be 0 or 1') end
   local function each(_, tenant, row, now) return remove_one(P, tenant, row.key, force == '1', now) end
   if call.rows == 1 then return per_row(P, args, call, each) end
+  -- A radix parent left without children is placed at the end of the batch (Radix.place_node,
+  -- the ledger's end), unless its own last key goes first: a chain removed leaf first then
+  -- costs no ZADD, HSET and ZREM a parent.
+  Base.CALL.noting = 'defer'
   return with_ledger(P, per_row, args, call, each) -- (no counter read between keys)
 end
 
