@@ -228,3 +228,36 @@ def test_a_chain_registered_in_one_call_lists_each_child_in_its_parents_record(r
         gone = [k for k in keys if not alive(m, k)]
         assert gone == keys[len(keys) - len(gone):]
     assert gone == keys and fsck(m).ok
+
+
+# ---- rows of one batch that share a node, or that are refused between a node and its child -----
+
+def test_two_keys_a_node_in_one_batch(rm):
+    """A page's k and v in one batch: the second key of a node finds the record its first one
+    wrote, and the next page links to it."""
+    m = rm
+    hs = chain(5, "kv")
+    keys = [f"{h}_{kv}" for h in hs for kv in ("k", "v")]
+    parents = [hs[i // 2 - 1] if i >= 2 else None for i in range(len(keys))]
+    assert all(isinstance(r, list) for r in m.batch_put_start(WRITER, keys, [SMALL] * len(keys), parents=parents))
+    assert m.batch_put_end(WRITER, keys) == [ErrorCode.OK] * len(keys)
+    for i, h in enumerate(hs):
+        info = m.describe_radix_node(h)
+        assert info.keys == [f"{h}_k".encode(), f"{h}_v".encode()]
+        assert info.children == ([hs[i + 1].encode()] if i + 1 < len(hs) else [])
+    assert fsck(m).ok
+
+
+def test_a_refused_row_between_a_node_and_its_child(rm):
+    """Rows: a new root, a child of it refused before its link (its key exists), another child:
+    the root lists the one child put, the refused key's node keeps no parent."""
+    m = rm
+    a, b, c = (on_shard(m, 0, stem) for stem in ("ra", "rb", "rc"))
+    put_chain(m, [b])  # b_0 exists (a root): its row below is refused
+    keys = [f"{a}_0", f"{b}_0", f"{c}_0"]
+    got = m.batch_put_start(WRITER, keys, [SMALL] * 3, parents=[None, a, a])
+    assert isinstance(got[0], list) and got[1] == ErrorCode.OBJECT_ALREADY_EXISTS and isinstance(got[2], list)
+    assert m.batch_put_end(WRITER, [keys[0], keys[2]]) == [ErrorCode.OK] * 2
+    assert m.describe_radix_node(a).children == [c.encode()]
+    assert m.describe_radix_node(c).keys == [keys[2].encode()] and m.describe_radix_node(b).parent is None
+    assert fsck(m).ok
