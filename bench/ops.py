@@ -169,11 +169,12 @@ def _measure(r: redis.Redis, where: Placement,
     """Run each case REPEATS times, all the cases in turn within every repeat, so that every
     operation and every baseline see the same machine. case = (name, commandstats rows, run).
     Returns name -> {rate: median ops (or keys) per second; server_us: server usec per call of
-    those commands, server_us_per_unit: per op (or key), both over all repeats, from INFO
-    commandstats read just before and after each run; same_cpu: "k/m" samples (before and
-    after each run) with client and server on one CPU}."""
+    those commands, server_us_per_unit: per op (or key), each the median over the repeats, from
+    INFO commandstats read just before and after each run (a median, as the rate is: commandstats
+    counts a command's wall time, so a server descheduled inside one call inflates a sum);
+    same_cpu: "k/m" samples (before and after each run) with client and server on one CPU}."""
     rates: dict[str, list[float]] = {name: [] for name, _, _ in cases}
-    server: dict[str, list[int]] = {name: [0, 0, 0] for name, _, _ in cases}  # calls, usec, units
+    server: dict[str, list[tuple[int, int, int]]] = {name: [] for name, _, _ in cases}  # (calls, usec, units) a run
     same: dict[str, list[bool]] = {name: [] for name, _, _ in cases}
     for rep in range(REPEATS):
         for name, cmds, run in cases:
@@ -184,15 +185,17 @@ def _measure(r: redis.Redis, where: Placement,
             rates[name].append(units / (time.perf_counter() - t0))
             after = _cmdstats(r)
             s1 = where.sample()
-            for cmd in cmds:
-                a, b = after.get(cmd, (0, 0)), before.get(cmd, (0, 0))
-                server[name][0] += a[0] - b[0]
-                server[name][1] += a[1] - b[1]
-            server[name][2] += units
+            calls = sum(after.get(cmd, (0, 0))[0] - before.get(cmd, (0, 0))[0] for cmd in cmds)
+            usec = sum(after.get(cmd, (0, 0))[1] - before.get(cmd, (0, 0))[1] for cmd in cmds)
+            server[name].append((calls, usec, units))
             same[name] += [x for x in (s0, s1) if x is not None]
+
+    def median_of(name: str, per: int) -> float | None:  # usec a call (per=0) or a unit (per=2)
+        runs = [run for run in server[name] if run[0]]
+        return statistics.median(run[1] / run[per] for run in runs) if runs else None
+
     return {name: {"rate": statistics.median(rates[name]),
-                   "server_us": server[name][1] / server[name][0] if server[name][0] else None,
-                   "server_us_per_unit": server[name][1] / server[name][2] if server[name][0] else None,
+                   "server_us": median_of(name, 0), "server_us_per_unit": median_of(name, 2),
                    "same_cpu": f"{sum(same[name])}/{len(same[name])}" if same[name] else None}
             for name, _, _ in cases}
 
