@@ -112,3 +112,24 @@ def test_a_parents_pending_placement_is_written_before_its_key_leaves(rm):
     k = m.transport.keys[node_shard(mid.encode(), m.shards)]
     unit = f"r:default:{mid}"
     assert m.redis.zscore(k.tier_ordinary, unit) is not None and m.redis.zscore(k.tier_retained, unit) is None
+
+
+@pytest.mark.parametrize("how", ["remove", "evict"])
+def test_a_nodes_aggregates_go_with_its_last_key(new_master, how):
+    """A node whose one key has a soft pin and a guarantee aggregates their deadlines; its last
+    key's removal or eviction takes them (a node whose key had neither names none)."""
+    m = radix(new_master, eviction_high_watermark_ratio=0.000001, eviction_ratio=0.000001,
+              allow_evict_soft_pinned_objects=True)
+    h, plain = H("pinned"), H("plain")
+    put(m, f"{h}_0", SMALL, config=ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, guaranteed_ttl_ms=1_000))
+    put(m, f"{plain}_0", SMALL)
+    aggs = [k for sk in m.transport.keys for k in m.redis.scan_iter(match=sk.prefix("aggregate") + b"*")]
+    assert any(b"soft_pin" in k for k in aggs) and any(b"guarantee" in k for k in aggs), aggs
+    m.advance_clock(5_000)  # the guarantee ends; the soft pin (default ttl) outlasts it
+    if how == "remove":
+        assert m.batch_remove([f"{h}_0", f"{plain}_0"]) == [ErrorCode.OK] * 2
+    else:
+        m.run_eviction()
+    drain(m)
+    assert nodes_left(m) == 0 and fsck(m).ok
+    assert not [k for sk in m.transport.keys for k in m.redis.scan_iter(match=sk.prefix("aggregate") + b"*")]

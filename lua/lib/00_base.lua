@@ -536,7 +536,7 @@ local function register(name, names, fn, flags)
     end
     CALL.shard, CALL.now, CALL.events, CALL.held_due, CALL.placed, CALL.noting, CALL.link_seq, CALL.ledger =
       nil, nil, nil, nil, nil, nil, nil, nil
-    CALL.fresh_nodes = nil
+    CALL.fresh_nodes, CALL.legacy_members = nil, nil
     if not wanted then
       wanted = { 'shards' }
       for _, field in ipairs(names) do

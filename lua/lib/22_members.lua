@@ -6,6 +6,7 @@
 -- moved its members into the record (lua/ops/upgrade.lua).
 
 local grp_key, grp_members_key, radix_hash = Object.grp_key, Object.grp_members_key, Object.radix_hash
+local CALL = Base.CALL
 local byte_ -- (bound at the first call: Base.on_first_call)
 Base.on_first_call(function() byte_ = string.byte end)
 
@@ -28,7 +29,10 @@ end
 local function remove_members(P, tenant, group, members)
   if not radix_hash(group) then return redis.call('SREM', grp_members_key(P, tenant, group), unpack(members)) end
   local n = redis.call('HDEL', grp_key(P, tenant, group), unpack(members))
-  if n < #members then n = n + redis.call('SREM', grp_members_key(P, tenant, group), unpack(members)) end
+  if n < #members then
+    CALL.legacy_members = true
+    n = n + redis.call('SREM', grp_members_key(P, tenant, group), unpack(members))
+  end
   return n
 end
 
@@ -58,7 +62,8 @@ local function some_members(P, tenant, group, count, total)
       for i = 1, #found, 2 do seen[found[i]] = true end
     end
   until cursor == '0'
-  if #out < total then
+  if #out < total then -- (the call has read an older layout's set: Evict keeps its DEL)
+    CALL.legacy_members = true
     for _, m in ipairs(redis.call('SRANDMEMBER', grp_members_key(P, tenant, group), count - #out)) do out[#out + 1] = m end
   end
   return out

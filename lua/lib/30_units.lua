@@ -308,6 +308,7 @@ local function group_facts(P, tenant, group, g, children, all)
         g[GROUP_N + 4] or nil
     end
     local kid = g[GROUP_N + 1]
+    if #g >= GROUP_N then f.grouped = g[8] ~= false end -- (never grouped: no `groups` aggregate)
     if #g <= GROUP_N then kid = redis.call('HGET', grp_key(P, tenant, group), 'kid') end
     -- a child its record lists is a live child; else its children's zset says
     f.children = children or (kid and 1) or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h)
@@ -320,7 +321,10 @@ local function group_facts(P, tenant, group, g, children, all)
   end
   local unit = group_unit(tenant, group)
   local soft_key, guarantee_key = agg_key(P, 'soft_pin', unit), agg_key(P, 'guarantee', unit)
-  if redis.call('EXISTS', soft_key, guarantee_key) == 0 then return f end -- (an empty zset is no key)
+  if redis.call('EXISTS', soft_key, guarantee_key) == 0 then -- (an empty zset is no key)
+    f.no_aggs = true
+    return f
+  end
   f.soft_pin = tonumber_(redis.call('ZREVRANGE', soft_key, 0, 0, 'WITHSCORES')[2]) or 0
   f.guarantee = tonumber_(redis.call('ZREVRANGE', guarantee_key, 0, 0, 'WITHSCORES')[2]) or 0
   return f
@@ -663,12 +667,17 @@ local RETIRED_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 
 local function retire_group(P, tenant, group, now, f, members)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
-  -- the keys that go with the members (a node's: a member set an older layout left)
-  local gone = { grp_members_key(P, tenant, group) }
-  for _, kind in ipairs(AGG_KINDS) do gone[#gone + 1] = agg_key(P, kind, unit) end
+  -- the keys that go with the members (a node's: a member set an older layout left), but for a
+  -- node those its facts (`f`) know absent: each long key name built costs about what its DEL does
   local h = radix_hash(group)
+  local node_f = h and f or {}
+  local gone = {}
+  if not node_f.no_legacy_set then gone[1] = grp_members_key(P, tenant, group) end
+  if not node_f.no_aggs then
+    for _, kind in ipairs(AGG_KINDS) do gone[#gone + 1] = agg_key(P, kind, unit) end
+  end
   if h then
-    gone[#gone + 1] = agg_key(P, 'groups', unit)
+    if node_f.grouped ~= false then gone[#gone + 1] = agg_key(P, 'groups', unit) end
     return Radix.node_retired(P, tenant, h, now or now_ms(P), gone, f, members)
   end
   unplace_composite(P, unit, redis.call('HGET', gkey, MEMO_FIELD) or nil)
@@ -679,13 +688,17 @@ end
 -- A radix node's last key leaves (its member field present, its record counting one member):
 -- one read of the record, then the node retires with the member (no HDEL and HINCRBY of a
 -- record about to go). nil when the key is not its record's last member: the general path.
-local LAST_KEY_FIELDS = { 'members', MEMO_FIELD, 'parent', 'parent_shard', 'link_pending', 'kid' }
-local function leave_node_as_last(P, tenant, group, member, h, now)
+local LAST_KEY_FIELDS = { 'members', MEMO_FIELD, 'parent', 'parent_shard', 'link_pending', 'kid', 'grouped' }
+local function leave_node_as_last(P, tenant, group, member, h, now, o)
   local gkey = grp_key(P, tenant, group)
   local rec = redis.call('HMGET', gkey, member, unpack(LAST_KEY_FIELDS))
   if not rec[1] or (tonumber_(rec[2]) or 0) > 1 then return nil end
   local f = { node = true, at = rec[3] or nil, parent = rec[4] or nil, parent_shard = rec[5] or nil,
-    link_pending = rec[6] or nil, children = rec[7] and 1 or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h) }
+    link_pending = rec[6] or nil, children = rec[7] and 1 or redis.call('ZCARD', P .. K.radix_kids .. tenant .. ':' .. h),
+    grouped = rec[8] ~= false,
+    -- the one member is in the record, so no older layout's set holds any; the aggregates hold
+    -- only members with a soft pin or a guarantee (one ever written stays on the object)
+    no_legacy_set = true, no_aggs = not o.soft_pin_until and not o.guaranteed_until }
   local placed = CALL.placed
   if placed and placed.pending and placed.gkey == gkey then CALL.placed = nil end -- (never written: nothing to undo)
   retire_group(P, tenant, group, now, f, { member })
@@ -696,7 +709,7 @@ local function leave_group(P, tenant, key, o, now)
   local group = o.group
   if o.ugroup and o.node then leave_indexed(P, tenant, key, o.ugroup, o.node) end
   local member, h = member_of(group, key), radix_hash(group)
-  if h and leave_node_as_last(P, tenant, group, member, h, now) then return end
+  if h and leave_node_as_last(P, tenant, group, member, h, now, o) then return end
   local placed = CALL.placed -- a batched remove's pending placement of this node is written first
   if placed and placed.pending and placed.gkey == grp_key(P, tenant, group) then Radix.flush_placed(P) end
   if remove_members(P, tenant, group, { member }) == 0 then return end

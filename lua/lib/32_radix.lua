@@ -255,7 +255,7 @@ local function node_retired(P, tenant, h, now, gone, f, members)
   end
   unplace_composite(P, radix_unit(tenant, h), f.at)
   if f.children > 0 then
-    redis.call('DEL', unpack(gone))
+    if #gone > 0 then redis.call('DEL', unpack(gone)) end
     local fields = RETIRED_FIELDS
     if members and #members > 0 then
       fields = { unpack(RETIRED_FIELDS) }

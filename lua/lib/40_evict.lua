@@ -144,6 +144,7 @@ local function evict_group(P, tenant, group, now, budget, cfg, noted)
     end
   end
   if last then -- (retire_group drops a group's set, a node's record or its members)
+    f.no_legacy_set = not CALL.legacy_members -- (every member was a field of the record)
     retire_group(P, tenant, group, now, f, keys)
   else
     remove_members(P, tenant, group, keys)
