@@ -661,6 +661,7 @@ end
 -- more than the counters, e.g. a retention declared ahead of members, stays). A radix node then
 -- goes too unless it has children (Radix.node_retired, lua/lib/32_radix.lua).
 local RETIRED_FIELDS = { 'members', 'processing', 'hard_pinned', 'lease_until', 'task_refs', 'draining', MEMO_FIELD }
+local NO_FACTS = {} -- (a group's retirement names every key: only a node's facts spare some)
 -- `f`: the group's facts, if read in this call and still current (a radix node's then spare a read);
 -- `members`: the members just dropped and not removed yet (an eviction's last: a node's record
 -- keeps them while it has children).
@@ -668,9 +669,9 @@ local function retire_group(P, tenant, group, now, f, members)
   local gkey = grp_key(P, tenant, group)
   local unit = group_unit(tenant, group)
   -- the keys that go with the members (a node's: a member set an older layout left), but for a
-  -- node those its facts (`f`) know absent: each long key name built costs about what its DEL does
+  -- node those its facts (`f`) know absent (a shorter DEL: docs/bench.md, "a radix node's last key")
   local h = radix_hash(group)
-  local node_f = h and f or {}
+  local node_f = h and f or NO_FACTS
   local gone = {}
   if not node_f.no_legacy_set then gone[1] = grp_members_key(P, tenant, group) end
   if not node_f.no_aggs then
@@ -710,10 +711,10 @@ local function leave_group(P, tenant, key, o, now)
   if o.ugroup and o.node then leave_indexed(P, tenant, key, o.ugroup, o.node) end
   local member, h = member_of(group, key), radix_hash(group)
   if h and leave_node_as_last(P, tenant, group, member, h, now, o) then return end
-  local placed = CALL.placed -- a batched remove's pending placement of this node is written first
-  if placed and placed.pending and placed.gkey == grp_key(P, tenant, group) then Radix.flush_placed(P) end
-  if remove_members(P, tenant, group, { member }) == 0 then return end
   local gkey = grp_key(P, tenant, group)
+  local placed = CALL.placed -- a batched remove's pending placement of this node is written first
+  if placed and placed.pending and placed.gkey == gkey then Radix.flush_placed(P) end
+  if remove_members(P, tenant, group, { member }) == 0 then return end
   if redis.call('HINCRBY', gkey, 'members', -1) <= 0 then -- the counters and aggregates go with it
     return retire_group(P, tenant, group, now)
   end
